@@ -1,0 +1,76 @@
+"""Conveyor's exceptions.
+
+::
+
+    ConveyorError                 base of everything Conveyor raises
+    ├── ConfigurationError        a bad database URL, an unknown engine, a bad option
+    ├── PayloadError              payload or headers not JSON, or over the size limit
+    ├── UnknownTaskError          no task registered under that name
+    ├── JobNotFoundError          no job with that id
+    ├── JobTimeoutError           ``Job.wait`` gave up before the job ended
+    ├── BackendError              the database refused or failed a statement
+    │   └── BackendUnavailable    the database cannot be reached (retry later; nothing is lost)
+    └── HandlerSignal             raised *by handlers* to steer the outcome
+        ├── Retry                 run again after ``delay`` seconds (counts as an attempt)
+        └── Reject                dead-letter at once, no retry
+"""
+
+from __future__ import annotations
+
+
+class ConveyorError(Exception):
+    """Base class of every exception Conveyor raises."""
+
+
+class ConfigurationError(ConveyorError):
+    """Conveyor was configured wrongly (bad URL, unknown engine, invalid option)."""
+
+
+class PayloadError(ConveyorError, ValueError):
+    """A payload or headers cannot be enqueued: not JSON, or over the size limit."""
+
+
+class UnknownTaskError(ConveyorError, KeyError):
+    """No task is registered under the given name."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "unknown task"
+
+
+class JobNotFoundError(ConveyorError, LookupError):
+    """No job with the given id exists (live or archived)."""
+
+
+class JobTimeoutError(ConveyorError, TimeoutError):
+    """``Job.wait`` timed out before the job reached a terminal state."""
+
+
+class BackendError(ConveyorError):
+    """The database refused or failed a statement."""
+
+
+class BackendUnavailable(BackendError):
+    """The database cannot be reached right now; callers retry with backoff."""
+
+
+class HandlerSignal(ConveyorError):
+    """Base of the exceptions a handler raises to steer its job's outcome."""
+
+
+class Retry(HandlerSignal):
+    """Raised by a handler: run the job again after ``delay`` seconds (None: the task's backoff).
+
+    It counts as an attempt; when no attempts remain the job is dead-lettered."""
+
+    def __init__(self, delay: float | None = None, reason: str = "") -> None:
+        super().__init__(reason or "retry requested")
+        self.delay = delay
+        self.reason = reason
+
+
+class Reject(HandlerSignal):
+    """Raised by a handler: dead-letter the job at once, whatever attempts remain."""
+
+    def __init__(self, reason: str = "rejected") -> None:
+        super().__init__(reason)
+        self.reason = reason

@@ -1,0 +1,34 @@
+"""Storage backends, one per database engine, all implementing :class:`conveyor.backends.base.Backend`."""
+
+from __future__ import annotations
+
+from conveyor._errors import ConfigurationError
+from conveyor.backends.base import Backend
+
+DEFAULT_DATABASE_URL = "sqlite:///conveyor.db"
+
+
+def open_backend(url: str) -> Backend:
+    """Open the backend a database URL names.
+
+    ``postgresql://user@host:port/db`` (or ``postgres://``), ``sqlite:///relative.db``,
+    ``sqlite:////absolute/path.db``. Raises :class:`ConfigurationError` for anything else."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        raise ConfigurationError(
+            f"not a database URL: {url!r} (expected postgresql://... or sqlite:///path.db)"
+        )
+    if scheme in ("postgresql", "postgres"):
+        from conveyor.backends.postgres import PostgresBackend
+
+        return PostgresBackend("postgresql://" + rest)
+    if scheme == "sqlite":
+        from conveyor.backends.sqlite import SqliteBackend
+
+        path = rest[1:] if rest.startswith("/") else rest
+        if not path:
+            raise ConfigurationError(f"sqlite URL has no file path: {url!r} (try sqlite:///conveyor.db)")
+        return SqliteBackend(path)
+    raise ConfigurationError(
+        f"unsupported database URL scheme {scheme!r} in {url!r} (supported: postgresql, sqlite)"
+    )

@@ -1,0 +1,53 @@
+"""Loads named SQL statements and numbered migrations shipped next to each backend.
+
+A backend keeps its SQL in ``sql/queries.sql`` as blocks introduced by ``-- name: NAME``; the
+comment lines under the name say why the statement is shaped so. Migrations are
+``sql/NNNN_description.sql`` files, applied in number order.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from importlib import resources
+
+_NAME = re.compile(r"^--\s*name:\s*([A-Za-z_][A-Za-z0-9_]*)\s*$")
+_MIGRATION = re.compile(r"^(\d{4})_[A-Za-z0-9_]+\.sql$")
+
+
+def load_queries(package: str) -> dict[str, str]:
+    """Return ``{name: statement}`` from ``package``'s ``sql/queries.sql``."""
+    text = resources.files(package).joinpath("sql", "queries.sql").read_text(encoding="utf-8")
+    queries: dict[str, str] = {}
+    name: str | None = None
+    lines: list[str] = []
+    for line in text.splitlines():
+        match = _NAME.match(line)
+        if match:
+            if name is not None:
+                queries[name] = "\n".join(lines).strip()
+            name, lines = match.group(1), []
+        elif name is not None:
+            lines.append(line)
+    if name is not None:
+        queries[name] = "\n".join(lines).strip()
+    return queries
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    version: int
+    name: str
+    sql: str
+
+
+def load_migrations(package: str) -> list[Migration]:
+    """Return ``package``'s migrations (``sql/NNNN_*.sql``) in version order."""
+    folder = resources.files(package).joinpath("sql")
+    found: list[Migration] = []
+    for entry in folder.iterdir():
+        match = _MIGRATION.match(entry.name)
+        if match:
+            found.append(Migration(int(match.group(1)), entry.name, entry.read_text(encoding="utf-8")))
+    found.sort(key=lambda m: m.version)
+    return found

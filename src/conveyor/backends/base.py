@@ -1,0 +1,425 @@
+"""The storage seam: one narrow, batch-oriented contract implemented once per database engine.
+
+Every method takes one frozen params dataclass (with an injectable ``now``) and does one thing in
+one transaction. No policy lives here: whether a failed job retries or dies, how long it backs off,
+when a delivery counts as poison, all of that is decided above the seam in plain Python, once, and
+is therefore the same on every engine.
+
+Vocabulary
+----------
+- A *job* lives in the jobs table while it is ``pending`` or ``processing``; when it ends
+  (``completed``, ``dead``, ``expired``, ``cancelled``) it moves to the archive in the same statement.
+- A *delivery* is one hand-out of a job to a worker. Each delivery carries a fresh *receipt*; every
+  later call about that delivery (finish, retry, release, extend) names the receipt, so that a
+  worker whose lease expired cannot overwrite the outcome of a newer delivery (SQS's rule).
+- ``deliveries`` counts hand-outs (incremented by acquire); ``attempts`` counts handler runs whose
+  outcome was recorded (incremented by retry and finish). ``deliveries > attempts`` therefore means a
+  delivery was lost (a worker died or hung).
+
+Times are timezone-aware UTC ``datetime``s. Payloads, headers and results cross the seam as JSON
+text: they are encoded once by the producer and decoded once by the worker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal, Protocol, runtime_checkable
+from uuid import UUID
+
+LiveState = Literal["pending", "processing"]
+TerminalState = Literal["completed", "dead", "expired", "cancelled"]
+JobState = Literal["pending", "processing", "completed", "dead", "expired", "cancelled"]
+
+TERMINAL_STATES: tuple[TerminalState, ...] = ("completed", "dead", "expired", "cancelled")
+
+
+# --------------------------------------------------------------------------------------------
+# Rows
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class NewJob:
+    """A job to insert. ``payload`` and ``headers`` are JSON text (an object)."""
+
+    id: UUID
+    queue: str
+    task: str
+    payload: str
+    headers: str
+    priority: int
+    run_at: datetime
+    max_attempts: int
+    max_deliveries: int
+    expires_at: datetime | None = None
+    idempotency_key: str | None = None
+    ordering_key: str | None = None
+    replay_of: UUID | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """One hand-out of a job to a worker, as returned by ``jobs_acquire``."""
+
+    id: UUID
+    queue: str
+    task: str
+    payload: str
+    headers: str
+    priority: int
+    run_at: datetime
+    enqueued_at: datetime
+    expires_at: datetime | None
+    attempts: int
+    deliveries: int
+    max_attempts: int
+    max_deliveries: int
+    idempotency_key: str | None
+    ordering_key: str | None
+    receipt: str
+    lease_expires_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorInfo:
+    """What a failed attempt raised."""
+
+    type: str
+    message: str
+    traceback: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class JobRecord:
+    """A job as stored, live or archived (the read model for ``job_get``, DLQ listings, export)."""
+
+    id: UUID
+    queue: str
+    task: str
+    payload: str
+    headers: str
+    state: JobState
+    priority: int
+    run_at: datetime
+    enqueued_at: datetime
+    expires_at: datetime | None
+    attempts: int
+    deliveries: int
+    max_attempts: int
+    max_deliveries: int
+    idempotency_key: str | None
+    ordering_key: str | None
+    replay_of: UUID | None
+    first_started_at: datetime | None
+    started_at: datetime | None
+    lease_expires_at: datetime | None
+    worker_id: str | None
+    # Last failure (live rows keep the error of their last attempt while they wait to retry).
+    error_type: str | None
+    error_message: str | None
+    traceback: str | None
+    # Archive-only fields; None for live rows.
+    finished_at: datetime | None = None
+    result: str | None = None
+    reason: str | None = None
+    replayed_by: UUID | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseRef:
+    """Names one delivery: the job id and the receipt it was handed out with."""
+
+    id: UUID
+    receipt: str
+
+
+@dataclass(frozen=True, slots=True)
+class Finish:
+    """A terminal outcome for one delivery. ``result`` is JSON text (completed only)."""
+
+    id: UUID
+    receipt: str
+    state: TerminalState
+    result: str | None = None
+    reason: str | None = None
+    error: ErrorInfo | None = None
+    # Whether the handler ran for this delivery (it did not when poison protection or TTL ended
+    # the job before running it); when it ran, ``attempts`` is incremented.
+    ran: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class RetryItem:
+    """Return one delivery to ``pending`` to run again at ``run_at`` (the handler ran and failed)."""
+
+    id: UUID
+    receipt: str
+    run_at: datetime
+    error: ErrorInfo
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    """Counts for one queue at one instant."""
+
+    queue: str
+    pending: int  # ready now
+    scheduled: int  # pending with run_at in the future
+    processing: int
+    completed: int
+    dead: int  # dead letters not yet replayed (the DLQ depth)
+    expired: int
+    cancelled: int
+    oldest_pending_age: float | None  # seconds since the oldest ready job became ready
+
+
+@dataclass(frozen=True, slots=True)
+class AuditEntry:
+    """One operator action (replay, purge, ...)."""
+
+    id: int
+    at: datetime
+    actor: str
+    action: str
+    reason: str
+    job_ids: tuple[UUID, ...]
+    details: str  # JSON text
+
+
+# --------------------------------------------------------------------------------------------
+# Params
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class JobsInsertParams:
+    """Insert jobs in one round trip. ``conn`` is the caller's own open connection (psycopg for
+    PostgreSQL, sqlite3 for SQLite): the insert then joins the caller's transaction and is committed
+    (or rolled back) by the caller."""
+
+    jobs: Sequence[NewJob]
+    now: datetime
+    conn: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class JobsAcquireParams:
+    """Lease up to ``limit`` ready jobs of one queue: ``pending``, ``run_at <= now``; order
+    priority DESC, run_at, id. Each gets ``deliveries + 1``, a fresh receipt and
+    ``lease_expires_at = now + visibility_timeout``."""
+
+    queue: str
+    limit: int
+    visibility_timeout: float
+    worker_id: str
+    now: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class JobsFinishParams:
+    """Move deliveries to the archive in their terminal state. Items whose receipt no longer
+    matches a ``processing`` row are skipped (stale)."""
+
+    items: Sequence[Finish]
+    now: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class JobsRetryParams:
+    """Return deliveries to ``pending`` at their ``run_at`` with ``attempts + 1`` and the error
+    recorded. Stale receipts are skipped."""
+
+    items: Sequence[RetryItem]
+    now: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class JobsReleaseParams:
+    """Hand deliveries that never started back to ``pending`` at once, undoing the delivery
+    (``deliveries - 1``, receipt and lease cleared). Used by graceful shutdown."""
+
+    items: Sequence[LeaseRef]
+    now: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class LeasesExtendParams:
+    """Set ``lease_expires_at = now + visibility_timeout`` for deliveries still held."""
+
+    items: Sequence[LeaseRef]
+    visibility_timeout: float
+    now: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class JobsRescueParams:
+    """Return up to ``limit`` ``processing`` rows whose lease expired before ``now`` to
+    ``pending`` (their worker died or hung). The delivery count is kept: poison protection needs it."""
+
+    now: datetime
+    limit: int = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class JobGetParams:
+    id: UUID
+
+
+@dataclass(frozen=True, slots=True)
+class QueuesStatsParams:
+    now: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class DeadListParams:
+    """Dead letters not yet replayed, newest first."""
+
+    queue: str | None = None
+    task: str | None = None
+    error_type: str | None = None
+    limit: int = 100
+    offset: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class DeadReplayParams:
+    """Re-enqueue dead letters to their source queue with fresh attempts, in one transaction.
+
+    ``replays`` maps each dead job id to the id of its new job (minted above the seam, UUIDv7).
+    The new job keeps queue, task, payload, headers, priority, idempotency and ordering keys,
+    ``max_attempts`` and ``max_deliveries``, gets ``run_at = now`` and ``replay_of`` = the dead
+    id; the dead row gets ``replayed_by`` = the new id. Ids that are not unreplayed dead letters
+    are skipped. One audit row is written for the whole call."""
+
+    replays: Sequence[tuple[UUID, UUID]]
+    actor: str
+    reason: str
+    now: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class DeadPurgeParams:
+    """Delete dead letters for good (audited, one audit row)."""
+
+    ids: Sequence[UUID]
+    actor: str
+    reason: str
+    now: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class AuditListParams:
+    limit: int = 100
+
+
+@dataclass(frozen=True, slots=True)
+class ArchiveReadParams:
+    """Archived rows ordered by (finished_at, id), strictly after the watermark ``after``
+    (a (finished_at, id) pair), for incremental export."""
+
+    after: tuple[datetime, UUID] | None
+    limit: int = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class JobsListParams:
+    """Live rows (pending and processing), for export and inspection, ordered by id."""
+
+    queue: str | None = None
+    limit: int = 10_000
+    after: UUID | None = None
+
+
+# --------------------------------------------------------------------------------------------
+# The contract
+# --------------------------------------------------------------------------------------------
+
+
+class Listener(Protocol):
+    """Wakes an idle fetcher when jobs are inserted into one of its queues."""
+
+    def wait(self, timeout: float) -> bool:
+        """Block up to ``timeout`` seconds; True if woken by a notification (it may be spurious)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """The storage contract. Implementations must be safe to call from several threads."""
+
+    #: A short engine name: "postgres", "sqlite", "memory".
+    engine: str
+    #: True when ``listen`` delivers real notifications (pickup latency then does not depend on
+    #: a polling interval); False when the listener only sleeps.
+    notifies: bool
+
+    def migrate(self) -> list[str]:
+        """Apply pending schema migrations; return the names of those applied."""
+        ...
+
+    def close(self) -> None: ...
+
+    def jobs_insert_many(self, params: JobsInsertParams) -> list[UUID]:
+        """Insert jobs; return the stored id for each job, in order."""
+        ...
+
+    def jobs_acquire(self, params: JobsAcquireParams) -> list[Delivery]: ...
+
+    def jobs_finish_many(self, params: JobsFinishParams) -> int:
+        """Return how many items applied (the rest were stale)."""
+        ...
+
+    def jobs_retry_many(self, params: JobsRetryParams) -> int:
+        """Return how many items applied (the rest were stale)."""
+        ...
+
+    def jobs_release_many(self, params: JobsReleaseParams) -> int: ...
+
+    def leases_extend_many(self, params: LeasesExtendParams) -> list[UUID]:
+        """Return the ids whose lease was extended (a missing id means the lease was lost)."""
+        ...
+
+    def jobs_rescue_expired(self, params: JobsRescueParams) -> int: ...
+
+    def job_get(self, params: JobGetParams) -> JobRecord | None: ...
+
+    def jobs_list(self, params: JobsListParams) -> list[JobRecord]: ...
+
+    def queues_stats(self, params: QueuesStatsParams) -> list[QueueStats]: ...
+
+    def dead_list(self, params: DeadListParams) -> list[JobRecord]: ...
+
+    def dead_replay_many(self, params: DeadReplayParams) -> list[tuple[UUID, UUID]]:
+        """Return the (dead id, new id) pairs actually replayed."""
+        ...
+
+    def dead_purge_many(self, params: DeadPurgeParams) -> int: ...
+
+    def audit_list(self, params: AuditListParams) -> list[AuditEntry]: ...
+
+    def archive_read(self, params: ArchiveReadParams) -> list[JobRecord]: ...
+
+    def listen(self, queues: Sequence[str]) -> Listener:
+        """A listener woken by inserts into any of ``queues``."""
+        ...
+
+
+@dataclass(slots=True)
+class PollingListener:
+    """A listener for engines without notifications: it sleeps, so the fetcher polls."""
+
+    interval: float = 0.05
+    _closed: bool = field(default=False)
+
+    def wait(self, timeout: float) -> bool:
+        import time
+
+        time.sleep(max(0.0, min(timeout, self.interval)))
+        return False
+
+    def close(self) -> None:
+        self._closed = True

@@ -1,0 +1,55 @@
+"""Shared fixtures. Tests talk to real services; a missing service is a failure, never a skip."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from psycopg import sql
+
+POSTGRES_URL = os.environ.get("CONVEYOR_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+def _with_db(url: str, dbname: str) -> str:
+    base, _, _ = url.rpartition("/")
+    return f"{base}/{dbname}"
+
+
+@pytest.fixture(scope="session")
+def postgres_server_url() -> str:
+    """The admin URL of the test PostgreSQL server; fails (not skips) if it cannot be reached."""
+    try:
+        with psycopg.connect(POSTGRES_URL, connect_timeout=5) as conn:
+            conn.execute("SELECT 1")
+    except psycopg.OperationalError as exc:  # pragma: no cover - a broken environment
+        pytest.fail(f"PostgreSQL at {POSTGRES_URL} is required and unreachable: {exc}")
+    return POSTGRES_URL
+
+
+@pytest.fixture
+def postgres_database(postgres_server_url: str) -> Iterator[str]:
+    """A fresh, empty database for one test; dropped afterwards. Yields its URL."""
+    name = f"conveyor_t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(postgres_server_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        yield _with_db(postgres_server_url, name)
+    finally:
+        with psycopg.connect(postgres_server_url, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: "os.PathLike[str]") -> str:
+    return f"sqlite:///{os.fspath(tmp_path)}/conveyor.db"
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def database_url(request: pytest.FixtureRequest, tmp_path: "os.PathLike[str]") -> str:
+    """A fresh database URL for each engine."""
+    if request.param == "sqlite":
+        return f"sqlite:///{os.fspath(tmp_path)}/conveyor.db"
+    return str(request.getfixturevalue("postgres_database"))
