@@ -42,7 +42,12 @@ TERMINAL_STATES: tuple[TerminalState, ...] = ("completed", "dead", "expired", "c
 
 @dataclass(frozen=True, slots=True)
 class NewJob:
-    """A job to insert. ``payload`` and ``headers`` are JSON text (an object)."""
+    """A job to insert. ``payload`` and ``headers`` are JSON text (an object).
+
+    ``dedup_until``: with an ``idempotency_key``, the end of the key's dedup window. While a key
+    is held (its window has not passed) inserting the same ``(queue, idempotency_key)`` again
+    inserts nothing and returns the id of the job that holds the key. After the window the key
+    may be taken again by a new job."""
 
     id: UUID
     queue: str
@@ -57,6 +62,7 @@ class NewJob:
     idempotency_key: str | None = None
     ordering_key: str | None = None
     replay_of: UUID | None = None
+    dedup_until: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,8 +213,14 @@ class JobsInsertParams:
 @dataclass(frozen=True, slots=True)
 class JobsAcquireParams:
     """Lease up to ``limit`` ready jobs of one queue: ``pending``, ``run_at <= now``; order
-    priority DESC, run_at, id. Each gets ``deliveries + 1``, a fresh receipt and
-    ``lease_expires_at = now + visibility_timeout``."""
+    priority DESC, run_at, id. Each gets ``deliveries + 1``, a fresh receipt,
+    ``lease_expires_at = now + visibility_timeout``, ``worker_id``, ``started_at = now`` and
+    ``first_started_at = coalesce(first_started_at, now)``.
+
+    Per-key FIFO: a job with an ``ordering_key`` is eligible only while it is the head of its key,
+    i.e. no other live row (pending or processing) of the same queue and key has a smaller id. So
+    at most one job per key is in flight, in enqueue (id) order, and a job waiting to retry blocks
+    the jobs behind it."""
 
     queue: str
     limit: int
