@@ -1,0 +1,10 @@
+"""The SQLite backend: the embedded default, one file, no server.
+
+See :class:`SqliteBackend`. Its SQL lives in ``sql/queries.sql`` (named statements) and
+``sql/NNNN_*.sql`` (migrations)."""
+
+from __future__ import annotations
+
+from conveyor.backends.sqlite._backend import SqliteBackend
+
+__all__ = ["SqliteBackend"]

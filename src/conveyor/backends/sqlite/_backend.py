@@ -1,0 +1,392 @@
+"""The SQLite implementation of the storage seam."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import Any, TypeVar
+from uuid import UUID
+
+from conveyor._errors import BackendError
+from conveyor.backends import base
+from conveyor.backends._sql import load_queries
+from conveyor.backends.sqlite import _convert as cv
+from conveyor.backends.sqlite import _schema
+from conveyor.backends.sqlite._connection import ConnectionPool, translated
+
+_QUERIES = load_queries("conveyor.backends.sqlite")
+
+_RECORD_STATES: frozenset[str] = frozenset(base.TERMINAL_STATES)
+
+_Item = TypeVar("_Item", base.Finish, base.RetryItem)
+
+
+class SqliteBackend:
+    """The storage contract on one SQLite file; the embedded default that needs no server.
+
+    Safe to share between threads (a small pool of connections) and between worker processes on
+    the same file (WAL mode, every write in ``BEGIN IMMEDIATE``). There are no notifications:
+    ``listen`` returns a polling listener. Errors surface as :class:`conveyor.BackendError`, or
+    :class:`conveyor.BackendUnavailable` when the file stayed locked past the busy timeout."""
+
+    engine = "sqlite"
+    notifies = False
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._pool = ConnectionPool(path)
+        self._q = _QUERIES
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def migrate(self) -> list[str]:
+        """Apply pending migrations; return their names. Idempotent and safe across processes."""
+        return _schema.migrate(self._pool, self._q)
+
+    def close(self) -> None:
+        """Close the connections; calls made afterwards raise BackendError."""
+        self._pool.close()
+
+    def listen(self, queues: Sequence[str]) -> base.Listener:
+        """A polling listener: SQLite cannot notify other processes of inserts."""
+        return base.PollingListener()
+
+    # ------------------------------------------------------------------ producing
+
+    def jobs_insert_many(self, params: base.JobsInsertParams) -> list[UUID]:
+        """Insert jobs; return the stored id for each, in order (the holder's id for a duplicate
+        idempotency key inside its window).
+
+        With ``params.conn`` (a ``sqlite3.Connection`` on the same file, schema migrated) the
+        statements run on that connection and are not committed: the caller's transaction
+        decides."""
+        if params.conn is not None:
+            if not isinstance(params.conn, sqlite3.Connection):
+                raise BackendError(
+                    f"the SQLite backend needs a sqlite3.Connection as conn, not {type(params.conn)!r}"
+                )
+            with translated():
+                return self._insert(params.conn, params.jobs, params.now)
+        with self._pool.write() as conn:
+            return self._insert(conn, params.jobs, params.now)
+
+    def _insert(self, conn: sqlite3.Connection, jobs: Sequence[base.NewJob], at: datetime) -> list[UUID]:
+        now = cv.to_db_time(at)
+        ids: list[UUID] = []
+        rows: list[dict[str, Any]] = []
+        for job in jobs:
+            if job.idempotency_key is not None:
+                # Claiming the key row first, in the same transaction as the insert, makes the
+                # check-then-insert atomic; a later job of this very batch sees the claim too.
+                key = {"queue": job.queue, "key": job.idempotency_key}
+                claimed = conn.execute(
+                    self._q["idempotency_claim"],
+                    {
+                        **key,
+                        "job_id": cv.to_db_id(job.id),
+                        "expires_at": cv.to_db_time_or_none(job.dedup_until),
+                        "now": now,
+                    },
+                ).fetchall()
+                if not claimed:
+                    holder = conn.execute(self._q["idempotency_holder"], key).fetchall()
+                    ids.append(UUID(holder[0][0]))
+                    continue
+            rows.append(
+                {
+                    "id": cv.to_db_id(job.id),
+                    "queue": job.queue,
+                    "task": job.task,
+                    "payload": job.payload,
+                    "headers": job.headers,
+                    "priority": job.priority,
+                    "run_at": cv.to_db_time(job.run_at),
+                    "now": now,
+                    "expires_at": cv.to_db_time_or_none(job.expires_at),
+                    "max_attempts": job.max_attempts,
+                    "max_deliveries": job.max_deliveries,
+                    "idempotency_key": job.idempotency_key,
+                    "ordering_key": job.ordering_key,
+                    "replay_of": None if job.replay_of is None else cv.to_db_id(job.replay_of),
+                }
+            )
+            ids.append(job.id)
+        if rows:
+            conn.executemany(self._q["jobs_insert"], rows)
+        return ids
+
+    # ------------------------------------------------------------------ consuming
+
+    def jobs_acquire(self, params: base.JobsAcquireParams) -> list[base.Delivery]:
+        """Lease up to ``limit`` ready jobs (see JobsAcquireParams), in hand-out order."""
+        if params.limit <= 0:
+            return []
+        with self._pool.write() as conn:
+            rows = conn.execute(
+                self._q["jobs_acquire"],
+                {
+                    "queue": params.queue,
+                    "limit": params.limit,
+                    "visibility_timeout": params.visibility_timeout,
+                    "worker_id": params.worker_id,
+                    "now": cv.to_db_time(params.now),
+                },
+            ).fetchall()
+        rows.sort(key=lambda r: (-r["priority"], r["run_at"], r["id"]))
+        return [cv.delivery(row) for row in rows]
+
+    def jobs_finish_many(self, params: base.JobsFinishParams) -> int:
+        """Archive deliveries in their terminal state; return how many applied (the rest were stale)."""
+        items = []
+        for item in _first_per_id(params.items):
+            if item.state not in _RECORD_STATES:
+                raise BackendError(f"not a terminal state: {item.state!r}")
+            error = item.error
+            items.append(
+                {
+                    "id": cv.to_db_id(item.id),
+                    "receipt": item.receipt,
+                    "state": item.state,
+                    "result": item.result,
+                    "reason": item.reason,
+                    "error_type": None if error is None else error.type,
+                    "error_message": None if error is None else error.message,
+                    "traceback": None if error is None else error.traceback,
+                    "ran": 1 if item.ran else 0,
+                }
+            )
+        if not items:
+            return 0
+        args = {"items": json.dumps(items), "now": cv.to_db_time(params.now)}
+        with self._pool.write() as conn:
+            conn.execute(self._q["jobs_finish_archive"], args)
+            return conn.execute(self._q["jobs_finish_delete"], args).rowcount
+
+    def jobs_retry_many(self, params: base.JobsRetryParams) -> int:
+        """Return deliveries to pending at their run_at; return how many applied."""
+        items = [
+            {
+                "id": cv.to_db_id(item.id),
+                "receipt": item.receipt,
+                "run_at_us": cv.micros(item.run_at),
+                "error_type": item.error.type,
+                "error_message": item.error.message,
+                "traceback": item.error.traceback,
+            }
+            for item in _first_per_id(params.items)
+        ]
+        if not items:
+            return 0
+        with self._pool.write() as conn:
+            return conn.execute(self._q["jobs_retry"], {"items": json.dumps(items)}).rowcount
+
+    def jobs_release_many(self, params: base.JobsReleaseParams) -> int:
+        """Undo deliveries that never started; return how many applied."""
+        items = _lease_refs(params.items)
+        if items == "[]":
+            return 0
+        with self._pool.write() as conn:
+            return conn.execute(self._q["jobs_release"], {"items": items}).rowcount
+
+    def leases_extend_many(self, params: base.LeasesExtendParams) -> list[UUID]:
+        """Extend the leases still held; return their ids (a missing id means the lease was lost)."""
+        items = _lease_refs(params.items)
+        if items == "[]":
+            return []
+        with self._pool.write() as conn:
+            rows = conn.execute(
+                self._q["leases_extend"],
+                {
+                    "items": items,
+                    "now": cv.to_db_time(params.now),
+                    "visibility_timeout": params.visibility_timeout,
+                },
+            ).fetchall()
+        extended = {row[0] for row in rows}
+        # Answer in the caller's order, which RETURNING does not promise.
+        return [item.id for item in params.items if cv.to_db_id(item.id) in extended]
+
+    def jobs_rescue_expired(self, params: base.JobsRescueParams) -> int:
+        """Return up to ``limit`` expired leases to pending; return how many."""
+        with self._pool.write() as conn:
+            return conn.execute(
+                self._q["jobs_rescue_expired"],
+                {"now": cv.to_db_time(params.now), "limit": params.limit},
+            ).rowcount
+
+    # ------------------------------------------------------------------ reading
+
+    def job_get(self, params: base.JobGetParams) -> base.JobRecord | None:
+        """The job, live or archived, or None."""
+        args = {"id": cv.to_db_id(params.id)}
+        with self._pool.read() as conn:
+            rows = conn.execute(self._q["job_get_live"], args).fetchall()
+            if not rows:
+                rows = conn.execute(self._q["job_get_archived"], args).fetchall()
+        return cv.job_record(rows[0]) if rows else None
+
+    def jobs_list(self, params: base.JobsListParams) -> list[base.JobRecord]:
+        """Live rows in id order after ``params.after``."""
+        with self._pool.read() as conn:
+            rows = conn.execute(
+                self._q["jobs_list"],
+                {
+                    "queue": params.queue,
+                    "after": None if params.after is None else cv.to_db_id(params.after),
+                    "limit": params.limit,
+                },
+            ).fetchall()
+        return [cv.job_record(row) for row in rows]
+
+    def queues_stats(self, params: base.QueuesStatsParams) -> list[base.QueueStats]:
+        """Counts for every queue that has live or archived rows, by queue name."""
+        now = cv.to_db_time(params.now)
+        with self._pool.read() as conn:
+            live = conn.execute(self._q["queues_stats_live"], {"now": now}).fetchall()
+            archived = conn.execute(self._q["queues_stats_archived"]).fetchall()
+        counts: dict[str, dict[str, Any]] = {}
+
+        def entry(queue: str) -> dict[str, Any]:
+            return counts.setdefault(
+                queue,
+                {
+                    "pending": 0,
+                    "scheduled": 0,
+                    "processing": 0,
+                    "completed": 0,
+                    "dead": 0,
+                    "expired": 0,
+                    "cancelled": 0,
+                    "oldest_pending_age": None,
+                },
+            )
+
+        for row in live:
+            e = entry(row["queue"])
+            e["pending"] = row["pending"]
+            e["scheduled"] = row["scheduled"]
+            e["processing"] = row["processing"]
+            if row["oldest_ready_at"] is not None:
+                e["oldest_pending_age"] = max(0.0, now - row["oldest_ready_at"])
+        for row in archived:
+            # Replayed dead letters have left the DLQ: they are not part of its depth.
+            total = row["total"] - (row["replayed"] if row["state"] == "dead" else 0)
+            entry(row["queue"])[row["state"]] = total
+        return [base.QueueStats(queue=queue, **counts[queue]) for queue in sorted(counts)]
+
+    def archive_read(self, params: base.ArchiveReadParams) -> list[base.JobRecord]:
+        """Archived rows in (finished_at, id) order strictly after the watermark."""
+        with self._pool.read() as conn:
+            if params.after is None:
+                rows = conn.execute(self._q["archive_read_first"], {"limit": params.limit}).fetchall()
+            else:
+                after_at, after_id = params.after
+                rows = conn.execute(
+                    self._q["archive_read_after"],
+                    {
+                        "after_at": cv.to_db_time(after_at),
+                        "after_id": cv.to_db_id(after_id),
+                        "limit": params.limit,
+                    },
+                ).fetchall()
+        return [cv.job_record(row) for row in rows]
+
+    # ------------------------------------------------------------------ dead letters and audit
+
+    def dead_list(self, params: base.DeadListParams) -> list[base.JobRecord]:
+        """Unreplayed dead letters, newest first, filtered by queue, task and error type."""
+        with self._pool.read() as conn:
+            rows = conn.execute(
+                self._q["dead_list"],
+                {
+                    "queue": params.queue,
+                    "task": params.task,
+                    "error_type": params.error_type,
+                    "limit": params.limit,
+                    "offset": params.offset,
+                },
+            ).fetchall()
+        return [cv.job_record(row) for row in rows]
+
+    def dead_replay_many(self, params: base.DeadReplayParams) -> list[tuple[UUID, UUID]]:
+        """Re-enqueue dead letters with fresh attempts; return the pairs actually replayed."""
+        pairs: list[tuple[UUID, UUID]] = []
+        seen: set[UUID] = set()
+        for dead_id, new_id in params.replays:
+            # A dead letter is replayed at most once, even if the caller names it twice.
+            if dead_id not in seen:
+                seen.add(dead_id)
+                pairs.append((dead_id, new_id))
+        replays = json.dumps([[cv.to_db_id(d), cv.to_db_id(n)] for d, n in pairs])
+        now = cv.to_db_time(params.now)
+        with self._pool.write() as conn:
+            rows = conn.execute(self._q["dead_replay_insert"], {"replays": replays, "now": now}).fetchall()
+            conn.execute(self._q["dead_replay_mark"], {"replays": replays})
+            replayed = {UUID(row[0]): UUID(row[1]) for row in rows}
+            done = [(d, replayed[d]) for d, _ in pairs if d in replayed]
+            self._audit(
+                conn,
+                now,
+                params.actor,
+                "replay",
+                params.reason,
+                [d for d, _ in done],
+                {"replays": [[str(d), str(n)] for d, n in done]},
+            )
+        return done
+
+    def dead_purge_many(self, params: base.DeadPurgeParams) -> int:
+        """Delete dead letters for good (one audit row); return how many were deleted."""
+        ids = json.dumps([cv.to_db_id(i) for i in params.ids])
+        now = cv.to_db_time(params.now)
+        with self._pool.write() as conn:
+            rows = conn.execute(self._q["dead_purge"], {"ids": ids}).fetchall()
+            purged = sorted(UUID(row[0]) for row in rows)
+            self._audit(conn, now, params.actor, "purge", params.reason, purged, {"count": len(purged)})
+        return len(purged)
+
+    def audit_list(self, params: base.AuditListParams) -> list[base.AuditEntry]:
+        """Operator actions, newest first."""
+        with self._pool.read() as conn:
+            rows = conn.execute(self._q["audit_list"], {"limit": params.limit}).fetchall()
+        return [cv.audit_entry(row) for row in rows]
+
+    def _audit(
+        self,
+        conn: sqlite3.Connection,
+        now: float,
+        actor: str,
+        action: str,
+        reason: str,
+        job_ids: Iterable[UUID],
+        details: dict[str, Any],
+    ) -> None:
+        conn.execute(
+            self._q["audit_insert"],
+            {
+                "now": now,
+                "actor": actor,
+                "action": action,
+                "reason": reason,
+                "job_ids": json.dumps([str(i) for i in job_ids]),
+                "details": json.dumps(details),
+            },
+        )
+
+
+def _first_per_id(items: Sequence[_Item]) -> list[_Item]:
+    # One outcome per job and batch: a second item for the same id would otherwise archive the
+    # job twice or race with the first inside one statement.
+    seen: set[UUID] = set()
+    kept: list[_Item] = []
+    for item in items:
+        if item.id not in seen:
+            seen.add(item.id)
+            kept.append(item)
+    return kept
+
+
+def _lease_refs(items: Sequence[base.LeaseRef]) -> str:
+    return json.dumps([{"id": cv.to_db_id(item.id), "receipt": item.receipt} for item in items])

@@ -1,0 +1,153 @@
+"""Connections to one SQLite file: opening with the right pragmas, pooling, transactions, errors.
+
+SQLite serialises writers per database file. Every write transaction here starts with
+``BEGIN IMMEDIATE``, which takes the file's write lock before the first read, so a read-then-write
+(acquire's select-and-update, migrate's check-and-apply) is atomic across threads *and* processes.
+Readers never block writers or each other in WAL mode.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from conveyor._errors import BackendError, BackendUnavailable
+
+#: How long a statement waits for another connection's write lock before giving up.
+BUSY_TIMEOUT_S = 30.0
+
+# Messages of sqlite3.OperationalError that mean "the database cannot be used right now" rather
+# than "this statement is wrong": the caller should back off and retry, nothing is lost.
+_UNAVAILABLE = (
+    "database is locked",
+    "database is busy",
+    "database table is locked",
+    "unable to open database file",
+    "disk i/o error",
+    "database or disk is full",
+)
+
+
+def translate(exc: sqlite3.Error) -> BackendError:
+    """Map a sqlite3 error to Conveyor's exception tree (raise the result ``from exc``)."""
+    message = str(exc)
+    if isinstance(exc, sqlite3.OperationalError) and message.lower().startswith(_UNAVAILABLE):
+        return BackendUnavailable(f"SQLite database unavailable: {message}")
+    return BackendError(f"SQLite statement failed: {message}")
+
+
+@contextmanager
+def translated() -> Iterator[None]:
+    """Re-raise any sqlite3 error inside the block as BackendError / BackendUnavailable."""
+    try:
+        yield
+    except sqlite3.Error as exc:
+        raise translate(exc) from exc
+
+
+def _open(path: str) -> sqlite3.Connection:
+    # isolation_level=None turns off the sqlite3 module's implicit transactions: this module
+    # issues BEGIN IMMEDIATE / BEGIN / COMMIT itself, so it knows exactly which lock it holds.
+    conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
+    try:
+        conn.row_factory = sqlite3.Row
+        conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+        _enable_wal(conn)
+        # NORMAL is durable against application crashes in WAL mode and skips an fsync per commit;
+        # only an OS crash or power loss can lose the last few transactions.
+        conn.execute("PRAGMA synchronous = NORMAL")
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def _enable_wal(conn: sqlite3.Connection) -> None:
+    # Switching a fresh file to WAL needs a brief exclusive lock and does not always go through
+    # the busy handler, so several processes opening a new file at once retry here. WAL is a
+    # property of the file: once set it stays set, and later calls are no-ops.
+    deadline = time.monotonic() + BUSY_TIMEOUT_S
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+
+
+class ConnectionPool:
+    """Connections to one SQLite file, shared by threads: each call borrows one and returns it.
+
+    A process-wide writer lock queues this process's write transactions in Python, where waiting
+    is cheap, instead of letting them spin in SQLite's busy handler against each other; other
+    processes still meet at the file lock, which the busy timeout waits for."""
+
+    def __init__(self, path: str, max_idle: int = 8) -> None:
+        self.path = path
+        self._max_idle = max_idle
+        self._idle: list[sqlite3.Connection] = []
+        self._lock = threading.Lock()
+        self._writer = threading.Lock()
+        self._closed = False
+
+    def _borrow(self) -> sqlite3.Connection:
+        with self._lock:
+            if self._closed:
+                raise BackendError("the SQLite backend is closed")
+            if self._idle:
+                return self._idle.pop()
+        with translated():
+            return _open(self.path)
+
+    def _give_back(self, conn: sqlite3.Connection) -> None:
+        with self._lock:
+            if not self._closed and len(self._idle) < self._max_idle and not conn.in_transaction:
+                self._idle.append(conn)
+                return
+        conn.close()
+
+    @contextmanager
+    def write(self) -> Iterator[sqlite3.Connection]:
+        """A connection inside ``BEGIN IMMEDIATE``: committed on success, rolled back on error."""
+        with self._writer:
+            conn = self._borrow()
+            try:
+                with translated():
+                    conn.execute("BEGIN IMMEDIATE")
+                    try:
+                        yield conn
+                        conn.execute("COMMIT")
+                    except BaseException:
+                        if conn.in_transaction:
+                            conn.rollback()
+                        raise
+            finally:
+                self._give_back(conn)
+
+    @contextmanager
+    def read(self) -> Iterator[sqlite3.Connection]:
+        """A connection inside a deferred ``BEGIN``: every statement sees one snapshot."""
+        conn = self._borrow()
+        try:
+            with translated():
+                conn.execute("BEGIN")
+                try:
+                    yield conn
+                finally:
+                    if conn.in_transaction:
+                        conn.rollback()
+        finally:
+            self._give_back(conn)
+
+    def close(self) -> None:
+        """Close idle connections now and borrowed ones when they are given back."""
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()

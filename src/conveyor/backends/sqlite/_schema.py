@@ -1,0 +1,57 @@
+"""Applying the numbered migrations in ``sql/`` to one SQLite file, once, however many processes try."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Iterator
+
+from conveyor.backends._sql import Migration, load_migrations
+from conveyor.backends.sqlite._connection import ConnectionPool
+
+_PACKAGE = "conveyor.backends.sqlite"
+
+
+def statements(script: str) -> Iterator[str]:
+    """Split a migration script into complete statements.
+
+    ``executescript`` would commit the surrounding transaction first, so each statement is run
+    on its own inside migrate's ``BEGIN IMMEDIATE`` instead, and a failed migration leaves no trace."""
+    buffer: list[str] = []
+    for line in script.splitlines(keepends=True):
+        buffer.append(line)
+        text = "".join(buffer)
+        if sqlite3.complete_statement(text):
+            if text.strip() and _has_code(text):
+                yield text.strip()
+            buffer = []
+    rest = "".join(buffer)
+    if _has_code(rest):
+        raise ValueError(f"migration ends with an incomplete statement: {rest.strip()[:80]!r}")
+
+
+def _has_code(text: str) -> bool:
+    return any(line.strip() and not line.strip().startswith("--") for line in text.splitlines())
+
+
+def migrate(pool: ConnectionPool, queries: dict[str, str]) -> list[str]:
+    """Apply every migration not yet recorded in ``schema_migrations``; return their names.
+
+    The check and the apply share one ``BEGIN IMMEDIATE`` transaction: a second process calling
+    this at the same time waits for the write lock, then finds the versions already recorded."""
+    migrations: list[Migration] = load_migrations(_PACKAGE)
+    applied: list[str] = []
+    with pool.write() as conn:
+        conn.execute(queries["migrations_create"])
+        done = {row[0] for row in conn.execute(queries["migrations_applied"])}
+        for migration in migrations:
+            if migration.version in done:
+                continue
+            for statement in statements(migration.sql):
+                conn.execute(statement)
+            conn.execute(
+                queries["migrations_record"],
+                {"version": migration.version, "name": migration.name, "now": time.time()},
+            )
+            applied.append(migration.name)
+    return applied

@@ -1,0 +1,314 @@
+-- Named statements of the SQLite backend, loaded by conveyor.backends._sql.
+--
+-- Conventions: times are REAL unix seconds; batch statements take their items as one JSON array
+-- parameter read with json_each, so that a batch is one statement however many jobs it names.
+-- Times inside those arrays are integer microseconds, divided here, because integers survive the
+-- JSON round trip exactly where decimal floats might not.
+
+-- name: migrations_create
+-- The ledger of applied migrations; created before anything else so that migrate() can read it
+-- inside the same write transaction that applies the missing versions.
+CREATE TABLE IF NOT EXISTS schema_migrations (
+    version    INTEGER PRIMARY KEY,
+    name       TEXT NOT NULL,
+    applied_at REAL NOT NULL
+)
+
+-- name: migrations_applied
+-- Read inside BEGIN IMMEDIATE, so a second process calling migrate() at the same time waits for
+-- the first and then sees its versions instead of applying them again.
+SELECT version FROM schema_migrations ORDER BY version
+
+-- name: migrations_record
+INSERT INTO schema_migrations (version, name, applied_at) VALUES (:version, :name, :now)
+
+-- name: jobs_insert
+-- Plain VALUES insert, run with executemany inside one transaction: SQLite has no round trip to
+-- save, so one prepared statement per row is as fast as one multi-row statement.
+INSERT INTO jobs (
+    id, queue, task, payload, headers, state, priority, run_at, enqueued_at, expires_at,
+    attempts, deliveries, max_attempts, max_deliveries, idempotency_key, ordering_key, replay_of
+) VALUES (
+    :id, :queue, :task, :payload, :headers, 'pending', :priority, :run_at, :now, :expires_at,
+    0, 0, :max_attempts, :max_deliveries, :idempotency_key, :ordering_key, :replay_of
+)
+
+-- name: idempotency_claim
+-- Take the key if it is free or its window has passed; RETURNING yields a row only when this job
+-- now holds the key. A key held by a live window makes the upsert's WHERE false, so nothing
+-- changes and nothing is returned: the caller then looks the holder up.
+INSERT INTO idempotency_keys (queue, key, job_id, expires_at)
+VALUES (:queue, :key, :job_id, :expires_at)
+ON CONFLICT (queue, key) DO UPDATE
+    SET job_id = excluded.job_id, expires_at = excluded.expires_at
+    WHERE idempotency_keys.expires_at IS NOT NULL AND idempotency_keys.expires_at <= :now
+RETURNING job_id
+
+-- name: idempotency_holder
+SELECT job_id FROM idempotency_keys WHERE queue = :queue AND key = :key
+
+-- name: jobs_acquire
+-- Runs inside BEGIN IMMEDIATE, which takes the database's write lock before reading, so two
+-- workers (threads or processes) can never select the same rows: SQLite's answer to SKIP LOCKED.
+-- The subquery walks jobs_ready in hand-out order; the NOT EXISTS keeps only the head of each
+-- ordering key (no live row of the same key with a smaller id), which is one probe of
+-- jobs_ordering. RETURNING does not promise any order, so the caller sorts.
+UPDATE jobs
+SET state = 'processing',
+    deliveries = deliveries + 1,
+    receipt = lower(hex(randomblob(16))),
+    lease_expires_at = :now + :visibility_timeout,
+    worker_id = :worker_id,
+    started_at = :now,
+    first_started_at = coalesce(first_started_at, :now)
+WHERE id IN (
+    SELECT j.id
+    FROM jobs AS j
+    WHERE j.queue = :queue
+      AND j.state = 'pending'
+      AND j.run_at <= :now
+      AND (
+          j.ordering_key IS NULL
+          OR NOT EXISTS (
+              SELECT 1 FROM jobs AS k
+              WHERE k.queue = j.queue AND k.ordering_key = j.ordering_key AND k.id < j.id
+          )
+      )
+    ORDER BY j.priority DESC, j.run_at, j.id
+    LIMIT :limit
+)
+RETURNING id, queue, task, payload, headers, priority, run_at, enqueued_at, expires_at, attempts,
+    deliveries, max_attempts, max_deliveries, idempotency_key, ordering_key, receipt,
+    lease_expires_at
+
+-- name: jobs_finish_archive
+-- First half of finishing a batch: copy each delivery whose id and receipt still match a
+-- processing row into the archive with its terminal state. A stale receipt matches nothing, so a
+-- worker whose lease expired cannot overwrite the outcome of a newer delivery.
+WITH f AS (
+    SELECT json_extract(value, '$.id') AS id,
+           json_extract(value, '$.receipt') AS receipt,
+           json_extract(value, '$.state') AS state,
+           json_extract(value, '$.result') AS result,
+           json_extract(value, '$.reason') AS reason,
+           json_extract(value, '$.error_type') AS error_type,
+           json_extract(value, '$.error_message') AS error_message,
+           json_extract(value, '$.traceback') AS traceback,
+           json_extract(value, '$.ran') AS ran
+    FROM json_each(:items)
+)
+INSERT INTO archive (
+    id, queue, task, payload, headers, state, priority, run_at, enqueued_at, expires_at,
+    attempts, deliveries, max_attempts, max_deliveries, idempotency_key, ordering_key, replay_of,
+    first_started_at, started_at, worker_id, error_type, error_message, traceback,
+    finished_at, result, reason, replayed_by
+)
+SELECT j.id, j.queue, j.task, j.payload, j.headers, f.state, j.priority, j.run_at, j.enqueued_at,
+       j.expires_at, j.attempts + f.ran, j.deliveries, j.max_attempts, j.max_deliveries,
+       j.idempotency_key, j.ordering_key, j.replay_of, j.first_started_at, j.started_at,
+       j.worker_id, coalesce(f.error_type, j.error_type), coalesce(f.error_message, j.error_message),
+       coalesce(f.traceback, j.traceback), :now, f.result, f.reason, NULL
+FROM f JOIN jobs AS j ON j.id = f.id AND j.receipt = f.receipt
+WHERE j.state = 'processing'
+
+-- name: jobs_finish_delete
+-- Second half, in the same transaction: remove exactly the rows just archived (same id, receipt
+-- and state test), so the jobs table keeps live rows only. Its change count is the applied count.
+DELETE FROM jobs
+WHERE state = 'processing'
+  AND (id, receipt) IN (
+      SELECT json_extract(value, '$.id'), json_extract(value, '$.receipt') FROM json_each(:items)
+  )
+
+-- name: jobs_retry
+-- Back to pending at the item's run_at with the attempt counted and its error kept for
+-- inspection; the receipt is cleared so the failed delivery can no longer act on the job.
+UPDATE jobs
+SET state = 'pending',
+    attempts = attempts + 1,
+    run_at = r.run_at,
+    error_type = r.error_type,
+    error_message = r.error_message,
+    traceback = r.traceback,
+    receipt = NULL,
+    lease_expires_at = NULL
+FROM (
+    SELECT json_extract(value, '$.id') AS id,
+           json_extract(value, '$.receipt') AS receipt,
+           json_extract(value, '$.run_at_us') / 1000000.0 AS run_at,
+           json_extract(value, '$.error_type') AS error_type,
+           json_extract(value, '$.error_message') AS error_message,
+           json_extract(value, '$.traceback') AS traceback
+    FROM json_each(:items)
+) AS r
+WHERE jobs.id = r.id AND jobs.receipt = r.receipt AND jobs.state = 'processing'
+
+-- name: jobs_release
+-- Undo a delivery that never started (graceful shutdown): the job is ready again at once and the
+-- hand-out no longer counts, so a clean restart does not push it towards max_deliveries. If this
+-- was its only delivery it is again a job that never started.
+UPDATE jobs
+SET state = 'pending',
+    deliveries = deliveries - 1,
+    receipt = NULL,
+    lease_expires_at = NULL,
+    first_started_at = CASE WHEN deliveries <= 1 THEN NULL ELSE first_started_at END,
+    started_at = CASE WHEN deliveries <= 1 THEN NULL ELSE started_at END,
+    worker_id = CASE WHEN deliveries <= 1 THEN NULL ELSE worker_id END
+FROM (
+    SELECT json_extract(value, '$.id') AS id, json_extract(value, '$.receipt') AS receipt
+    FROM json_each(:items)
+) AS r
+WHERE jobs.id = r.id AND jobs.receipt = r.receipt AND jobs.state = 'processing'
+
+-- name: leases_extend
+-- Heartbeat: push the lease of every delivery still held (same receipt, still processing); the ids
+-- returned tell the worker which leases it still has.
+UPDATE jobs
+SET lease_expires_at = :now + :visibility_timeout
+FROM (
+    SELECT json_extract(value, '$.id') AS id, json_extract(value, '$.receipt') AS receipt
+    FROM json_each(:items)
+) AS r
+WHERE jobs.id = r.id AND jobs.receipt = r.receipt AND jobs.state = 'processing'
+RETURNING jobs.id
+
+-- name: jobs_rescue_expired
+-- Expired leases go back to pending, oldest lease first, through the jobs_lease partial index.
+-- deliveries is kept (poison protection counts lost deliveries); clearing the receipt fences the
+-- worker that lost the lease.
+UPDATE jobs
+SET state = 'pending', receipt = NULL, lease_expires_at = NULL
+WHERE id IN (
+    SELECT id FROM jobs
+    WHERE state = 'processing' AND lease_expires_at < :now
+    ORDER BY lease_expires_at
+    LIMIT :limit
+)
+
+-- name: job_get_live
+SELECT id, queue, task, payload, headers, state, priority, run_at, enqueued_at, expires_at,
+       attempts, deliveries, max_attempts, max_deliveries, idempotency_key, ordering_key,
+       replay_of, first_started_at, started_at, lease_expires_at, worker_id, error_type,
+       error_message, traceback,
+       NULL AS finished_at, NULL AS result, NULL AS reason, NULL AS replayed_by
+FROM jobs WHERE id = :id
+
+-- name: job_get_archived
+SELECT id, queue, task, payload, headers, state, priority, run_at, enqueued_at, expires_at,
+       attempts, deliveries, max_attempts, max_deliveries, idempotency_key, ordering_key,
+       replay_of, first_started_at, started_at, NULL AS lease_expires_at, worker_id, error_type,
+       error_message, traceback, finished_at, result, reason, replayed_by
+FROM archive WHERE id = :id
+
+-- name: jobs_list
+-- Live rows in id (enqueue) order after a keyset cursor, for export and inspection.
+SELECT id, queue, task, payload, headers, state, priority, run_at, enqueued_at, expires_at,
+       attempts, deliveries, max_attempts, max_deliveries, idempotency_key, ordering_key,
+       replay_of, first_started_at, started_at, lease_expires_at, worker_id, error_type,
+       error_message, traceback,
+       NULL AS finished_at, NULL AS result, NULL AS reason, NULL AS replayed_by
+FROM jobs
+WHERE (:queue IS NULL OR queue = :queue)
+  AND (:after IS NULL OR id > :after)
+ORDER BY id
+LIMIT :limit
+
+-- name: queues_stats_live
+-- Live counts per queue; pending is split into ready now and scheduled for later.
+SELECT queue,
+       sum(state = 'pending' AND run_at <= :now) AS pending,
+       sum(state = 'pending' AND run_at > :now) AS scheduled,
+       sum(state = 'processing') AS processing,
+       min(CASE WHEN state = 'pending' AND run_at <= :now THEN run_at END) AS oldest_ready_at
+FROM jobs
+GROUP BY queue
+
+-- name: queues_stats_archived
+-- Archived counts per queue and state, read from archive_queue_state alone. Replayed dead letters
+-- are counted apart so that the DLQ depth excludes them.
+SELECT queue, state, count(*) AS total, sum(replayed_by IS NOT NULL) AS replayed
+FROM archive
+GROUP BY queue, state
+
+-- name: dead_list
+-- Unreplayed dead letters, newest first, through the archive_dead partial index.
+SELECT id, queue, task, payload, headers, state, priority, run_at, enqueued_at, expires_at,
+       attempts, deliveries, max_attempts, max_deliveries, idempotency_key, ordering_key,
+       replay_of, first_started_at, started_at, NULL AS lease_expires_at, worker_id, error_type,
+       error_message, traceback, finished_at, result, reason, replayed_by
+FROM archive
+WHERE state = 'dead' AND replayed_by IS NULL
+  AND (:queue IS NULL OR queue = :queue)
+  AND (:task IS NULL OR task = :task)
+  AND (:error_type IS NULL OR error_type = :error_type)
+ORDER BY finished_at DESC, id DESC
+LIMIT :limit OFFSET :offset
+
+-- name: dead_replay_insert
+-- Re-enqueue unreplayed dead letters as fresh jobs (attempts and deliveries start at 0, run_at is
+-- now) that point back at their dead letter. Dead ids that are not unreplayed dead letters join
+-- nothing and are skipped. RETURNING tells the caller which pairs were replayed.
+WITH r AS (
+    SELECT json_extract(value, '$[0]') AS dead_id, json_extract(value, '$[1]') AS new_id
+    FROM json_each(:replays)
+)
+INSERT INTO jobs (
+    id, queue, task, payload, headers, state, priority, run_at, enqueued_at, expires_at,
+    attempts, deliveries, max_attempts, max_deliveries, idempotency_key, ordering_key, replay_of
+)
+SELECT r.new_id, a.queue, a.task, a.payload, a.headers, 'pending', a.priority, :now, :now, NULL,
+       0, 0, a.max_attempts, a.max_deliveries, a.idempotency_key, a.ordering_key, a.id
+FROM r JOIN archive AS a ON a.id = r.dead_id
+WHERE a.state = 'dead' AND a.replayed_by IS NULL
+RETURNING replay_of, id
+
+-- name: dead_replay_mark
+-- In the same transaction, point each replayed dead letter at its new job, which takes it out of
+-- the DLQ listing and the DLQ depth.
+UPDATE archive
+SET replayed_by = r.new_id
+FROM (
+    SELECT json_extract(value, '$[0]') AS dead_id, json_extract(value, '$[1]') AS new_id
+    FROM json_each(:replays)
+) AS r
+WHERE archive.id = r.dead_id AND archive.state = 'dead' AND archive.replayed_by IS NULL
+
+-- name: dead_purge
+-- Delete dead letters for good; RETURNING names them for the audit row.
+DELETE FROM archive
+WHERE state = 'dead' AND id IN (SELECT value FROM json_each(:ids))
+RETURNING id
+
+-- name: audit_insert
+INSERT INTO audit (at, actor, action, reason, job_ids, details)
+VALUES (:now, :actor, :action, :reason, :job_ids, :details)
+
+-- name: audit_list
+SELECT id, at, actor, action, reason, job_ids, details
+FROM audit
+ORDER BY id DESC
+LIMIT :limit
+
+-- name: archive_read_first
+-- The first page of an export: the archive in (finished_at, id) order through archive_finished.
+SELECT id, queue, task, payload, headers, state, priority, run_at, enqueued_at, expires_at,
+       attempts, deliveries, max_attempts, max_deliveries, idempotency_key, ordering_key,
+       replay_of, first_started_at, started_at, NULL AS lease_expires_at, worker_id, error_type,
+       error_message, traceback, finished_at, result, reason, replayed_by
+FROM archive
+ORDER BY finished_at, id
+LIMIT :limit
+
+-- name: archive_read_after
+-- Keyset pagination strictly after the watermark, so an export that resumes from its last row
+-- never reads a row twice. A separate statement from the first page (rather than an
+-- ":after IS NULL OR ..." test) so that the row-value comparison can seek archive_finished.
+SELECT id, queue, task, payload, headers, state, priority, run_at, enqueued_at, expires_at,
+       attempts, deliveries, max_attempts, max_deliveries, idempotency_key, ordering_key,
+       replay_of, first_started_at, started_at, NULL AS lease_expires_at, worker_id, error_type,
+       error_message, traceback, finished_at, result, reason, replayed_by
+FROM archive
+WHERE (finished_at, id) > (:after_at, :after_id)
+ORDER BY finished_at, id
+LIMIT :limit
