@@ -1,0 +1,48 @@
+"""Conveyor: a durable, at-least-once task and message queue backed by SQL.
+
+The public API is what this module exports; everything in ``conveyor._*`` is private."""
+
+from conveyor._app import App
+from conveyor._context import JobContext
+from conveyor._errors import (
+    BackendError,
+    BackendUnavailable,
+    ConfigurationError,
+    ConveyorError,
+    JobNotFoundError,
+    JobTimeoutError,
+    PayloadError,
+    Reject,
+    Retry,
+    UnknownTaskError,
+)
+from conveyor._job import Job, JobError, JobStatus
+from conveyor._message import Message
+from conveyor._retry import ExponentialBackoff, FixedSchedule
+from conveyor._task import Task
+from conveyor.worker import Worker
+
+__all__ = [
+    "App",
+    "BackendError",
+    "BackendUnavailable",
+    "ConfigurationError",
+    "ConveyorError",
+    "ExponentialBackoff",
+    "FixedSchedule",
+    "Job",
+    "JobContext",
+    "JobError",
+    "JobNotFoundError",
+    "JobStatus",
+    "JobTimeoutError",
+    "Message",
+    "PayloadError",
+    "Reject",
+    "Retry",
+    "Task",
+    "UnknownTaskError",
+    "Worker",
+]
+
+__version__ = "0.1.0"

@@ -1,0 +1,255 @@
+"""The App: the task registry and the producer API."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import Any, ParamSpec, Protocol, TypeVar, overload
+from uuid import UUID
+
+from conveyor._errors import ConfigurationError, JobNotFoundError, PayloadError
+from conveyor._job import Job, JobStatus
+from conveyor._message import (
+    DEFAULT_MAX_PAYLOAD_BYTES,
+    Message,
+    complete_headers,
+    encode_json_object,
+    resolve_times,
+    utcnow,
+)
+from conveyor._retry import Backoff, ExponentialBackoff, FixedSchedule
+from conveyor._task import DEFAULT_DEAD_ON, AckPolicy, Task, TaskOptions
+from conveyor.backends import DEFAULT_DATABASE_URL, open_backend
+from conveyor.backends.base import Backend, JobsInsertParams, NewJob
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+#: How long an idempotency key holds its job by default (per queue; SQS FIFO uses 5 minutes,
+#: we keep a day because producers retry across deploys and outages).
+DEFAULT_DEDUP_WINDOW = timedelta(hours=24)
+
+
+class _TaskDecorator(Protocol):
+    def __call__(self, fn: Callable[P, R], /) -> Task[P, R]: ...
+
+
+class App:
+    """A Conveyor application: where tasks are registered and jobs are sent.
+
+    ``database_url`` defaults to ``$CONVEYOR_DATABASE_URL``, else the embedded SQLite file
+    ``sqlite:///conveyor.db``. The schema is migrated on first use of the embedded default
+    (SQLite); PostgreSQL schemas are migrated by ``conveyor migrate`` (or ``migrate=True``)."""
+
+    def __init__(
+        self,
+        database_url: str | None = None,
+        *,
+        backend: Backend | None = None,
+        migrate: bool | None = None,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        dedup_window: timedelta = DEFAULT_DEDUP_WINDOW,
+    ) -> None:
+        self.database_url = database_url or os.environ.get("CONVEYOR_DATABASE_URL") or DEFAULT_DATABASE_URL
+        self._backend = backend
+        self._migrate = migrate
+        self._lock = threading.Lock()
+        self.max_payload_bytes = max_payload_bytes
+        self.dedup_window = dedup_window
+        self.tasks: dict[str, Task[Any, Any]] = {}
+
+    # -- storage -------------------------------------------------------------------------------
+
+    @property
+    def backend(self) -> Backend:
+        """The storage backend, opened (and, for SQLite, migrated) on first use."""
+        if self._backend is None:
+            with self._lock:
+                if self._backend is None:
+                    backend = open_backend(self.database_url)
+                    migrate = self._migrate if self._migrate is not None else backend.engine == "sqlite"
+                    if migrate:
+                        backend.migrate()
+                    self._backend = backend
+        return self._backend
+
+    def close(self) -> None:
+        """Close the backend's connections."""
+        if self._backend is not None:
+            self._backend.close()
+            self._backend = None
+
+    def __enter__(self) -> App:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- tasks ---------------------------------------------------------------------------------
+
+    @overload
+    def task(self, fn: Callable[P, R], /) -> Task[P, R]: ...
+
+    @overload
+    def task(
+        self,
+        *,
+        name: str | None = None,
+        queue: str = "default",
+        max_attempts: int = 5,
+        max_deliveries: int | None = None,
+        backoff: Backoff | Sequence[float] | None = None,
+        dead_on: Iterable[type[BaseException]] | None = None,
+        timeout: float | None = None,
+        visibility_timeout: float = 30.0,
+        keep_result: bool = True,
+        ack_policy: AckPolicy = "auto",
+        priority: int = 0,
+        version: int = 1,
+    ) -> _TaskDecorator: ...
+
+    def task(  # type: ignore[misc]
+        self,
+        fn: Callable[P, R] | None = None,
+        /,
+        *,
+        name: str | None = None,
+        queue: str = "default",
+        max_attempts: int = 5,
+        max_deliveries: int | None = None,
+        backoff: Backoff | Sequence[float] | None = None,
+        dead_on: Iterable[type[BaseException]] | None = None,
+        timeout: float | None = None,
+        visibility_timeout: float = 30.0,
+        keep_result: bool = True,
+        ack_policy: AckPolicy = "auto",
+        priority: int = 0,
+        version: int = 1,
+    ) -> Task[P, R] | _TaskDecorator:
+        """Register a handler as a task (usable bare, ``@app.task``, or with options).
+
+        ``backoff`` is an :class:`ExponentialBackoff` (default base 1 s, cap 1 h, full jitter), a
+        :class:`FixedSchedule`, or a list of delays in seconds. ``dead_on`` lists exception types
+        that dead-letter at once (default ValueError, KeyError, TypeError)."""
+        if isinstance(backoff, Sequence):
+            backoff = FixedSchedule(list(backoff))
+        options = TaskOptions(
+            queue=queue,
+            max_attempts=max_attempts,
+            max_deliveries=max_deliveries,
+            backoff=backoff or ExponentialBackoff(),
+            dead_on=tuple(dead_on) if dead_on is not None else DEFAULT_DEAD_ON,
+            timeout=timeout,
+            visibility_timeout=visibility_timeout,
+            keep_result=keep_result,
+            ack_policy=ack_policy,
+            priority=priority,
+            version=version,
+        )
+
+        def register(f: Callable[P, R]) -> Task[P, R]:
+            task_name = name or f"{f.__module__}.{f.__qualname__}"
+            if task_name in self.tasks:
+                raise ConfigurationError(f"a task named {task_name!r} is already registered")
+            registered = Task(self, task_name, f, options)
+            self.tasks[task_name] = registered
+            return registered
+
+        return register(fn) if fn is not None else register  # type: ignore[return-value]
+
+    def task_options(self, name: str) -> TaskOptions | None:
+        """The options of the task registered as ``name`` (None if unknown)."""
+        task = self.tasks.get(name)
+        return task.options if task else None
+
+    # -- producing -----------------------------------------------------------------------------
+
+    def send(
+        self,
+        task: str | Task[Any, Any],
+        payload: Mapping[str, Any] | None = None,
+        *,
+        conn: Any = None,
+        **envelope: Any,
+    ) -> Job:
+        """Enqueue one job and return its handle at once.
+
+        ``envelope`` takes the :class:`Message` fields (``queue``, ``priority``, ``delay``,
+        ``run_at``, ``ttl``, ``expires_at``, ``idempotency_key``, ``ordering_key``, ``headers``,
+        ``max_attempts``). ``conn`` is your own open connection: the job then commits or rolls back
+        with your transaction. A duplicate ``idempotency_key`` inside the dedup window returns the
+        existing job. Raises PayloadError for a payload that is not JSON or is too large."""
+        name = task.name if isinstance(task, Task) else task
+        try:
+            message = Message(task=name, payload=payload or {}, **envelope)
+        except TypeError as exc:
+            raise PayloadError(f"bad send option: {exc}") from None
+        return self.send_many([message], conn=conn)[0]
+
+    def send_many(self, messages: Sequence[Message], *, conn: Any = None) -> list[Job]:
+        """Enqueue many jobs in one round trip; return their handles in order (duplicates inside
+        the dedup window return the existing job's handle)."""
+        if not messages:
+            return []
+        now = utcnow()
+        rows = [self._new_job(m, now) for m in messages]
+        ids = self.backend.jobs_insert_many(JobsInsertParams(rows, now, conn))
+        return [Job(self, job_id) for job_id in ids]
+
+    async def send_async(
+        self, task: str | Task[Any, Any], payload: Mapping[str, Any] | None = None, **envelope: Any
+    ) -> Job:
+        """Like :meth:`send`, without blocking the event loop."""
+        return await asyncio.to_thread(lambda: self.send(task, payload, **envelope))
+
+    async def send_many_async(self, messages: Sequence[Message]) -> list[Job]:
+        """Like :meth:`send_many`, without blocking the event loop."""
+        return await asyncio.to_thread(self.send_many, messages)
+
+    def _new_job(self, message: Message, now: datetime) -> NewJob:
+        if not message.task:
+            raise PayloadError("a job needs a task name")
+        options = self.task_options(message.task)
+        queue = message.queue or (options.queue if options else "default")
+        max_attempts = message.max_attempts or (options.max_attempts if options else 5)
+        if max_attempts < 1:
+            raise PayloadError(f"max_attempts must be >= 1, got {max_attempts}")
+        max_deliveries = options.deliveries_limit if options else max_attempts + 5
+        priority = message.priority if message.priority is not None else (options.priority if options else 0)
+        run_at, expires_at = resolve_times(message, now)
+        payload = encode_json_object(message.payload, "payload", self.max_payload_bytes)
+        headers = encode_json_object(
+            complete_headers(message.headers, message.id), "headers", self.max_payload_bytes
+        )
+        return NewJob(
+            id=message.id,
+            queue=queue,
+            task=message.task,
+            payload=payload,
+            headers=headers,
+            priority=int(priority),
+            run_at=run_at,
+            max_attempts=max(max_attempts, 1),
+            max_deliveries=max(max_deliveries, max_attempts),
+            expires_at=expires_at,
+            idempotency_key=message.idempotency_key,
+            ordering_key=message.ordering_key,
+            dedup_until=now + self.dedup_window if message.idempotency_key else None,
+        )
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def job(self, job_id: UUID | str) -> JobStatus:
+        """The status of a job (live or archived). Raises JobNotFoundError."""
+        try:
+            uid = job_id if isinstance(job_id, UUID) else UUID(str(job_id))
+        except ValueError:
+            raise JobNotFoundError(f"not a job id: {job_id!r}") from None
+        return Job(self, uid).status()
+
+    def handle(self, job_id: UUID) -> Job:
+        """A handle on a job by id, without reading it."""
+        return Job(self, job_id)

@@ -1,0 +1,86 @@
+"""JobContext: what a running handler knows about its job and can ask of the worker."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+from uuid import UUID
+
+from conveyor.backends.base import Delivery
+
+ManualDecision = Literal["ack", "nack", "reject"]
+
+
+class LeaseKeeper(Protocol):
+    """The worker side of ``ctx.extend``: extend one delivery's lease."""
+
+    def extend(self, delivery: Delivery, seconds: float) -> bool: ...
+
+
+@dataclass(slots=True)
+class JobContext:
+    """Passed to handlers that declare a ``ctx`` parameter.
+
+    ``attempt`` is 1 for the first run. With ``ack_policy="manual"`` the handler decides the
+    outcome itself with :meth:`ack`, :meth:`nack` or :meth:`reject`."""
+
+    delivery: Delivery
+    keeper: LeaseKeeper | None = None
+    decision: ManualDecision | None = None
+    result: Any = None
+    retry_delay: float | None = None
+    reason: str = ""
+    _headers: dict[str, Any] | None = field(default=None, repr=False)
+
+    @property
+    def job_id(self) -> UUID:
+        return self.delivery.id
+
+    @property
+    def queue(self) -> str:
+        return self.delivery.queue
+
+    @property
+    def task(self) -> str:
+        return self.delivery.task
+
+    @property
+    def attempt(self) -> int:
+        return self.delivery.attempts + 1
+
+    @property
+    def deliveries(self) -> int:
+        return self.delivery.deliveries
+
+    @property
+    def max_attempts(self) -> int:
+        return self.delivery.max_attempts
+
+    @property
+    def headers(self) -> dict[str, Any]:
+        if self._headers is None:
+            self._headers = json.loads(self.delivery.headers)
+        return self._headers
+
+    @property
+    def idempotency_key(self) -> str | None:
+        return self.delivery.idempotency_key
+
+    def extend(self, seconds: float) -> bool:
+        """Extend this job's lease to ``seconds`` from now; False if the lease was already lost."""
+        if self.keeper is None:
+            return True
+        return self.keeper.extend(self.delivery, seconds)
+
+    def ack(self, result: Any = None) -> None:
+        """Manual ack: the job completed (with ``result``)."""
+        self.decision, self.result = "ack", result
+
+    def nack(self, delay: float | None = None, reason: str = "nack") -> None:
+        """Manual nack: the job failed transiently; retry after ``delay`` (None: the task's backoff)."""
+        self.decision, self.retry_delay, self.reason = "nack", delay, reason
+
+    def reject(self, reason: str = "rejected") -> None:
+        """Manual reject: dead-letter the job at once."""
+        self.decision, self.reason = "reject", reason

@@ -1,0 +1,151 @@
+"""Job handles: what ``send`` returns and ``App.job`` looks up."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+from uuid import UUID
+
+from conveyor._errors import JobNotFoundError, JobTimeoutError
+from conveyor.backends.base import TERMINAL_STATES, JobGetParams, JobRecord, JobState
+
+if TYPE_CHECKING:
+    from conveyor._app import App
+
+
+@dataclass(frozen=True, slots=True)
+class JobError:
+    """The error of a job's last failed attempt."""
+
+    type: str
+    message: str
+    traceback: str
+
+
+@dataclass(frozen=True, slots=True)
+class JobStatus:
+    """A snapshot of one job: where it is in its lifecycle and how it went."""
+
+    id: UUID
+    queue: str
+    task: str
+    state: JobState
+    attempts: int
+    deliveries: int
+    max_attempts: int
+    priority: int
+    payload: dict[str, Any]
+    headers: dict[str, Any]
+    enqueued_at: datetime
+    run_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    result: Any
+    error: JobError | None
+    reason: str | None
+    idempotency_key: str | None
+    ordering_key: str | None
+    replay_of: UUID | None
+    replayed_by: UUID | None
+
+    @property
+    def done(self) -> bool:
+        """True once the job is terminal (completed, dead, expired or cancelled)."""
+        return self.state in TERMINAL_STATES
+
+    @classmethod
+    def from_record(cls, record: JobRecord) -> JobStatus:
+        error = None
+        if record.error_type:
+            error = JobError(record.error_type, record.error_message or "", record.traceback or "")
+        return cls(
+            id=record.id,
+            queue=record.queue,
+            task=record.task,
+            state=record.state,
+            attempts=record.attempts,
+            deliveries=record.deliveries,
+            max_attempts=record.max_attempts,
+            priority=record.priority,
+            payload=json.loads(record.payload),
+            headers=json.loads(record.headers),
+            enqueued_at=record.enqueued_at,
+            run_at=record.run_at,
+            started_at=record.started_at,
+            finished_at=record.finished_at,
+            result=json.loads(record.result) if record.result is not None else None,
+            error=error,
+            reason=record.reason,
+            idempotency_key=record.idempotency_key,
+            ordering_key=record.ordering_key,
+            replay_of=record.replay_of,
+            replayed_by=record.replayed_by,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict (ids and times as strings)."""
+        out: dict[str, Any] = {}
+        for name in self.__slots__:
+            value = getattr(self, name)
+            if isinstance(value, UUID):
+                value = str(value)
+            elif isinstance(value, datetime):
+                value = value.isoformat()
+            elif isinstance(value, JobError):
+                value = {"type": value.type, "message": value.message, "traceback": value.traceback}
+            out[name] = value
+        return out
+
+
+class Job:
+    """A handle on one job by id. ``status()`` reads it; ``wait()`` blocks until it ends."""
+
+    __slots__ = ("app", "id")
+
+    def __init__(self, app: App, job_id: UUID) -> None:
+        self.app = app
+        self.id = job_id
+
+    def __repr__(self) -> str:
+        return f"<Job {self.id}>"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Job) and other.id == self.id
+
+    def __hash__(self) -> int:
+        return hash(self.id)
+
+    def status(self) -> JobStatus:
+        """The job as stored now. Raises JobNotFoundError if it does not exist (or was purged)."""
+        record = self.app.backend.job_get(JobGetParams(self.id))
+        if record is None:
+            raise JobNotFoundError(f"no job {self.id}")
+        return JobStatus.from_record(record)
+
+    def wait(self, timeout: float = 30.0, poll: float = 0.05) -> JobStatus:
+        """Block until the job is terminal; return its final status.
+
+        Raises JobTimeoutError after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            status = self.status()
+            if status.done:
+                return status
+            if time.monotonic() >= deadline:
+                raise JobTimeoutError(f"job {self.id} still {status.state} after {timeout}s")
+            time.sleep(poll)
+
+    async def wait_async(self, timeout: float = 30.0, poll: float = 0.05) -> JobStatus:
+        """Like :meth:`wait`, without blocking the event loop."""
+        deadline = time.monotonic() + timeout
+        while True:
+            status = await asyncio.to_thread(self.status)
+            if status.done:
+                return status
+            if time.monotonic() >= deadline:
+                raise JobTimeoutError(f"job {self.id} still {status.state} after {timeout}s")
+            await asyncio.sleep(poll)

@@ -1,0 +1,116 @@
+"""The envelope: what a producer sends, validated and encoded once, before it reaches the database."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from uuid import UUID
+
+from conveyor._errors import PayloadError
+from conveyor._ids import uuid7
+
+#: The default payload size limit (bytes of encoded JSON). Large data belongs in object storage.
+DEFAULT_MAX_PAYLOAD_BYTES = 256 * 1024
+
+#: Header keys Conveyor itself fills in when the producer does not.
+SCHEMA_VERSION = "schema_version"
+TRACEPARENT = "traceparent"
+CORRELATION_ID = "correlation_id"
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One job to enqueue: the envelope of DESIGN §1.
+
+    ``payload`` must be a JSON object (it becomes the handler's keyword arguments). ``queue`` None
+    means the task's declared queue (or ``"default"``). Give either ``delay`` (seconds) or ``run_at``;
+    either ``ttl`` (seconds) or ``expires_at``. ``id`` is minted here (UUIDv7), so a producer knows
+    it before the enqueue commits."""
+
+    task: str
+    payload: Mapping[str, Any] = field(default_factory=dict)
+    queue: str | None = None
+    priority: int | None = None
+    delay: float | None = None
+    run_at: datetime | None = None
+    ttl: float | None = None
+    expires_at: datetime | None = None
+    idempotency_key: str | None = None
+    ordering_key: str | None = None
+    headers: Mapping[str, Any] | None = None
+    max_attempts: int | None = None
+    id: UUID = field(default_factory=uuid7)
+
+
+def encode_json_object(value: Mapping[str, Any], what: str, limit: int | None = None) -> str:
+    """Encode a JSON object compactly; raise PayloadError if it is not one or is over ``limit``."""
+    if not isinstance(value, Mapping):
+        raise PayloadError(f"{what} must be a JSON object (a dict), got {type(value).__name__}")
+    try:
+        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise PayloadError(
+            f"{what} is not JSON-serialisable ({exc}); Conveyor stores JSON only, never pickle: "
+            "send plain data, or a reference (an object key, a row id) to the data"
+        ) from None
+    if limit is not None:
+        size = len(text.encode("utf-8"))
+        if size > limit:
+            raise PayloadError(
+                f"{what} is {size} bytes, over the {limit}-byte limit: store the data elsewhere "
+                "(object storage, a table) and enqueue a reference to it (an object key, a row id)"
+            )
+    return text
+
+
+def new_traceparent() -> str:
+    """A fresh W3C traceparent (version 00, sampled) for a job sent outside any trace."""
+    return f"00-{os.urandom(16).hex()}-{os.urandom(8).hex()}-01"
+
+
+def complete_headers(headers: Mapping[str, Any] | None, job_id: UUID) -> dict[str, Any]:
+    """The headers as stored: the producer's, plus ``schema_version`` (1), a ``traceparent`` and a
+    ``correlation_id`` (the job id) where the producer gave none."""
+    out: dict[str, Any] = dict(headers or {})
+    out.setdefault(SCHEMA_VERSION, 1)
+    out.setdefault(TRACEPARENT, new_traceparent())
+    out.setdefault(CORRELATION_ID, str(job_id))
+    return out
+
+
+def resolve_times(message: Message, now: datetime) -> tuple[datetime, datetime | None]:
+    """Return ``(run_at, expires_at)`` from the message's delay/run_at and ttl/expires_at."""
+    if message.delay is not None and message.run_at is not None:
+        raise PayloadError("give either delay or run_at, not both")
+    if message.ttl is not None and message.expires_at is not None:
+        raise PayloadError("give either ttl or expires_at, not both")
+    if message.delay is not None and message.delay < 0:
+        raise PayloadError(f"delay must be >= 0 seconds, got {message.delay}")
+    run_at = now
+    if message.delay is not None:
+        run_at = now + timedelta(seconds=message.delay)
+    elif message.run_at is not None:
+        run_at = _aware(message.run_at, "run_at")
+    expires_at: datetime | None = None
+    if message.ttl is not None:
+        if message.ttl <= 0:
+            raise PayloadError(f"ttl must be > 0 seconds, got {message.ttl}")
+        expires_at = run_at + timedelta(seconds=message.ttl)
+    elif message.expires_at is not None:
+        expires_at = _aware(message.expires_at, "expires_at")
+    return run_at, expires_at
+
+
+def _aware(value: datetime, name: str) -> datetime:
+    if value.tzinfo is None:
+        raise PayloadError(f"{name} must be timezone-aware (e.g. datetime.now(UTC)), got a naive datetime")
+    return value.astimezone(UTC)
+
+
+def utcnow() -> datetime:
+    """The current time, timezone-aware UTC."""
+    return datetime.now(UTC)

@@ -1,0 +1,133 @@
+"""The fetch loop: leases batches of ready jobs into a bounded buffer."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
+
+from conveyor._app import App
+from conveyor.backends.base import Delivery, JobsAcquireParams, Listener
+from conveyor.worker._shared import BackendCalls, Counters, Registry
+
+
+class Fetcher:
+    """Keeps the buffer topped up from the worker's queues (lanes), in strict lane order.
+
+    It refills when the buffer falls to half its capacity, in one acquire per lane, so that
+    acquires are batched. When nothing is ready it sleeps until a notification (PostgreSQL
+    LISTEN/NOTIFY) or the poll interval, whichever comes first: with notifications, pickup latency
+    does not depend on the poll interval, which then only catches jobs whose ``run_at`` came due."""
+
+    def __init__(
+        self,
+        app: App,
+        calls: BackendCalls,
+        registry: Registry,
+        counters: Counters,
+        buffer: asyncio.Queue[Delivery | None],
+        queues: Sequence[str],
+        capacity: int,
+        worker_id: str,
+        visibility_timeout: float,
+        clock: Callable[[], datetime],
+        poll_interval: float,
+    ) -> None:
+        self.app = app
+        self.calls = calls
+        self.registry = registry
+        self.counters = counters
+        self.buffer = buffer
+        self.queues = list(queues)
+        self.capacity = capacity
+        self.worker_id = worker_id
+        self.visibility_timeout = visibility_timeout
+        self.clock = clock
+        self.poll_interval = poll_interval
+        self.space = asyncio.Event()
+        self._stop = asyncio.Event()
+        self._listener: Listener | None = None
+        self._listen_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="conveyor-listen")
+        self.idle = False
+
+    def _vt_for(self, queue: str) -> float:
+        return self.visibility_timeout
+
+    async def run_once(self) -> int:
+        """Acquire up to the free buffer space, lane by lane; return how many jobs were leased."""
+        got = 0
+        for queue in self.queues:
+            free = self.capacity - self.buffer.qsize()
+            if free <= 0:
+                break
+            params = JobsAcquireParams(queue, free, self._vt_for(queue), self.worker_id, self.clock())
+            deliveries = await self.calls.call(
+                self.calls.backend.jobs_acquire, params, give_up=self._stop.is_set, what="acquire"
+            )
+            for delivery in deliveries:
+                options = self.app.task_options(delivery.task)
+                vt = options.visibility_timeout if options else self.visibility_timeout
+                self.registry.add(delivery, vt)
+                self.buffer.put_nowait(delivery)
+            got += len(deliveries)
+        self.counters.acquired += got
+        return got
+
+    async def run(self) -> None:
+        """Fetch until stopped."""
+        backend = self.calls.backend
+        if backend.notifies:
+            self._listener = backend.listen(self.queues)
+        idle_wait = 0.01
+        try:
+            while not self._stop.is_set():
+                if self.buffer.qsize() > self.capacity // 2:
+                    self.space.clear()
+                    await self._wait_for(self.space, None)
+                    continue
+                try:
+                    got = await self.run_once()
+                except Exception:
+                    if self._stop.is_set():
+                        break
+                    raise
+                self.idle = got == 0 and self.buffer.qsize() == 0
+                if got:
+                    idle_wait = 0.01
+                    continue
+                if self._listener is not None:
+                    await self._wait_notification(self.poll_interval)
+                else:
+                    # No notifications: poll adaptively, fast after work, slower when idle.
+                    await self._wait_for(self._stop, idle_wait)
+                    idle_wait = min(idle_wait * 2, self.poll_interval)
+        finally:
+            if self._listener is not None:
+                self._listener.close()
+            self._listen_pool.shutdown(wait=False)
+
+    async def _wait_notification(self, timeout: float) -> None:
+        assert self._listener is not None
+        loop = asyncio.get_running_loop()
+        listener = self._listener
+        # The listener blocks a thread; bound each wait so a stop is noticed within 0.25 s.
+        waited: asyncio.Future[bool] = loop.run_in_executor(
+            self._listen_pool, listener.wait, min(timeout, 0.25)
+        )
+        stop: asyncio.Future[bool] = asyncio.ensure_future(self._stop.wait())
+        try:
+            await asyncio.wait([waited, stop], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+
+    async def _wait_for(self, event: asyncio.Event, timeout: float | None) -> None:
+        waits = {asyncio.ensure_future(event.wait()), asyncio.ensure_future(self._stop.wait())}
+        try:
+            await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+
+    def stop(self) -> None:
+        self._stop.set()

@@ -1,0 +1,79 @@
+"""The heartbeat loop: extends the leases of every delivery this worker holds."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from collections.abc import Callable
+from datetime import datetime
+
+from conveyor.backends.base import LeaseRef, LeasesExtendParams
+from conveyor.worker._shared import BackendCalls, Counters, Registry, log
+
+
+class Heartbeat:
+    """Every ``visibility_timeout / 3`` extends the leases of held deliveries (buffered and running).
+
+    Buffered deliveries are extended too: a job waiting in the prefetch buffer behind slow handlers
+    must not be rescued and handed to another worker meanwhile. A lease found gone is marked lost,
+    so a buffered job is not started and a running one's outcome is known to be stale."""
+
+    def __init__(
+        self,
+        calls: BackendCalls,
+        registry: Registry,
+        counters: Counters,
+        clock: Callable[[], datetime],
+        interval: float | None = None,
+    ) -> None:
+        self.calls = calls
+        self.registry = registry
+        self.counters = counters
+        self.clock = clock
+        self.interval = interval
+        self._stop = asyncio.Event()
+
+    def next_interval(self) -> float:
+        if self.interval is not None:
+            return self.interval
+        vts = [h.visibility_timeout for h in self.registry.held.values()]
+        return max(0.2, min(vts, default=30.0) / 3)
+
+    async def run_once(self) -> int:
+        """Extend every held lease; return how many were extended."""
+        groups: dict[float, list[LeaseRef]] = defaultdict(list)
+        for held in list(self.registry.held.values()):
+            if not held.lost and held.state != "finishing":
+                groups[held.visibility_timeout].append(LeaseRef(held.delivery.id, held.delivery.receipt))
+        extended = 0
+        for vt, refs in groups.items():
+            params = LeasesExtendParams(refs, vt, self.clock())
+            ids = set(
+                await self.calls.call(
+                    self.calls.backend.leases_extend_many, params, give_up=self._stop.is_set, what="heartbeat"
+                )
+            )
+            extended += len(ids)
+            for ref in refs:
+                entry = self.registry.held.get(ref.id)
+                if ref.id not in ids and entry is not None and entry.state != "finishing":
+                    entry.lost = True
+                    self.counters.lost_leases += 1
+                    log.warning("lease of job %s was lost (expired and rescued)", ref.id)
+        return extended
+
+    async def run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                await asyncio.wait_for(self._stop.wait(), timeout=self.next_interval())
+            except TimeoutError:
+                pass
+            if self._stop.is_set():
+                return
+            try:
+                await self.run_once()
+            except Exception:
+                log.exception("heartbeat failed")
+
+    def stop(self) -> None:
+        self._stop.set()

@@ -1,0 +1,58 @@
+"""The rescue loop: returns jobs whose lease expired (their worker died or hung) to pending."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable
+from datetime import datetime
+
+from conveyor.backends.base import JobsRescueParams
+from conveyor.worker._shared import BackendCalls, Counters, log
+
+
+class Rescuer:
+    """Every ``interval`` seconds (jittered, so that many workers do not all rescue at once)."""
+
+    def __init__(
+        self, calls: BackendCalls, counters: Counters, clock: Callable[[], datetime], interval: float = 5.0
+    ) -> None:
+        self.calls = calls
+        self.counters = counters
+        self.clock = clock
+        self.interval = interval
+        self._stop = asyncio.Event()
+
+    async def run_once(self) -> int:
+        """Rescue expired leases now; return how many jobs went back to pending."""
+        total = 0
+        while True:
+            n = await self.calls.call(
+                self.calls.backend.jobs_rescue_expired,
+                JobsRescueParams(self.clock()),
+                give_up=self._stop.is_set,
+                what="rescue",
+            )
+            total += n
+            if n < JobsRescueParams(self.clock()).limit:
+                break
+        if total:
+            self.counters.rescued += total
+            log.info("rescued %d job(s) with expired leases", total)
+        return total
+
+    async def run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                await asyncio.wait_for(self._stop.wait(), timeout=self.interval * random.uniform(0.5, 1.5))
+            except TimeoutError:
+                pass
+            if self._stop.is_set():
+                return
+            try:
+                await self.run_once()
+            except Exception:
+                log.exception("rescue failed")
+
+    def stop(self) -> None:
+        self._stop.set()
