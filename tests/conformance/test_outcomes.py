@@ -1,0 +1,200 @@
+"""Outcomes of a delivery: finish (completed, dead, expired, cancelled), retry, release, rescue."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from _factory import VT, acquire, at, complete, dead, get, ids, insert, live_ids, new_job, retry
+
+from conveyor.backends.base import (
+    Backend,
+    ErrorInfo,
+    Finish,
+    JobsFinishParams,
+    JobsReleaseParams,
+    JobsRescueParams,
+    LeaseRef,
+)
+
+
+def test_completed_job_moves_to_the_archive_with_its_result(backend: Backend) -> None:
+    job = new_job()
+    insert(backend, job)
+    (delivery,) = acquire(backend, now=at(1), worker_id="w-1")
+
+    assert complete(backend, delivery, now=at(2), result=json.dumps({"sum": 3})) == 1
+
+    assert live_ids(backend) == []
+    record = get(backend, job.id)
+    assert record.state == "completed"
+    assert json.loads(record.result or "null") == {"sum": 3}
+    assert record.finished_at == at(2)
+    assert record.attempts == 1
+    assert record.deliveries == 1
+    assert record.started_at == at(1)
+    assert record.worker_id == "w-1"
+    assert record.payload == job.payload
+
+
+def test_dead_letter_keeps_reason_and_error(backend: Backend) -> None:
+    insert(backend, new_job())
+    (delivery,) = acquire(backend)
+    error = ErrorInfo(type="ValueError", message="bad input", traceback="Traceback (most recent call last)")
+
+    assert dead(backend, delivery, now=at(3), reason="dead_on", error=error) == 1
+
+    record = get(backend, delivery.id)
+    assert record.state == "dead"
+    assert record.reason == "dead_on"
+    assert record.error_type == "ValueError"
+    assert record.error_message == "bad input"
+    assert record.traceback == "Traceback (most recent call last)"
+    assert record.finished_at == at(3)
+    assert record.attempts == 1
+
+
+def test_finish_without_running_does_not_count_an_attempt(backend: Backend) -> None:
+    insert(backend, new_job())
+    (delivery,) = acquire(backend)
+
+    applied = backend.jobs_finish_many(
+        JobsFinishParams(
+            items=[
+                Finish(
+                    id=delivery.id,
+                    receipt=delivery.receipt,
+                    state="dead",
+                    reason="max_deliveries_exceeded",
+                    ran=False,
+                )
+            ],
+            now=at(1),
+        )
+    )
+
+    assert applied == 1
+    record = get(backend, delivery.id)
+    assert (record.state, record.reason) == ("dead", "max_deliveries_exceeded")
+    assert record.attempts == 0
+    assert record.deliveries == 1
+
+
+@pytest.mark.parametrize("state", ["expired", "cancelled"])
+def test_other_terminal_states_are_archived(backend: Backend, state: str) -> None:
+    insert(backend, new_job())
+    (delivery,) = acquire(backend)
+
+    applied = backend.jobs_finish_many(
+        JobsFinishParams(
+            items=[Finish(id=delivery.id, receipt=delivery.receipt, state=state, ran=False)],  # type: ignore[arg-type]
+            now=at(1),
+        )
+    )
+
+    assert applied == 1
+    assert get(backend, delivery.id).state == state
+    assert live_ids(backend) == []
+
+
+def test_a_batch_finish_counts_only_what_applied(backend: Backend) -> None:
+    insert(backend, *[new_job() for _ in range(4)])
+    a, b, c, d = acquire(backend, limit=4)
+    assert complete(backend, a) == 1  # a is already archived: naming it again is stale
+
+    items = [
+        Finish(id=a.id, receipt=a.receipt, state="completed"),
+        Finish(id=b.id, receipt=b.receipt, state="completed"),
+        Finish(id=c.id, receipt="not-a-receipt", state="completed"),
+        Finish(id=d.id, receipt=d.receipt, state="dead", reason="rejected"),
+    ]
+    assert backend.jobs_finish_many(JobsFinishParams(items=items, now=at(1))) == 2
+
+    assert get(backend, b.id).state == "completed"
+    assert get(backend, c.id).state == "processing"
+    assert get(backend, d.id).state == "dead"
+    assert live_ids(backend) == [c.id]
+
+
+def test_finish_of_nothing_applies_nothing(backend: Backend) -> None:
+    assert backend.jobs_finish_many(JobsFinishParams(items=[], now=at(0))) == 0
+
+
+def test_retry_returns_the_job_to_pending_with_the_attempt_counted(backend: Backend) -> None:
+    insert(backend, new_job())
+    (delivery,) = acquire(backend)
+
+    assert retry(backend, delivery, run_at=at(60), now=at(1)) == 1
+
+    record = get(backend, delivery.id)
+    assert record.state == "pending"
+    assert record.attempts == 1
+    assert record.deliveries == 1
+    assert record.run_at == at(60)
+    assert (record.error_type, record.error_message, record.traceback) == ("IOError", "flaky", "tb")
+    assert record.lease_expires_at is None
+
+
+def test_a_retried_job_runs_again_at_its_run_at(backend: Backend) -> None:
+    insert(backend, new_job())
+    (delivery,) = acquire(backend)
+    retry(backend, delivery, run_at=at(60), now=at(1))
+
+    assert acquire(backend, now=at(59)) == []
+    (again,) = acquire(backend, now=at(60))
+
+    assert again.id == delivery.id
+    assert (again.attempts, again.deliveries) == (1, 2)
+    assert again.receipt != delivery.receipt
+    assert get(backend, again.id).first_started_at == at(0)
+    assert complete(backend, again, now=at(61)) == 1
+    assert get(backend, again.id).attempts == 2
+
+
+def test_release_undoes_the_delivery(backend: Backend) -> None:
+    insert(backend, new_job(), new_job())
+    a, b = acquire(backend, limit=2)
+
+    released = backend.jobs_release_many(
+        JobsReleaseParams(items=[LeaseRef(id=a.id, receipt=a.receipt)], now=at(1))
+    )
+
+    assert released == 1
+    record = get(backend, a.id)
+    assert record.state == "pending"
+    assert record.deliveries == 0
+    assert record.attempts == 0
+    assert record.lease_expires_at is None
+    assert get(backend, b.id).state == "processing"
+    # Released jobs are ready again at once, and the old receipt no longer acts.
+    (again,) = acquire(backend, now=at(1))
+    assert again.id == a.id and again.deliveries == 1
+    assert complete(backend, a, now=at(2)) == 0
+
+
+def test_rescue_returns_expired_leases_and_keeps_the_delivery_count(backend: Backend) -> None:
+    insert(backend, new_job(), new_job())
+    (short,) = acquire(backend, limit=1, visibility_timeout=10)
+    (long,) = acquire(backend, limit=1, visibility_timeout=100)
+
+    assert backend.jobs_rescue_expired(JobsRescueParams(now=at(5))) == 0
+    assert backend.jobs_rescue_expired(JobsRescueParams(now=at(11))) == 1
+
+    rescued = get(backend, short.id)
+    assert rescued.state == "pending"
+    assert rescued.deliveries == 1
+    assert rescued.attempts == 0
+    assert rescued.lease_expires_at is None
+    assert get(backend, long.id).state == "processing"
+    (again,) = acquire(backend, now=at(12))
+    assert again.id == short.id and again.deliveries == 2
+
+
+def test_rescue_respects_its_limit(backend: Backend) -> None:
+    insert(backend, *[new_job() for _ in range(5)])
+    deliveries = acquire(backend, limit=5, visibility_timeout=VT)
+
+    assert backend.jobs_rescue_expired(JobsRescueParams(now=at(VT + 1), limit=2)) == 2
+    assert backend.jobs_rescue_expired(JobsRescueParams(now=at(VT + 1), limit=10)) == 3
+    assert backend.jobs_rescue_expired(JobsRescueParams(now=at(VT + 1), limit=10)) == 0
+    assert {get(backend, i).state for i in ids(deliveries)} == {"pending"}
