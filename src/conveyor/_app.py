@@ -221,9 +221,7 @@ class App:
         priority = message.priority if message.priority is not None else (options.priority if options else 0)
         run_at, expires_at = resolve_times(message, now)
         payload = encode_json_object(message.payload, "payload", self.max_payload_bytes)
-        headers = encode_json_object(
-            complete_headers(message.headers, message.id), "headers", self.max_payload_bytes
-        )
+        headers = encode_json_object(complete_headers(message.headers, message.id), "headers", self.max_payload_bytes)
         return NewJob(
             id=message.id,
             queue=queue,

@@ -36,9 +36,7 @@ def before_run(delivery: Delivery, options: TaskOptions | None, now: datetime) -
     limit = options.deliveries_limit if options else delivery.max_deliveries
     if delivery.deliveries > limit:
         error = ErrorInfo("PoisonJob", f"delivered {delivery.deliveries} times, limit {limit}")
-        return Finish(
-            delivery.id, delivery.receipt, "dead", reason=MAX_DELIVERIES_EXCEEDED, error=error, ran=False
-        )
+        return Finish(delivery.id, delivery.receipt, "dead", reason=MAX_DELIVERIES_EXCEEDED, error=error, ran=False)
     if delivery.expires_at is not None and now >= delivery.expires_at:
         return Finish(delivery.id, delivery.receipt, "expired", reason=EXPIRED, ran=False)
     if options is None:
@@ -51,9 +49,7 @@ def before_run(delivery: Delivery, options: TaskOptions | None, now: datetime) -
             f"job schema_version {version!r} is not supported by task {delivery.task!r} "
             f"(handles up to {options.version})",
         )
-        return Finish(
-            delivery.id, delivery.receipt, "dead", reason=UNSUPPORTED_VERSION, error=error, ran=False
-        )
+        return Finish(delivery.id, delivery.receipt, "dead", reason=UNSUPPORTED_VERSION, error=error, ran=False)
     return None
 
 
@@ -93,9 +89,7 @@ def on_manual(delivery: Delivery, options: TaskOptions, ctx: JobContext, now: da
     if ctx.decision == "ack":
         return on_success(delivery, options, ctx.result)
     if ctx.decision == "reject":
-        return Finish(
-            delivery.id, delivery.receipt, "dead", reason=REJECTED, error=ErrorInfo("Reject", ctx.reason)
-        )
+        return Finish(delivery.id, delivery.receipt, "dead", reason=REJECTED, error=ErrorInfo("Reject", ctx.reason))
     reason = ctx.reason if ctx.decision == "nack" else "handler returned without ack, nack or reject"
     return _retry_or_dead(delivery, options, ErrorInfo("Nack", reason), ctx.retry_delay, now)
 

@@ -142,9 +142,7 @@ class Worker:
         # 3. Let running handlers finish within the graceful timeout (heartbeats keep their leases).
         cut = await executor.stop(self.graceful_timeout)
         if cut:
-            log.warning(
-                "%d handler(s) still running after %ss; their leases will expire", cut, self.graceful_timeout
-            )
+            log.warning("%d handler(s) still running after %ss; their leases will expire", cut, self.graceful_timeout)
         # 4. Flush every outcome, then stop the maintenance loops.
         await completer.stop()
         heartbeat.stop()
@@ -175,17 +173,13 @@ class Worker:
             )
             self.counters.released += released
 
-    async def _watch(
-        self, fetcher: Fetcher, executor: Executor, completer: Completer, calls: BackendCalls
-    ) -> None:
+    async def _watch(self, fetcher: Fetcher, executor: Executor, completer: Completer, calls: BackendCalls) -> None:
         """With ``burst``: stop once the worker is idle and its queues hold no live job."""
         if not self.burst:
             return
         while True:
             await asyncio.sleep(0.1)
-            if not (
-                fetcher.idle and executor.running == 0 and completer.backlog == 0 and len(self.registry) == 0
-            ):
+            if not (fetcher.idle and executor.running == 0 and completer.backlog == 0 and len(self.registry) == 0):
                 continue
             stats = await calls.call(calls.backend.queues_stats, QueuesStatsParams(self.clock()))
             live = sum(s.pending + s.scheduled + s.processing for s in stats if s.queue in self.queues)
@@ -194,7 +188,11 @@ class Worker:
                 self.stop()
                 return
 
-    def run_sync(self, install_signals: bool = True) -> int:
+    def run_sync(
+        self,
+        install_signals: bool = True,
+        signals: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGINT),
+    ) -> int:
         """Run in a new event loop until stopped; return the exit code.
 
         With ``install_signals``, the first SIGTERM/SIGINT stops gracefully and a second one exits
@@ -203,7 +201,7 @@ class Worker:
         async def main() -> None:
             if install_signals:
                 loop = asyncio.get_running_loop()
-                for sig in (signal.SIGTERM, signal.SIGINT):
+                for sig in signals:
                     loop.add_signal_handler(sig, self._on_signal, sig)
             await self.run()
 

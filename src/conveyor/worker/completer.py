@@ -128,8 +128,7 @@ class Completer:
             await self.run_once()
         except Exception as exc:  # the database stayed away past the timeout
             log.error(
-                "could not flush %d outcome(s) before exit: %s; their leases will expire "
-                "and the jobs will run again",
+                "could not flush %d outcome(s) before exit: %s; their leases will expire and the jobs will run again",
                 len(self._pending),
                 exc,
             )

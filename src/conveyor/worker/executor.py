@@ -14,7 +14,7 @@ from conveyor._app import App
 from conveyor._context import JobContext
 from conveyor._policy import Outcome, before_run, on_failure, on_manual, on_success
 from conveyor._task import Task
-from conveyor.backends.base import Delivery, LeasesExtendParams, LeaseRef
+from conveyor.backends.base import Delivery, LeaseRef, LeasesExtendParams
 from conveyor.worker._shared import Counters, Registry, log
 from conveyor.worker.completer import Completer
 
@@ -139,9 +139,7 @@ class Executor:
         """Let running handlers finish within ``graceful_timeout``; return how many were cut off."""
         for _ in self._slots:
             self.buffer.put_nowait(None)
-        done, pending = (
-            await asyncio.wait(self._slots, timeout=graceful_timeout) if self._slots else (set(), set())
-        )
+        _done, pending = await asyncio.wait(self._slots, timeout=graceful_timeout) if self._slots else (set(), set())
         for slot in pending:
             slot.cancel()
         if pending:

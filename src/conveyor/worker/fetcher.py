@@ -112,9 +112,7 @@ class Fetcher:
         loop = asyncio.get_running_loop()
         listener = self._listener
         # The listener blocks a thread; bound each wait so a stop is noticed within 0.25 s.
-        waited: asyncio.Future[bool] = loop.run_in_executor(
-            self._listen_pool, listener.wait, min(timeout, 0.25)
-        )
+        waited: asyncio.Future[bool] = loop.run_in_executor(self._listen_pool, listener.wait, min(timeout, 0.25))
         stop: asyncio.Future[bool] = asyncio.ensure_future(self._stop.wait())
         try:
             await asyncio.wait([waited, stop], return_when=asyncio.FIRST_COMPLETED)

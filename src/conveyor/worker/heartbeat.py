@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import defaultdict
 from collections.abc import Callable
 from datetime import datetime
@@ -64,10 +65,8 @@ class Heartbeat:
 
     async def run(self) -> None:
         while not self._stop.is_set():
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), timeout=self.next_interval())
-            except TimeoutError:
-                pass
             if self._stop.is_set():
                 return
             try:

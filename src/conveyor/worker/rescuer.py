@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 from collections.abc import Callable
 from datetime import datetime
@@ -43,10 +44,8 @@ class Rescuer:
 
     async def run(self) -> None:
         while not self._stop.is_set():
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), timeout=self.interval * random.uniform(0.5, 1.5))
-            except TimeoutError:
-                pass
             if self._stop.is_set():
                 return
             try:

@@ -1,0 +1,5 @@
+import sys
+
+from conveyor.cli import main
+
+sys.exit(main())

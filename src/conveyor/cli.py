@@ -1,0 +1,543 @@
+"""The ``conveyor`` command line: migrate, run workers, send jobs, inspect queues, operate the DLQ.
+
+Every error the user can cause ends in one line on stderr and a non-zero exit, never a traceback."""
+
+from __future__ import annotations
+
+import getpass
+import json
+import logging
+import sys
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any, NoReturn
+from uuid import UUID
+
+import click
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from conveyor._app import App
+from conveyor._errors import ConveyorError, JobNotFoundError
+from conveyor._ids import uuid7
+from conveyor._job import JobStatus
+from conveyor.backends import DEFAULT_DATABASE_URL
+from conveyor.backends.base import (
+    DeadListParams,
+    DeadPurgeParams,
+    DeadReplayParams,
+    JobRecord,
+    QueuesStatsParams,
+)
+
+console = Console()
+
+
+class CliError(click.ClickException):
+    """An error shown to the user as one line."""
+
+
+def _fail(message: str) -> NoReturn:
+    raise CliError(message)
+
+
+def _app(ctx: click.Context) -> App:
+    app: App = ctx.obj["app"]
+    return app
+
+
+def _dump(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, default=str))
+
+
+@click.group()
+@click.option(
+    "--db",
+    "database_url",
+    envvar="CONVEYOR_DATABASE_URL",
+    default=DEFAULT_DATABASE_URL,
+    show_default=True,
+    help="Database URL (or $CONVEYOR_DATABASE_URL).",
+)
+@click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
+@click.pass_context
+def cli(ctx: click.Context, database_url: str, verbose: int) -> None:
+    """Conveyor: a durable, at-least-once task queue on SQL."""
+    level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    ctx.ensure_object(dict)
+    ctx.obj["database_url"] = database_url
+    app = App(database_url)
+    ctx.obj["app"] = app
+    ctx.call_on_close(app.close)
+
+
+@cli.command()
+@click.pass_context
+def migrate(ctx: click.Context) -> None:
+    """Apply pending schema migrations."""
+    applied = _app(ctx).backend.migrate()
+    click.echo(f"applied {len(applied)} migration(s)" + (": " + ", ".join(applied) if applied else ""))
+
+
+@cli.command()
+@click.argument("app_path", metavar="APP")
+@click.option("--queues", default=None, help="Comma-separated queues, drained in this order (default: all declared).")
+@click.option(
+    "--processes",
+    "-p",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1, 256),
+    help="Worker processes (prefork).",
+)
+@click.option(
+    "--concurrency",
+    "-c",
+    default=10,
+    show_default=True,
+    type=click.IntRange(1, 10_000),
+    help="Handler slots per process.",
+)
+@click.option("--prefetch", default=None, type=click.IntRange(1, 100_000), help="Buffered jobs per process.")
+@click.option("--burst", is_flag=True, help="Drain the queues (scheduled retries included) and exit.")
+@click.option(
+    "--graceful-timeout",
+    default=30.0,
+    show_default=True,
+    type=click.FloatRange(0),
+    help="Seconds running handlers get to finish on SIGTERM.",
+)
+@click.option(
+    "--visibility-timeout",
+    default=30.0,
+    show_default=True,
+    type=click.FloatRange(0.1),
+    help="Lease length of a fetched job before its task's own setting applies.",
+)
+@click.pass_context
+def worker(
+    ctx: click.Context,
+    app_path: str,
+    queues: str | None,
+    processes: int,
+    concurrency: int,
+    prefetch: int | None,
+    burst: bool,
+    graceful_timeout: float,
+    visibility_timeout: float,
+) -> None:
+    """Run workers for APP (module:attribute, e.g. myproject.tasks:app)."""
+    from conveyor.worker.supervisor import load_app, run_processes
+
+    load_app(app_path)
+    options: dict[str, Any] = {
+        "queues": [q.strip() for q in queues.split(",") if q.strip()] if queues else None,
+        "concurrency": concurrency,
+        "prefetch": prefetch,
+        "burst": burst,
+        "graceful_timeout": graceful_timeout,
+        "visibility_timeout": visibility_timeout,
+    }
+    db = ctx.obj["database_url"] if _db_given(ctx) else None
+    code = run_processes(app_path, db, processes, options)
+    ctx.exit(code)
+
+
+def _db_given(ctx: click.Context) -> bool:
+    root = ctx.find_root()
+    source = root.get_parameter_source("database_url")
+    return source is not None and source.name != "DEFAULT"
+
+
+def _parse_json(text: str, what: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        _fail(f"{what} is not valid JSON: {exc}")
+    if not isinstance(value, dict):
+        _fail(f"{what} must be a JSON object, got {type(value).__name__}")
+    return value
+
+
+@cli.command()
+@click.argument("queue")
+@click.argument("task")
+@click.option("--payload", default="{}", show_default=True, help="The job's arguments, a JSON object.")
+@click.option("--headers", default=None, help="Extra headers, a JSON object.")
+@click.option("--delay", default=None, type=click.FloatRange(0), help="Seconds before the job may run.")
+@click.option("--priority", default=None, type=int, help="Higher runs first.")
+@click.option("--idempotency-key", default=None, help="Duplicates inside the dedup window are not enqueued.")
+@click.option("--ordering-key", default=None, help="Jobs with the same key run one at a time, in order.")
+@click.option("--ttl", default=None, type=click.FloatRange(0, min_open=True), help="Expire if not started in S s.")
+@click.option("--max-attempts", default=None, type=click.IntRange(1), help="Attempts before the DLQ.")
+@click.option("--json", "as_json", is_flag=True, help="Print the job as JSON.")
+@click.pass_context
+def send(
+    ctx: click.Context,
+    queue: str,
+    task: str,
+    payload: str,
+    headers: str | None,
+    delay: float | None,
+    priority: int | None,
+    idempotency_key: str | None,
+    ordering_key: str | None,
+    ttl: float | None,
+    max_attempts: int | None,
+    as_json: bool,
+) -> None:
+    """Enqueue one job for TASK on QUEUE."""
+    job = _app(ctx).send(
+        task,
+        _parse_json(payload, "--payload"),
+        queue=queue,
+        delay=delay,
+        priority=priority,
+        idempotency_key=idempotency_key,
+        ordering_key=ordering_key,
+        ttl=ttl,
+        max_attempts=max_attempts,
+        headers=_parse_json(headers, "--headers") if headers else None,
+    )
+    if as_json:
+        _dump({"id": str(job.id)})
+    else:
+        click.echo(str(job.id))
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def stats(ctx: click.Context, as_json: bool) -> None:
+    """Per queue: pending, scheduled, processing, completed, dead, expired, oldest pending age."""
+    rows = _app(ctx).backend.queues_stats(QueuesStatsParams(datetime.now(UTC)))
+    if as_json:
+        _dump([{name: getattr(r, name) for name in r.__slots__} for r in rows])
+        return
+    table = Table(title="Conveyor queues")
+    for column in (
+        "queue",
+        "pending",
+        "scheduled",
+        "processing",
+        "completed",
+        "dead",
+        "expired",
+        "oldest pending",
+    ):
+        table.add_column(column, justify="left" if column == "queue" else "right")
+    for r in rows:
+        age = "-" if r.oldest_pending_age is None else f"{r.oldest_pending_age:.1f}s"
+        table.add_row(
+            r.queue,
+            str(r.pending),
+            str(r.scheduled),
+            str(r.processing),
+            str(r.completed),
+            str(r.dead),
+            str(r.expired),
+            age,
+        )
+    console.print(table)
+
+
+def _status(app: App, job_id: str) -> JobStatus:
+    try:
+        return app.job(job_id)
+    except JobNotFoundError as exc:
+        _fail(str(exc))
+
+
+def _print_status(status: JobStatus) -> None:
+    data = status.to_json()
+    error = data.pop("error")
+    for key, value in data.items():
+        click.echo(f"{key:>16}: {json.dumps(value) if isinstance(value, dict) else value}")
+    if error:
+        click.echo(f"{'error':>16}: {error['type']}: {error['message']}")
+        if error["traceback"]:
+            click.echo(error["traceback"].rstrip())
+
+
+@cli.command()
+@click.argument("job_id", metavar="ID")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def job(ctx: click.Context, job_id: str, as_json: bool) -> None:
+    """Show one job: state, attempts, result or error."""
+    status = _status(_app(ctx), job_id)
+    if as_json:
+        _dump(status.to_json())
+    else:
+        _print_status(status)
+
+
+# -- dead letters ------------------------------------------------------------------------------
+
+
+@cli.group()
+def dlq() -> None:
+    """Inspect, replay and purge dead letters."""
+
+
+def _record_row(r: JobRecord) -> dict[str, Any]:
+    return {
+        "id": str(r.id),
+        "queue": r.queue,
+        "task": r.task,
+        "attempts": r.attempts,
+        "deliveries": r.deliveries,
+        "failed_at": r.finished_at.isoformat() if r.finished_at else None,
+        "reason": r.reason,
+        "error_type": r.error_type,
+        "error_message": r.error_message,
+        "idempotency_key": r.idempotency_key,
+    }
+
+
+def _dead_all(app: App, queue: str | None, task: str | None, error_type: str | None) -> list[JobRecord]:
+    rows: list[JobRecord] = []
+    while True:
+        page = app.backend.dead_list(DeadListParams(queue, task, error_type, limit=1000, offset=len(rows)))
+        rows.extend(page)
+        if len(page) < 1000:
+            return rows
+
+
+@dlq.command("list")
+@click.option("--queue", default=None)
+@click.option("--task", default=None)
+@click.option("--error-type", default=None)
+@click.option("--limit", default=100, show_default=True, type=click.IntRange(1))
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def dlq_list(
+    ctx: click.Context, queue: str | None, task: str | None, error_type: str | None, limit: int, as_json: bool
+) -> None:
+    """List dead letters, newest first."""
+    rows = _app(ctx).backend.dead_list(DeadListParams(queue, task, error_type, limit=limit))
+    if as_json:
+        _dump([_record_row(r) for r in rows])
+        return
+    table = Table(title=f"Dead letters ({len(rows)} shown)")
+    for column in ("id", "queue", "task", "attempts", "failed at", "reason", "error"):
+        table.add_column(column)
+    for r in rows:
+        error = f"{r.error_type}: {r.error_message}" if r.error_type else ""
+        table.add_row(
+            str(r.id),
+            r.queue,
+            r.task,
+            str(r.attempts),
+            r.finished_at.strftime("%Y-%m-%d %H:%M:%S") if r.finished_at else "",
+            r.reason or "",
+            error[:80],
+        )
+    console.print(table)
+
+
+@dlq.command("show")
+@click.argument("job_id", metavar="ID")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def dlq_show(ctx: click.Context, job_id: str, as_json: bool) -> None:
+    """Show one dead letter in full (payload, headers, error, traceback)."""
+    status = _status(_app(ctx), job_id)
+    if status.state != "dead":
+        _fail(f"job {job_id} is {status.state}, not a dead letter")
+    if as_json:
+        _dump(status.to_json())
+    else:
+        _print_status(status)
+
+
+def _select(
+    app: App, ids: Sequence[str], all_: bool, queue: str | None, task: str | None, error_type: str | None
+) -> list[UUID]:
+    if ids and all_:
+        _fail("give job ids or --all, not both")
+    if not ids and not all_:
+        _fail("give one or more job ids, or --all with --queue")
+    if all_:
+        if not queue:
+            _fail("--all needs --queue (replaying or purging every queue at once is too easy a mistake)")
+        return [r.id for r in _dead_all(app, queue, task, error_type)]
+    out: list[UUID] = []
+    for raw in ids:
+        try:
+            out.append(UUID(raw))
+        except ValueError:
+            _fail(f"not a job id: {raw!r}")
+    return out
+
+
+def _actor(actor: str | None) -> str:
+    if actor:
+        return actor
+    try:
+        return f"{getpass.getuser()}@cli"
+    except (KeyError, OSError):
+        return "cli"
+
+
+@dlq.command("replay")
+@click.argument("ids", nargs=-1, metavar="[ID]...")
+@click.option("--all", "all_", is_flag=True, help="Every dead letter of --queue (narrow with --task/--error-type).")
+@click.option("--queue", default=None)
+@click.option("--task", default=None)
+@click.option("--error-type", default=None)
+@click.option("--reason", required=True, help="Why (kept in the audit log).")
+@click.option(
+    "--rate",
+    default=None,
+    type=click.FloatRange(0, min_open=True),
+    help="At most N jobs per second, so that a big replay cannot flood the workers.",
+)
+@click.option("--actor", default=None, help="Who (default: the OS user).")
+@click.option("--json", "as_json", is_flag=True, help="Print the (dead id, new id) pairs as JSON.")
+@click.pass_context
+def dlq_replay(
+    ctx: click.Context,
+    ids: tuple[str, ...],
+    all_: bool,
+    queue: str | None,
+    task: str | None,
+    error_type: str | None,
+    reason: str,
+    rate: float | None,
+    actor: str | None,
+    as_json: bool,
+) -> None:
+    """Re-enqueue dead letters to their source queue with fresh attempts (audited)."""
+    app = _app(ctx)
+    selected = _select(app, ids, all_, queue, task, error_type)
+    chunk = max(1, int(rate)) if rate else 500
+    pairs: list[tuple[UUID, UUID]] = []
+    with Progress(console=Console(stderr=True), transient=True, disable=as_json) as progress:
+        bar = progress.add_task("replaying", total=len(selected))
+        for start in range(0, len(selected), chunk):
+            began = time.monotonic()
+            part = selected[start : start + chunk]
+            params = DeadReplayParams([(d, uuid7()) for d in part], _actor(actor), reason, datetime.now(UTC))
+            pairs.extend(app.backend.dead_replay_many(params))
+            progress.advance(bar, len(part))
+            if rate and start + chunk < len(selected):
+                time.sleep(max(0.0, len(part) / rate - (time.monotonic() - began)))
+    if as_json:
+        _dump([{"dead_id": str(d), "new_id": str(n)} for d, n in pairs])
+    else:
+        click.echo(f"replayed {len(pairs)} of {len(selected)} dead letter(s)")
+    if len(pairs) < len(selected) and not all_:
+        skipped = len(selected) - len(pairs)
+        click.echo(f"{skipped} id(s) were not unreplayed dead letters and were skipped", err=True)
+
+
+@dlq.command("purge")
+@click.argument("ids", nargs=-1, metavar="[ID]...")
+@click.option("--all", "all_", is_flag=True, help="Every dead letter of --queue (narrow with --task/--error-type).")
+@click.option("--queue", default=None)
+@click.option("--task", default=None)
+@click.option("--error-type", default=None)
+@click.option("--reason", required=True, help="Why (kept in the audit log).")
+@click.option("--actor", default=None, help="Who (default: the OS user).")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@click.pass_context
+def dlq_purge(
+    ctx: click.Context,
+    ids: tuple[str, ...],
+    all_: bool,
+    queue: str | None,
+    task: str | None,
+    error_type: str | None,
+    reason: str,
+    actor: str | None,
+    yes: bool,
+) -> None:
+    """Delete dead letters for good (audited)."""
+    app = _app(ctx)
+    selected = _select(app, ids, all_, queue, task, error_type)
+    if not yes and sys.stdin.isatty():
+        click.confirm(f"purge {len(selected)} dead letter(s) for good?", abort=True)
+    purged = app.backend.dead_purge_many(DeadPurgeParams(selected, _actor(actor), reason, datetime.now(UTC)))
+    click.echo(f"purged {purged} dead letter(s)")
+
+
+@cli.command()
+@click.option("--limit", default=50, show_default=True, type=click.IntRange(1))
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def audit(ctx: click.Context, limit: int, as_json: bool) -> None:
+    """Operator actions (replays, purges), newest first."""
+    from conveyor.backends.base import AuditListParams
+
+    entries = _app(ctx).backend.audit_list(AuditListParams(limit))
+    if as_json:
+        _dump(
+            [
+                {
+                    "id": e.id,
+                    "at": e.at.isoformat(),
+                    "actor": e.actor,
+                    "action": e.action,
+                    "reason": e.reason,
+                    "job_ids": [str(j) for j in e.job_ids],
+                    "details": json.loads(e.details or "{}"),
+                }
+                for e in entries
+            ]
+        )
+        return
+    table = Table(title="Audit log")
+    for column in ("at", "actor", "action", "jobs", "reason"):
+        table.add_column(column)
+    for e in entries:
+        table.add_row(e.at.strftime("%Y-%m-%d %H:%M:%S"), e.actor, e.action, str(len(e.job_ids)), e.reason)
+    console.print(table)
+
+
+def _mount_pipeline() -> None:
+    """Mount the Spark pipeline commands when their extra is installed."""
+    try:
+        from conveyor.pipeline.cli import export, pipeline
+    except ImportError:
+        return
+    cli.add_command(export)
+    cli.add_command(pipeline)
+
+
+_mount_pipeline()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point: run the CLI; user errors end in one line on stderr and exit code 1 or 2."""
+    try:
+        result = cli.main(args=list(argv) if argv is not None else None, prog_name="conveyor", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("conveyor: aborted", err=True)
+        return 1
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except click.UsageError as exc:
+        hint = (
+            f" (see 'conveyor {exc.ctx.command_path.partition(' ')[2]} --help')".replace("  ", " ")
+            if exc.ctx is not None
+            else ""
+        )
+        click.echo(f"conveyor: error: {exc.format_message()}{hint}", err=True)
+        return 2
+    except click.ClickException as exc:
+        click.echo(f"conveyor: error: {exc.format_message()}", err=True)
+        return exc.exit_code
+    except ConveyorError as exc:
+        click.echo(f"conveyor: error: {exc}", err=True)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return result if isinstance(result, int) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+"""Prefork: run several worker processes so that every core is used (one event loop per process)."""
+
+from __future__ import annotations
+
+import importlib
+import multiprocessing
+import multiprocessing.process
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+from conveyor._app import App
+from conveyor._errors import ConfigurationError
+from conveyor.worker._shared import log
+from conveyor.worker._worker import Worker
+
+
+def load_app(path: str) -> App:
+    """Import ``module:attribute`` and return the App it names (the current directory is importable)."""
+    module_name, sep, attr = path.partition(":")
+    if not sep or not module_name or not attr:
+        raise ConfigurationError(f"APP must look like module:attribute (e.g. myproject.tasks:app), got {path!r}")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigurationError(f"cannot import {module_name!r}: {exc}") from None
+    app = getattr(module, attr, None)
+    if not isinstance(app, App):
+        raise ConfigurationError(f"{path!r} is not a conveyor.App (found {type(app).__name__})")
+    return app
+
+
+def run_worker(app_path: str, database_url: str | None, options: dict[str, Any], child: bool = False) -> int:
+    """Load the app and run one Worker in this process until it stops; return its exit code."""
+    if child:
+        # The supervisor owns SIGINT (a terminal's Ctrl-C reaches the whole process group); a child
+        # stops on the SIGTERM the supervisor forwards, so one Ctrl-C is one graceful stop.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    app = load_app(app_path)
+    if database_url:
+        app.database_url = database_url
+    worker = Worker(app, **options)
+    try:
+        return worker.run_sync(signals=(signal.SIGTERM,) if child else (signal.SIGTERM, signal.SIGINT))
+    finally:
+        app.close()
+
+
+def _child_main(app_path: str, database_url: str | None, options: dict[str, Any]) -> None:
+    sys.exit(run_worker(app_path, database_url, options, child=True))
+
+
+def run_processes(app_path: str, database_url: str | None, processes: int, options: dict[str, Any]) -> int:
+    """Run ``processes`` worker processes and supervise them until a signal (or, with burst, until
+    all have drained). A child that dies unexpectedly is restarted. Returns 0 when every child
+    stopped cleanly."""
+    if processes <= 1:
+        return run_worker(app_path, database_url, options)
+    load_app(app_path)  # fail fast, in the parent, with a clear message
+    ctx = multiprocessing.get_context("spawn")
+    children: list[multiprocessing.process.BaseProcess] = []
+    stopping = [0]
+
+    def spawn() -> multiprocessing.process.BaseProcess:
+        p = ctx.Process(target=_child_main, args=(app_path, database_url, options), daemon=False)
+        p.start()
+        return p
+
+    def on_signal(signum: int, _frame: object) -> None:
+        stopping[0] += 1
+        for p in children:
+            if p.is_alive() and p.pid:
+                # A second signal is forwarded too: a child that is already stopping exits at once.
+                os.kill(p.pid, signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    children.extend(spawn() for _ in range(processes))
+    burst = bool(options.get("burst"))
+    failed = False
+    while True:
+        alive = False
+        for i, p in enumerate(children):
+            if p.is_alive():
+                alive = True
+                continue
+            code = p.exitcode
+            if stopping[0] or (burst and code == 0):
+                failed = failed or (code not in (0, None))
+                continue
+            log.warning("worker process %s exited with %s; restarting it", p.pid, code)
+            time.sleep(0.5)
+            children[i] = spawn()
+            alive = True
+        if not alive:
+            break
+        time.sleep(0.1)
+    for p in children:
+        p.join()
+        failed = failed or p.exitcode != 0
+    return 1 if failed else 0
