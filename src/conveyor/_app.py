@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
@@ -151,7 +152,7 @@ class App:
         )
 
         def register(f: Callable[P, R]) -> Task[P, R]:
-            task_name = name or f"{f.__module__}.{f.__qualname__}"
+            task_name = name or f"{_module_name(f)}.{f.__qualname__}"
             if task_name in self.tasks:
                 raise ConfigurationError(f"a task named {task_name!r} is already registered")
             registered = Task(self, task_name, f, options)
@@ -251,3 +252,14 @@ class App:
     def handle(self, job_id: UUID) -> Job:
         """A handle on a job by id, without reading it."""
         return Job(self, job_id)
+
+
+def _module_name(fn: Callable[..., Any]) -> str:
+    """The importable module name of ``fn``: under ``python -m pkg.mod`` a task defined in
+    ``__main__`` gets the name a worker importing ``pkg.mod`` will also see."""
+    module = fn.__module__
+    if module == "__main__":
+        spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+        if spec is not None and spec.name:
+            return str(spec.name)
+    return module

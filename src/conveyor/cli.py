@@ -322,19 +322,12 @@ def dlq_list(
     if as_json:
         _dump([_record_row(r) for r in rows])
         return
-    table = Table(title=f"Dead letters ({len(rows)} shown)")
-    for column in ("id", "queue", "task", "attempts", "failed at", "reason", "error"):
-        table.add_column(column)
+    table = Table(title=f"Dead letters ({len(rows)} shown; details: conveyor dlq show ID)")
+    for column in ("id", "queue", "task", "attempts", "reason", "error"):
+        table.add_column(column, no_wrap=True, overflow="ellipsis", min_width=36 if column == "id" else None)
     for r in rows:
-        error = f"{r.error_type}: {r.error_message}" if r.error_type else ""
         table.add_row(
-            str(r.id),
-            r.queue,
-            r.task,
-            str(r.attempts),
-            r.finished_at.strftime("%Y-%m-%d %H:%M:%S") if r.finished_at else "",
-            r.reason or "",
-            error[:80],
+            str(r.id), r.queue, r.task.rsplit(".", 1)[-1], str(r.attempts), r.reason or "", r.error_type or ""
         )
     console.print(table)
 
