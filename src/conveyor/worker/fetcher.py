@@ -52,7 +52,10 @@ class Fetcher:
         self.idle = False
 
     def _vt_for(self, queue: str) -> float:
-        return self.visibility_timeout
+        """The lease taken at acquire: the longest visibility timeout of the queue's tasks (the
+        task is only known per row after acquire), else the worker's default."""
+        declared = [t.options.visibility_timeout for t in self.app.tasks.values() if t.options.queue == queue]
+        return max(declared, default=self.visibility_timeout)
 
     async def run_once(self) -> int:
         """Acquire up to the free buffer space, lane by lane; return how many jobs were leased."""

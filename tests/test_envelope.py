@@ -1,0 +1,93 @@
+"""The envelope: ids, JSON-only payloads, the size limit, headers, times."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from conveyor import App, Message, PayloadError
+from conveyor._ids import uuid7
+from conveyor._retry import ExponentialBackoff, FixedSchedule
+
+
+@pytest.fixture
+def app(sqlite_url: str) -> Iterator[App]:
+    a = App(sqlite_url)
+    yield a
+    a.close()
+
+
+def test_uuid7_is_version_7_and_monotonic() -> None:
+    ids = [uuid7() for _ in range(10_000)]
+    assert all(i.version == 7 for i in ids)
+    assert ids == sorted(ids)
+    assert len(set(ids)) == len(ids)
+
+
+def test_non_json_payload_is_refused_with_a_clear_error(app: App) -> None:
+    with pytest.raises(PayloadError, match="not JSON-serialisable.*reference"):
+        app.send("t", {"when": datetime.now(UTC)})
+    with pytest.raises(PayloadError, match="must be a JSON object"):
+        app.send("t", [1, 2])  # type: ignore[arg-type]
+
+
+def test_payload_over_the_limit_names_the_limit_and_suggests_a_reference(app: App) -> None:
+    with pytest.raises(PayloadError, match=r"over the 262144-byte limit.*reference"):
+        app.send("t", {"blob": "x" * 300_000})
+    small = App(app.database_url, max_payload_bytes=100)
+    try:
+        with pytest.raises(PayloadError, match="100-byte limit"):
+            small.send("t", {"blob": "x" * 200})
+    finally:
+        small.close()
+
+
+def test_nothing_is_enqueued_when_one_message_of_a_batch_is_bad(app: App) -> None:
+    good = Message("t", {"a": 1}, queue="atomic")
+    with pytest.raises(PayloadError):
+        app.send_many([good, Message("t", {"a": float("nan")}, queue="atomic")])
+    from conveyor.backends.base import QueuesStatsParams
+
+    stats = app.backend.queues_stats(QueuesStatsParams(datetime.now(UTC)))
+    assert [s for s in stats if s.queue == "atomic"] == []
+
+
+def test_headers_are_completed(app: App) -> None:
+    job = app.send("t", {}, headers={"tenant": "acme", "correlation_id": "req-1"})
+    headers = job.status().headers
+    assert headers["tenant"] == "acme"
+    assert headers["correlation_id"] == "req-1"
+    assert headers["schema_version"] == 1
+    version, trace_id, span_id, flags = headers["traceparent"].split("-")
+    assert (version, len(trace_id), len(span_id), flags) == ("00", 32, 16, "01")
+
+
+def test_id_is_known_before_send(app: App) -> None:
+    message = Message("t", {})
+    job = app.send_many([message])[0]
+    assert job.id == message.id
+
+
+def test_delay_run_at_ttl(app: App) -> None:
+    before = datetime.now(UTC)
+    delayed = app.send("t", {}, delay=60).status()
+    assert delayed.run_at >= before + timedelta(seconds=59)
+    with pytest.raises(PayloadError, match="either delay or run_at"):
+        app.send("t", {}, delay=1, run_at=before)
+    with pytest.raises(PayloadError, match="timezone-aware"):
+        app.send("t", {}, run_at=datetime.now())
+    with pytest.raises(PayloadError, match="bad send option"):
+        app.send("t", {}, colour="blue")
+
+
+def test_backoff_full_jitter_bounds() -> None:
+    backoff = ExponentialBackoff(base=1, cap=10)
+    for attempts in range(1, 8):
+        for _ in range(100):
+            assert 0 <= backoff.delay(attempts) <= min(10, 2**attempts)
+    assert FixedSchedule([60, 300, 1800]).delay(1) == 60
+    assert FixedSchedule([60, 300, 1800]).delay(9) == 1800
+    with pytest.raises(ValueError):
+        FixedSchedule([])

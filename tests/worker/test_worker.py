@@ -1,0 +1,357 @@
+"""The worker runtime against real backends: outcomes, policies, fencing, shutdown, burst."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from conveyor import App, JobContext, Message, Reject, Retry, Worker
+from conveyor.backends.base import JobsAcquireParams, JobsRescueParams, LeaseRef, LeasesExtendParams
+
+
+@pytest.fixture
+def app(database_url: str) -> Iterator[App]:
+    a = App(database_url, migrate=True)
+    yield a
+    a.close()
+
+
+def drain(app: App, **kwargs: Any) -> Worker:
+    """Run a burst worker until its queues are empty."""
+    worker = Worker(app, burst=True, poll_interval=0.02, **kwargs)
+    asyncio.run(asyncio.wait_for(worker.run(), timeout=60))
+    return worker
+
+
+def test_success_keeps_result(app: App) -> None:
+    @app.task(queue="q")
+    def add(a: int, b: int) -> int:
+        return a + b
+
+    job = add.delay(a=2, b=3)
+    worker = drain(app)
+    status = job.status()
+    assert (status.state, status.result, status.attempts, status.deliveries) == ("completed", 5, 1, 1)
+    assert worker.counters.completed == 1
+
+
+def test_transient_error_retries_then_dead_letters(app: App) -> None:
+    calls: list[int] = []
+
+    @app.task(queue="q", max_attempts=3, backoff=[0.01])
+    def flaky(ctx: JobContext) -> None:
+        calls.append(ctx.attempt)
+        raise ConnectionError("down")
+
+    job = flaky.delay()
+    drain(app)
+    status = job.status()
+    assert calls == [1, 2, 3]
+    assert status.state == "dead"
+    assert status.reason == "max_attempts_exceeded"
+    assert status.attempts == 3
+    assert status.error is not None and status.error.type == "ConnectionError"
+    assert "ConnectionError: down" in status.error.traceback
+
+
+def test_transient_error_then_success(app: App) -> None:
+    @app.task(queue="q", max_attempts=5, backoff=[0.01])
+    def once_flaky(ctx: JobContext) -> str:
+        if ctx.attempt == 1:
+            raise TimeoutError("first time")
+        return "ok"
+
+    job = once_flaky.delay()
+    drain(app)
+    status = job.status()
+    assert (status.state, status.attempts, status.result) == ("completed", 2, "ok")
+
+
+@pytest.mark.parametrize("exc", [ValueError("bad"), KeyError("k"), TypeError("t"), Reject("no")])
+def test_permanent_errors_dead_letter_at_once(app: App, exc: Exception) -> None:
+    @app.task(queue="q", max_attempts=5, backoff=[0.01])
+    def broken() -> None:
+        raise exc
+
+    job = broken.delay()
+    drain(app)
+    status = job.status()
+    assert status.state == "dead"
+    assert status.attempts == 1
+    assert status.reason == ("rejected" if isinstance(exc, Reject) else "permanent_error")
+
+
+def test_custom_dead_on(app: App) -> None:
+    class PaymentDeclined(Exception):
+        pass
+
+    @app.task(queue="q", dead_on=[PaymentDeclined], backoff=[0.01])
+    def charge() -> None:
+        raise PaymentDeclined("card declined")
+
+    job = charge.delay()
+    drain(app)
+    assert job.status().reason == "permanent_error"
+
+
+def test_retry_with_explicit_delay(app: App) -> None:
+    seen: list[float] = []
+
+    @app.task(queue="q", max_attempts=3)
+    def later(ctx: JobContext) -> None:
+        seen.append(time.monotonic())
+        if ctx.attempt == 1:
+            raise Retry(delay=0.3)
+
+    job = later.delay()
+    drain(app)
+    assert job.status().state == "completed"
+    assert len(seen) == 2 and seen[1] - seen[0] >= 0.3
+
+
+def test_unknown_task_dead_letters_without_running(app: App) -> None:
+    job = app.send("no.such.task", {"x": 1}, queue="q")
+    drain(app, queues=["q"])
+    status = job.status()
+    assert (status.state, status.reason, status.attempts) == ("dead", "unknown_task", 0)
+
+
+def test_newer_schema_version_dead_letters(app: App) -> None:
+    @app.task(queue="q", version=1)
+    def v1() -> None:
+        pass
+
+    job = v1.send({}, headers={"schema_version": 2})
+    drain(app)
+    assert job.status().reason == "unsupported_version"
+
+
+def test_async_handler_runs_on_the_loop(app: App) -> None:
+    @app.task(queue="q")
+    async def fetch(n: int) -> int:
+        await asyncio.sleep(0.01)
+        return n * 10
+
+    jobs = app.send_many([Message(fetch.name, {"n": i}) for i in range(20)])
+    drain(app, concurrency=20)
+    assert sorted(j.status().result for j in jobs) == [i * 10 for i in range(20)]
+
+
+def test_timeout_is_a_transient_failure(app: App) -> None:
+    @app.task(queue="q", timeout=0.05, max_attempts=2, backoff=[0.01])
+    async def slow() -> None:
+        await asyncio.sleep(5)
+
+    job = slow.delay()
+    drain(app)
+    status = job.status()
+    assert (status.state, status.reason, status.attempts) == ("dead", "max_attempts_exceeded", 2)
+    assert status.error is not None and status.error.type == "HandlerTimeout"
+
+
+def test_manual_ack_policy(app: App) -> None:
+    @app.task(queue="q", ack_policy="manual", max_attempts=3, backoff=[0.01])
+    def manual(ctx: JobContext, action: str) -> None:
+        if action == "ack":
+            ctx.ack({"done": True})
+        elif action == "reject":
+            ctx.reject("not for us")
+        elif action == "nack" and ctx.attempt == 1:
+            ctx.nack(delay=0.01)
+        elif action == "nack":
+            ctx.ack("second time")
+
+    acked = manual.delay(action="ack")
+    rejected = manual.delay(action="reject")
+    nacked = manual.delay(action="nack")
+    drain(app)
+    assert acked.status().result == {"done": True}
+    assert rejected.status().reason == "rejected"
+    assert (nacked.status().state, nacked.status().attempts) == ("completed", 2)
+
+
+def test_expired_job_is_not_run(app: App) -> None:
+    ran: list[int] = []
+
+    @app.task(queue="q")
+    def work() -> None:
+        ran.append(1)
+
+    job = work.send({}, ttl=0.05)
+    time.sleep(0.1)
+    drain(app)
+    assert job.status().state == "expired"
+    assert ran == []
+
+
+def test_poison_job_dead_lettered_before_running(app: App) -> None:
+    """A job delivered more than its limit (its workers died) is not run again."""
+    ran: list[int] = []
+
+    @app.task(queue="q", max_deliveries=2)
+    def poison() -> None:
+        ran.append(1)
+
+    job = poison.delay()
+    backend = app.backend
+    now = datetime.now(UTC)
+    for i in range(2):
+        # Simulate a worker that took the job and died: acquire, then let the lease expire.
+        got = backend.jobs_acquire(JobsAcquireParams("q", 1, 1.0, "dead-worker", now + timedelta(seconds=10 * i)))
+        assert len(got) == 1
+        backend.jobs_rescue_expired(JobsRescueParams(now + timedelta(seconds=10 * i + 5)))
+    drain(app)
+    status = job.status()
+    assert (status.state, status.reason, status.deliveries, status.attempts) == (
+        "dead",
+        "max_deliveries_exceeded",
+        3,
+        0,
+    )
+    assert ran == []
+
+
+def test_stale_ack_is_fenced_and_counted(app: App) -> None:
+    """A handler that outlives its lease cannot overwrite the newer delivery's outcome."""
+    release = threading.Event()
+    started = threading.Event()
+
+    @app.task(queue="q", visibility_timeout=0.5)
+    def slow(ctx: JobContext) -> str:
+        started.set()
+        release.wait(10)
+        return f"delivery {ctx.deliveries}"
+
+    job = slow.delay()
+    worker = Worker(app, poll_interval=0.02, heartbeat_interval=3600, rescue_interval=3600)
+
+    async def scenario() -> None:
+        task = asyncio.create_task(worker.run())
+        await asyncio.to_thread(started.wait, 10)
+        # The lease runs out; rescue hands the job to "someone else", who completes it.
+        await asyncio.sleep(0.6)
+        backend = app.backend
+        assert backend.jobs_rescue_expired(JobsRescueParams(datetime.now(UTC))) == 1
+        other = backend.jobs_acquire(JobsAcquireParams("q", 1, 30, "other", datetime.now(UTC)))
+        assert len(other) == 1
+        from conveyor.backends.base import Finish, JobsFinishParams
+
+        finish = Finish(other[0].id, other[0].receipt, "completed", result='"other"')
+        assert backend.jobs_finish_many(JobsFinishParams([finish], datetime.now(UTC))) == 1
+        release.set()
+        for _ in range(200):
+            if worker.counters.stale_acks:
+                break
+            await asyncio.sleep(0.02)
+        worker.stop()
+        await task
+
+    asyncio.run(asyncio.wait_for(scenario(), 30))
+    assert worker.counters.stale_acks == 1
+    assert job.status().result == "other"
+
+
+def test_heartbeat_keeps_long_jobs_leased(app: App) -> None:
+    @app.task(queue="q", visibility_timeout=0.6)
+    def long() -> str:
+        time.sleep(1.5)
+        return "done"
+
+    job = long.delay()
+    worker = drain(app, heartbeat_interval=0.1, rescue_interval=0.1)
+    status = job.status()
+    assert (status.state, status.deliveries) == ("completed", 1)
+    assert worker.counters.stale_acks == 0 and worker.counters.rescued == 0
+
+
+def test_ctx_extend(app: App) -> None:
+    @app.task(queue="q", visibility_timeout=0.5)
+    def extends(ctx: JobContext) -> bool:
+        ok = ctx.extend(30)
+        time.sleep(0.8)
+        return ok
+
+    job = extends.delay()
+    drain(app, heartbeat_interval=3600, rescue_interval=0.1)
+    status = job.status()
+    assert (status.state, status.result, status.deliveries) == ("completed", True, 1)
+
+
+def test_graceful_stop_releases_buffered_jobs(app: App) -> None:
+    started = threading.Event()
+    release = threading.Event()
+
+    @app.task(queue="q")
+    def block() -> None:
+        started.set()
+        release.wait(10)
+
+    jobs = app.send_many([Message(block.name) for _ in range(10)])
+    worker = Worker(app, concurrency=1, prefetch=10, poll_interval=0.02)
+
+    async def scenario() -> None:
+        task = asyncio.create_task(worker.run())
+        await asyncio.to_thread(started.wait, 10)
+        worker.stop()
+        await asyncio.sleep(0.3)
+        release.set()
+        await task
+
+    asyncio.run(asyncio.wait_for(scenario(), 30))
+    states = [j.status() for j in jobs]
+    assert sum(s.state == "completed" for s in states) == 1
+    pending = [s for s in states if s.state == "pending"]
+    assert len(pending) == 9
+    assert all((s.deliveries == 0 and s.started_at is None) or s.deliveries == 0 for s in pending)
+    assert worker.counters.released == 9
+
+
+def test_lanes_strict_order(app: App) -> None:
+    order: list[str] = []
+
+    @app.task(queue="critical")
+    def urgent() -> None:
+        order.append("critical")
+
+    @app.task(queue="default")
+    def normal() -> None:
+        order.append("default")
+
+    app.send_many([Message(normal.name) for _ in range(5)] + [Message(urgent.name) for _ in range(5)])
+    drain(app, queues=["critical", "default"], concurrency=1, prefetch=1)
+    assert order == ["critical"] * 5 + ["default"] * 5
+
+
+def test_priority_within_a_queue(app: App) -> None:
+    order: list[int] = []
+
+    @app.task(queue="q")
+    def record(p: int) -> None:
+        order.append(p)
+
+    app.send_many([Message(record.name, {"p": p}, priority=p) for p in (0, 5, 1, 9, 3)])
+    drain(app, concurrency=1, prefetch=1)
+    assert order == [9, 5, 3, 1, 0]
+
+
+def test_lost_lease_is_reported_by_heartbeat(app: App) -> None:
+    """Extending a lease that was rescued and re-acquired elsewhere reports it lost."""
+
+    @app.task(queue="q")
+    def noop() -> None:
+        pass
+
+    noop.delay()
+    backend = app.backend
+    now = datetime.now(UTC)
+    first = backend.jobs_acquire(JobsAcquireParams("q", 1, 1.0, "w1", now))[0]
+    backend.jobs_rescue_expired(JobsRescueParams(now + timedelta(seconds=2)))
+    backend.jobs_acquire(JobsAcquireParams("q", 1, 30.0, "w2", now + timedelta(seconds=2)))
+    params = LeasesExtendParams([LeaseRef(first.id, first.receipt)], 30.0, now + timedelta(seconds=3))
+    assert backend.leases_extend_many(params) == []
