@@ -43,12 +43,12 @@ def postgres_database(postgres_server_url: str) -> Iterator[str]:
 
 
 @pytest.fixture
-def sqlite_url(tmp_path: "os.PathLike[str]") -> str:
+def sqlite_url(tmp_path: os.PathLike[str]) -> str:
     return f"sqlite:///{os.fspath(tmp_path)}/conveyor.db"
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
-def database_url(request: pytest.FixtureRequest, tmp_path: "os.PathLike[str]") -> str:
+def database_url(request: pytest.FixtureRequest, tmp_path: os.PathLike[str]) -> str:
     """A fresh database URL for each engine."""
     if request.param == "sqlite":
         return f"sqlite:///{os.fspath(tmp_path)}/conveyor.db"

@@ -27,7 +27,7 @@ def test_uuid7_is_version_7_and_monotonic() -> None:
 
 
 def test_non_json_payload_is_refused_with_a_clear_error(app: App) -> None:
-    with pytest.raises(PayloadError, match="not JSON-serialisable.*reference"):
+    with pytest.raises(PayloadError, match=r"not JSON-serialisable.*reference"):
         app.send("t", {"when": datetime.now(UTC)})
     with pytest.raises(PayloadError, match="must be a JSON object"):
         app.send("t", [1, 2])  # type: ignore[arg-type]
