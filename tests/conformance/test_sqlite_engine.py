@@ -1,0 +1,98 @@
+"""What only the SQLite backend promises: its pragmas, its migration ledger, its error mapping."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from contextlib import closing
+
+import pytest
+from _factory import T0, acquire, insert, new_job
+
+from conveyor._errors import BackendError, BackendUnavailable
+from conveyor.backends import open_backend
+from conveyor.backends._sql import load_queries
+from conveyor.backends.base import JobsInsertParams
+from conveyor.backends.sqlite import SqliteBackend, _connection
+
+
+@pytest.fixture
+def sqlite_backend(sqlite_url: str) -> Iterator[SqliteBackend]:
+    backend = open_backend(sqlite_url)
+    assert isinstance(backend, SqliteBackend)
+    backend.migrate()
+    try:
+        yield backend
+    finally:
+        backend.close()
+
+
+def _raw(backend: SqliteBackend) -> closing[sqlite3.Connection]:
+    return closing(sqlite3.connect(backend.path, isolation_level=None))
+
+
+def test_the_file_is_in_wal_mode(sqlite_backend: SqliteBackend) -> None:
+    with _raw(sqlite_backend) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_migrate_records_versions_and_is_idempotent(sqlite_backend: SqliteBackend) -> None:
+    assert sqlite_backend.migrate() == []
+    with _raw(sqlite_backend) as conn:
+        versions = [row[0] for row in conn.execute("SELECT version FROM schema_migrations")]
+        tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    assert versions == [1]
+    assert {"jobs", "archive", "idempotency_keys", "audit", "schema_migrations"} <= tables
+
+
+def test_acquire_uses_the_partial_ready_index(sqlite_backend: SqliteBackend) -> None:
+    query = load_queries("conveyor.backends.sqlite")["jobs_acquire"]
+    args = {"queue": "q", "limit": 1, "visibility_timeout": 1.0, "worker_id": "w", "now": 0.0}
+    with _raw(sqlite_backend) as conn:
+        plan = " ".join(str(row[3]) for row in conn.execute("EXPLAIN QUERY PLAN " + query, args))
+    assert "jobs_ready" in plan
+    assert "jobs_ordering" in plan
+    assert "TEMP B-TREE" not in plan  # the index already gives hand-out order
+
+
+def test_a_file_locked_past_the_busy_timeout_is_unavailable(
+    sqlite_backend: SqliteBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    insert(sqlite_backend, new_job())
+    monkeypatch.setattr(_connection, "BUSY_TIMEOUT_S", 0.05)
+    impatient = SqliteBackend(sqlite_backend.path)
+    try:
+        with _raw(sqlite_backend) as holder:
+            holder.execute("BEGIN IMMEDIATE")
+            with pytest.raises(BackendUnavailable, match="locked"):
+                acquire(impatient)
+            holder.execute("ROLLBACK")
+        # Once the lock is gone the same backend works again: nothing was lost.
+        assert len(acquire(impatient)) == 1
+    finally:
+        impatient.close()
+
+
+def test_a_closed_backend_refuses_calls(sqlite_url: str) -> None:
+    backend = open_backend(sqlite_url)
+    backend.migrate()
+    backend.close()
+
+    with pytest.raises(BackendError, match="closed"):
+        acquire(backend)
+
+
+def test_a_statement_error_is_a_backend_error(sqlite_url: str) -> None:
+    backend = open_backend(sqlite_url)
+    try:
+        # No migrate(): the tables do not exist.
+        with pytest.raises(BackendError, match="no such table") as info:
+            acquire(backend)
+        assert not isinstance(info.value, BackendUnavailable)
+    finally:
+        backend.close()
+
+
+def test_the_caller_connection_must_be_a_sqlite3_connection(sqlite_backend: SqliteBackend) -> None:
+    with pytest.raises(BackendError, match=r"sqlite3\.Connection"):
+        sqlite_backend.jobs_insert_many(JobsInsertParams(jobs=[new_job()], now=T0, conn=object()))

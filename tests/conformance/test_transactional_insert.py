@@ -1,0 +1,60 @@
+"""Enqueueing on the caller's own connection: the job commits or rolls back with the caller."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from contextlib import closing, contextmanager
+from typing import Any
+
+import psycopg
+from _factory import T0, acquire, at, insert, live_ids, new_job
+
+from conveyor.backends.base import Backend, JobsInsertParams, NewJob
+
+
+@contextmanager
+def _own_connection(backend: Backend, database_url: str) -> Iterator[Any]:
+    """A connection of the application's own, on the backend's database, of the engine's driver."""
+    if backend.engine == "sqlite":
+        with closing(sqlite3.connect(database_url.removeprefix("sqlite:///"))) as conn:
+            yield conn
+    else:
+        with psycopg.connect(database_url) as conn:
+            yield conn
+
+
+def _insert_on(conn: Any, backend: Backend, job: NewJob) -> list[Any]:
+    return backend.jobs_insert_many(JobsInsertParams(jobs=[job], now=T0, conn=conn))
+
+
+def test_a_rolled_back_transaction_enqueues_nothing(backend: Backend, database_url: str) -> None:
+    job = new_job("outbox")
+    with _own_connection(backend, database_url) as conn:
+        assert _insert_on(conn, backend, job) == [job.id]
+        conn.rollback()
+
+    assert live_ids(backend, queue="outbox") == []
+
+
+def test_a_committed_transaction_enqueues_and_is_invisible_before_commit(backend: Backend, database_url: str) -> None:
+    job = new_job("outbox")
+    with _own_connection(backend, database_url) as conn:
+        assert _insert_on(conn, backend, job) == [job.id]
+        # Not committed yet: nobody else sees the job. (Read, not acquire: on SQLite the
+        # caller's open write transaction holds the file's write lock until it commits.)
+        assert live_ids(backend, queue="outbox") == []
+        conn.commit()
+
+    assert [d.id for d in acquire(backend, queue="outbox")] == [job.id]
+
+
+def test_dedup_applies_on_the_callers_connection(backend: Backend, database_url: str) -> None:
+    held = new_job("outbox", idempotency_key="k", dedup_until=at(3600))
+    insert(backend, held)
+    duplicate = new_job("outbox", idempotency_key="k", dedup_until=at(3600))
+    with _own_connection(backend, database_url) as conn:
+        assert _insert_on(conn, backend, duplicate) == [held.id]
+        conn.commit()
+
+    assert live_ids(backend, queue="outbox") == [held.id]
