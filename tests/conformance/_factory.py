@@ -97,10 +97,7 @@ def dead(
     error = error or ErrorInfo(type="RuntimeError", message="boom", traceback="Traceback ...")
     return backend.jobs_finish_many(
         JobsFinishParams(
-            items=[
-                Finish(id=d.id, receipt=d.receipt, state="dead", reason=reason, error=error)
-                for d in deliveries
-            ],
+            items=[Finish(id=d.id, receipt=d.receipt, state="dead", reason=reason, error=error) for d in deliveries],
             now=now,
         )
     )

@@ -155,9 +155,7 @@ def test_release_undoes_the_delivery(backend: Backend) -> None:
     insert(backend, new_job(), new_job())
     a, b = acquire(backend, limit=2)
 
-    released = backend.jobs_release_many(
-        JobsReleaseParams(items=[LeaseRef(id=a.id, receipt=a.receipt)], now=at(1))
-    )
+    released = backend.jobs_release_many(JobsReleaseParams(items=[LeaseRef(id=a.id, receipt=a.receipt)], now=at(1)))
 
     assert released == 1
     record = get(backend, a.id)

@@ -64,9 +64,7 @@ class SqliteBackend:
         decides."""
         if params.conn is not None:
             if not isinstance(params.conn, sqlite3.Connection):
-                raise BackendError(
-                    f"the SQLite backend needs a sqlite3.Connection as conn, not {type(params.conn)!r}"
-                )
+                raise BackendError(f"the SQLite backend needs a sqlite3.Connection as conn, not {type(params.conn)!r}")
             with translated():
                 return self._insert(params.conn, params.jobs, params.now)
         with self._pool.write() as conn:
