@@ -22,7 +22,7 @@ text: they are encoded once by the producer and decoded once by the worker.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -345,6 +345,152 @@ class JobsListParams:
 
 
 # --------------------------------------------------------------------------------------------
+# Delivery features: effects-once keys, schedules, topics, backpressure, retention
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessedKeyClaimParams:
+    """Record that the side effect named ``key`` happened (consumer-side idempotency).
+
+    Returns True when the key was claimed now (first time, or its previous claim expired), False
+    when an unexpired claim exists. With ``conn`` (the handler's own open connection) the claim
+    joins the caller's transaction, so it commits together with the side effect or not at all."""
+
+    key: str
+    expires_at: datetime
+    now: datetime
+    conn: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class KeysPruneParams:
+    """Delete idempotency keys and processed keys that expired before ``now`` (bounded batch)."""
+
+    now: datetime
+    limit: int = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    """A periodic job: every tick of ``cron`` (5 fields, UTC) enqueues ``task`` on ``queue``.
+
+    ``next_run_at`` is the next tick due. Firing is compare-and-set on it, so that however many
+    schedulers run, each tick fires once."""
+
+    name: str
+    cron: str
+    task: str
+    queue: str
+    payload: str  # JSON text
+    next_run_at: datetime
+    paused: bool = False
+    priority: int = 0
+    last_run_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulesUpsertParams:
+    """Create schedules, or update cron/task/queue/payload/priority of existing ones.
+
+    An existing schedule keeps ``paused`` and ``last_run_at``; its ``next_run_at`` is replaced only
+    when its cron changed (so re-declaring schedules at every worker start does not skip or repeat
+    a tick)."""
+
+    schedules: Sequence[Schedule]
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulesUpdateParams:
+    """Change one schedule: pause/resume, or a new cron with its next tick. Returns False if absent."""
+
+    name: str
+    paused: bool | None = None
+    cron: str | None = None
+    next_run_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulesDeleteParams:
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleFireParams:
+    """Fire one tick: in one transaction, if the schedule is not paused and its ``next_run_at``
+    still equals ``due_at``, set ``next_run_at = next_run_at_after`` and ``last_run_at = due_at``
+    and insert ``job``. Returns True if this call fired the tick, False if another scheduler did
+    (or the schedule was paused, changed or deleted meanwhile)."""
+
+    name: str
+    due_at: datetime
+    next_run_at_after: datetime
+    job: NewJob
+    now: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Subscription:
+    """Binds a queue to a topic: each published message whose headers match ``filter`` is copied to
+    ``queue`` as a job for ``task``. ``filter`` is JSON text: an object whose keys are header names and
+    whose values are either a scalar (equality) or ``{"in": [...]}``; ``{}`` matches everything."""
+
+    topic: str
+    queue: str
+    task: str
+    filter: str = "{}"
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriptionsUpsertParams:
+    subscriptions: Sequence[Subscription]
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriptionsListParams:
+    topic: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriptionsDeleteParams:
+    topic: str
+    queue: str
+
+
+@dataclass(frozen=True, slots=True)
+class QueueLoadParams:
+    """The live depth of one queue and how many of its jobs ended in ``[now - window, now]``."""
+
+    queue: str
+    now: datetime
+    window: float = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class QueueLoad:
+    queue: str
+    depth: int  # live rows: pending (ready or scheduled) + processing
+    drained: int  # archived in the window
+    window: float
+
+
+@dataclass(frozen=True, slots=True)
+class ArchivePruneParams:
+    """Delete archived rows past retention, at most ``limit`` per call (call again until 0).
+
+    A row of queue Q in state S is past retention when ``finished_at < before[Q]`` (dead letters:
+    ``dead_before[Q]``), falling back to ``default_before`` / ``default_dead_before`` for queues not
+    named. Engines with time partitions drop whole partitions that only hold rows past retention."""
+
+    now: datetime
+    default_before: datetime
+    default_dead_before: datetime
+    before: Mapping[str, datetime] = field(default_factory=dict)
+    dead_before: Mapping[str, datetime] = field(default_factory=dict)
+    limit: int = 10_000
+
+
+# --------------------------------------------------------------------------------------------
 # The contract
 # --------------------------------------------------------------------------------------------
 
@@ -417,6 +563,36 @@ class Backend(Protocol):
 
     def listen(self, queues: Sequence[str]) -> Listener:
         """A listener woken by inserts into any of ``queues``."""
+        ...
+
+    # -- delivery features ---------------------------------------------------------------------
+
+    def processed_keys_claim(self, params: ProcessedKeyClaimParams) -> bool: ...
+
+    def keys_prune(self, params: KeysPruneParams) -> int:
+        """Return how many expired keys (idempotency and processed) were deleted."""
+        ...
+
+    def schedules_upsert(self, params: SchedulesUpsertParams) -> None: ...
+
+    def schedules_list(self) -> list[Schedule]: ...
+
+    def schedules_update(self, params: SchedulesUpdateParams) -> bool: ...
+
+    def schedules_delete(self, params: SchedulesDeleteParams) -> bool: ...
+
+    def schedule_fire(self, params: ScheduleFireParams) -> bool: ...
+
+    def subscriptions_upsert(self, params: SubscriptionsUpsertParams) -> None: ...
+
+    def subscriptions_list(self, params: SubscriptionsListParams) -> list[Subscription]: ...
+
+    def subscriptions_delete(self, params: SubscriptionsDeleteParams) -> bool: ...
+
+    def queue_load(self, params: QueueLoadParams) -> QueueLoad: ...
+
+    def archive_prune(self, params: ArchivePruneParams) -> int:
+        """Return how many archived rows were deleted (partitions dropped count their rows)."""
         ...
 
 
