@@ -113,4 +113,3 @@ def test_job_get_reads_live_and_archived_rows(backend: Backend) -> None:
 
     assert live_record.state == "processing" and live_record.finished_at is None
     assert archived_record.state == "completed" and archived_record.finished_at == at(3)
-    assert archived_record.lease_expires_at is None

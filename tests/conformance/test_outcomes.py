@@ -14,7 +14,9 @@ from conveyor.backends.base import (
     JobsFinishParams,
     JobsReleaseParams,
     JobsRescueParams,
+    JobsRetryParams,
     LeaseRef,
+    RetryItem,
 )
 
 
@@ -132,7 +134,6 @@ def test_retry_returns_the_job_to_pending_with_the_attempt_counted(backend: Back
     assert record.deliveries == 1
     assert record.run_at == at(60)
     assert (record.error_type, record.error_message, record.traceback) == ("IOError", "flaky", "tb")
-    assert record.lease_expires_at is None
 
 
 def test_a_retried_job_runs_again_at_its_run_at(backend: Backend) -> None:
@@ -182,7 +183,6 @@ def test_rescue_returns_expired_leases_and_keeps_the_delivery_count(backend: Bac
     assert rescued.state == "pending"
     assert rescued.deliveries == 1
     assert rescued.attempts == 0
-    assert rescued.lease_expires_at is None
     assert get(backend, long.id).state == "processing"
     (again,) = acquire(backend, now=at(12))
     assert again.id == short.id and again.deliveries == 2
@@ -196,3 +196,31 @@ def test_rescue_respects_its_limit(backend: Backend) -> None:
     assert backend.jobs_rescue_expired(JobsRescueParams(now=at(VT + 1), limit=10)) == 3
     assert backend.jobs_rescue_expired(JobsRescueParams(now=at(VT + 1), limit=10)) == 0
     assert {get(backend, i).state for i in ids(deliveries)} == {"pending"}
+
+
+def test_an_outcome_named_twice_in_one_batch_applies_once(backend: Backend) -> None:
+    insert(backend, new_job(), new_job())
+    a, b = acquire(backend, limit=2)
+
+    finished = backend.jobs_finish_many(
+        JobsFinishParams(
+            items=[
+                Finish(id=a.id, receipt=a.receipt, state="completed"),
+                Finish(id=a.id, receipt=a.receipt, state="completed"),
+            ],
+            now=at(1),
+        )
+    )
+    retried = backend.jobs_retry_many(
+        JobsRetryParams(
+            items=[
+                RetryItem(id=b.id, receipt=b.receipt, run_at=at(10), error=ErrorInfo(type="E", message="m")),
+                RetryItem(id=b.id, receipt=b.receipt, run_at=at(10), error=ErrorInfo(type="E", message="m")),
+            ],
+            now=at(1),
+        )
+    )
+
+    assert (finished, retried) == (1, 1)
+    assert get(backend, a.id).state == "completed"
+    assert get(backend, b.id).attempts == 1
