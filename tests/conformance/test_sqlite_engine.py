@@ -11,7 +11,7 @@ from _factory import T0, acquire, insert, new_job
 
 from conveyor._errors import BackendError, BackendUnavailable
 from conveyor.backends import open_backend
-from conveyor.backends._sql import load_queries
+from conveyor.backends._sql import load_migrations, load_queries
 from conveyor.backends.base import JobsInsertParams
 from conveyor.backends.sqlite import SqliteBackend, _connection
 
@@ -41,8 +41,18 @@ def test_migrate_records_versions_and_is_idempotent(sqlite_backend: SqliteBacken
     with _raw(sqlite_backend) as conn:
         versions = [row[0] for row in conn.execute("SELECT version FROM schema_migrations")]
         tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-    assert versions == [1]
-    assert {"jobs", "archive", "idempotency_keys", "audit", "schema_migrations"} <= tables
+    assert versions == [m.version for m in load_migrations("conveyor.backends.sqlite")]
+    assert versions[:2] == [1, 2]
+    assert {
+        "jobs",
+        "archive",
+        "idempotency_keys",
+        "audit",
+        "schema_migrations",
+        "processed_keys",
+        "schedules",
+        "subscriptions",
+    } <= tables
 
 
 def test_acquire_uses_the_partial_ready_index(sqlite_backend: SqliteBackend) -> None:

@@ -373,6 +373,145 @@ class SqliteBackend:
             },
         )
 
+    # ------------------------------------------------------------------ effects-once keys
+
+    def processed_keys_claim(self, params: base.ProcessedKeyClaimParams) -> bool:
+        """Claim the side effect ``key``; True if claimed now, False if an unexpired claim exists.
+
+        With ``params.conn`` (a ``sqlite3.Connection``) the claim joins the caller's transaction."""
+        args = {
+            "key": params.key,
+            "expires_at": cv.to_db_time(params.expires_at),
+            "now": cv.to_db_time(params.now),
+        }
+        if params.conn is not None:
+            conn = _caller_connection(params.conn)
+            with translated():
+                return bool(conn.execute(self._q["processed_keys_claim"], args).fetchall())
+        with self._pool.write() as conn:
+            return bool(conn.execute(self._q["processed_keys_claim"], args).fetchall())
+
+    def keys_prune(self, params: base.KeysPruneParams) -> int:
+        """Delete up to ``limit`` expired idempotency and processed keys; return how many."""
+        now = cv.to_db_time(params.now)
+        with self._pool.write() as conn:
+            deleted: int = conn.execute(self._q["idempotency_keys_prune"], {"now": now, "limit": params.limit}).rowcount
+            if deleted < params.limit:
+                deleted += conn.execute(
+                    self._q["processed_keys_prune"], {"now": now, "limit": params.limit - deleted}
+                ).rowcount
+        return deleted
+
+    # ------------------------------------------------------------------ schedules
+
+    def schedules_upsert(self, params: base.SchedulesUpsertParams) -> None:
+        """Create schedules or update existing ones (see SchedulesUpsertParams)."""
+        rows = [
+            {
+                "name": s.name,
+                "cron": s.cron,
+                "task": s.task,
+                "queue": s.queue,
+                "payload": s.payload,
+                "next_run_at": cv.to_db_time(s.next_run_at),
+                "paused": 1 if s.paused else 0,
+                "priority": s.priority,
+                "last_run_at": cv.to_db_time_or_none(s.last_run_at),
+            }
+            for s in params.schedules
+        ]
+        if rows:
+            with self._pool.write() as conn:
+                conn.executemany(self._q["schedules_upsert"], rows)
+
+    def schedules_list(self) -> list[base.Schedule]:
+        """Every schedule, by name."""
+        with self._pool.read() as conn:
+            rows = conn.execute(self._q["schedules_list"]).fetchall()
+        return [cv.schedule(row) for row in rows]
+
+    def schedules_update(self, params: base.SchedulesUpdateParams) -> bool:
+        """Pause/resume a schedule or give it a new cron and next tick; False if it does not exist."""
+        args = {
+            "name": params.name,
+            "paused": None if params.paused is None else int(params.paused),
+            "cron": params.cron,
+            "next_run_at": cv.to_db_time_or_none(params.next_run_at),
+        }
+        with self._pool.write() as conn:
+            return conn.execute(self._q["schedules_update"], args).rowcount > 0
+
+    def schedules_delete(self, params: base.SchedulesDeleteParams) -> bool:
+        """Delete a schedule; False if it did not exist."""
+        with self._pool.write() as conn:
+            return conn.execute(self._q["schedules_delete"], {"name": params.name}).rowcount > 0
+
+    def schedule_fire(self, params: base.ScheduleFireParams) -> bool:
+        """Fire one tick once, however many schedulers try (see ScheduleFireParams)."""
+        args = {
+            "name": params.name,
+            "due_at": cv.to_db_time(params.due_at),
+            "next_run_at_after": cv.to_db_time(params.next_run_at_after),
+        }
+        with self._pool.write() as conn:
+            if conn.execute(self._q["schedule_fire"], args).rowcount != 1:
+                return False
+            self._insert(conn, [params.job], params.now)
+        return True
+
+    # ------------------------------------------------------------------ topics
+
+    def subscriptions_upsert(self, params: base.SubscriptionsUpsertParams) -> None:
+        """Create subscriptions or update the task and filter of existing (topic, queue) pairs."""
+        rows = [{"topic": s.topic, "queue": s.queue, "task": s.task, "filter": s.filter} for s in params.subscriptions]
+        if rows:
+            with self._pool.write() as conn:
+                conn.executemany(self._q["subscriptions_upsert"], rows)
+
+    def subscriptions_list(self, params: base.SubscriptionsListParams) -> list[base.Subscription]:
+        """Subscriptions of one topic (or all), by topic then queue."""
+        with self._pool.read() as conn:
+            rows = conn.execute(self._q["subscriptions_list"], {"topic": params.topic}).fetchall()
+        return [
+            base.Subscription(topic=row["topic"], queue=row["queue"], task=row["task"], filter=row["filter"])
+            for row in rows
+        ]
+
+    def subscriptions_delete(self, params: base.SubscriptionsDeleteParams) -> bool:
+        """Delete one subscription; False if it did not exist."""
+        with self._pool.write() as conn:
+            return (
+                conn.execute(self._q["subscriptions_delete"], {"topic": params.topic, "queue": params.queue}).rowcount
+                > 0
+            )
+
+    # ------------------------------------------------------------------ backpressure and retention
+
+    def queue_load(self, params: base.QueueLoadParams) -> base.QueueLoad:
+        """The live depth of one queue and how many of its jobs ended in the last ``window`` seconds."""
+        now = cv.to_db_time(params.now)
+        with self._pool.read() as conn:
+            depth = conn.execute(self._q["queue_depth"], {"queue": params.queue}).fetchall()[0][0]
+            drained = conn.execute(
+                self._q["queue_drained"], {"queue": params.queue, "since": now - params.window, "now": now}
+            ).fetchall()[0][0]
+        return base.QueueLoad(queue=params.queue, depth=depth, drained=drained, window=params.window)
+
+    def archive_prune(self, params: base.ArchivePruneParams) -> int:
+        """Delete up to ``limit`` archived rows past retention; return how many (call until 0)."""
+        cutoffs = [params.default_before, params.default_dead_before, *params.before.values()]
+        cutoffs.extend(params.dead_before.values())
+        args = {
+            "before": json.dumps({q: cv.micros(t) for q, t in params.before.items()}),
+            "dead_before": json.dumps({q: cv.micros(t) for q, t in params.dead_before.items()}),
+            "default_before": cv.to_db_time(params.default_before),
+            "default_dead_before": cv.to_db_time(params.default_dead_before),
+            "latest_cutoff": cv.to_db_time(max(cutoffs)),
+            "limit": params.limit,
+        }
+        with self._pool.write() as conn:
+            return conn.execute(self._q["archive_prune"], args).rowcount
+
 
 def _first_per_id(items: Sequence[_Item]) -> list[_Item]:
     # One outcome per job and batch: a second item for the same id would otherwise archive the
@@ -388,3 +527,14 @@ def _first_per_id(items: Sequence[_Item]) -> list[_Item]:
 
 def _lease_refs(items: Sequence[base.LeaseRef]) -> str:
     return json.dumps([{"id": cv.to_db_id(item.id), "receipt": item.receipt} for item in items])
+
+
+def _caller_connection(conn: object) -> sqlite3.Connection:
+    if not isinstance(conn, sqlite3.Connection):
+        raise BackendError(f"the SQLite backend needs a sqlite3.Connection as conn, not {type(conn)!r}")
+    return conn
+
+
+def _satisfies_the_contract(backend: SqliteBackend) -> base.Backend:
+    # Never called: mypy checks here that SqliteBackend implements every method of the Protocol.
+    return backend

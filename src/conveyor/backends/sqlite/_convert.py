@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 from uuid import UUID
 
-from conveyor.backends.base import AuditEntry, Delivery, JobRecord, JobState
+from conveyor.backends.base import AuditEntry, Delivery, JobRecord, JobState, Schedule
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
@@ -118,4 +118,19 @@ def audit_entry(row: sqlite3.Row) -> AuditEntry:
         reason=row["reason"],
         job_ids=tuple(UUID(str(value)) for value in job_ids),
         details=row["details"],
+    )
+
+
+def schedule(row: sqlite3.Row) -> Schedule:
+    """A ``schedules`` row as a Schedule."""
+    return Schedule(
+        name=row["name"],
+        cron=row["cron"],
+        task=row["task"],
+        queue=row["queue"],
+        payload=row["payload"],
+        next_run_at=from_db_time(row["next_run_at"]),
+        paused=bool(row["paused"]),
+        priority=row["priority"],
+        last_run_at=from_db_time_or_none(row["last_run_at"]),
     )

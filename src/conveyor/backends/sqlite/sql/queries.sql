@@ -312,3 +312,115 @@ FROM archive
 WHERE (finished_at, id) > (:after_at, :after_id)
 ORDER BY finished_at, id
 LIMIT :limit
+
+-- name: processed_keys_claim
+-- Consumer-side idempotency: take the key if it is new or its previous claim expired. RETURNING
+-- yields a row only when this call claimed it; an unexpired claim makes the upsert's WHERE false.
+INSERT INTO processed_keys (key, expires_at, claimed_at)
+VALUES (:key, :expires_at, :now)
+ON CONFLICT (key) DO UPDATE
+    SET expires_at = excluded.expires_at, claimed_at = excluded.claimed_at
+    WHERE processed_keys.expires_at <= :now
+RETURNING key
+
+-- name: idempotency_keys_prune
+-- Bounded delete through idempotency_keys_expiry (SQLite has no DELETE ... LIMIT by default, so
+-- the batch is chosen by rowid). Keys without an expiry are held for ever and never pruned.
+DELETE FROM idempotency_keys
+WHERE rowid IN (
+    SELECT rowid FROM idempotency_keys
+    WHERE expires_at IS NOT NULL AND expires_at < :now
+    ORDER BY expires_at
+    LIMIT :limit
+)
+
+-- name: processed_keys_prune
+DELETE FROM processed_keys
+WHERE rowid IN (
+    SELECT rowid FROM processed_keys WHERE expires_at < :now ORDER BY expires_at LIMIT :limit
+)
+
+-- name: schedules_upsert
+-- Re-declaring a schedule (every worker start does) keeps its pause state, its last run and, unless
+-- the cron changed, its next tick: otherwise a restart could skip or repeat a tick.
+INSERT INTO schedules (name, cron, task, queue, payload, next_run_at, paused, priority, last_run_at)
+VALUES (:name, :cron, :task, :queue, :payload, :next_run_at, :paused, :priority, :last_run_at)
+ON CONFLICT (name) DO UPDATE
+    SET cron = excluded.cron,
+        task = excluded.task,
+        queue = excluded.queue,
+        payload = excluded.payload,
+        priority = excluded.priority,
+        next_run_at = CASE WHEN schedules.cron = excluded.cron THEN schedules.next_run_at
+                           ELSE excluded.next_run_at END
+
+-- name: schedules_list
+SELECT name, cron, task, queue, payload, next_run_at, paused, priority, last_run_at
+FROM schedules
+ORDER BY name
+
+-- name: schedules_update
+-- Only the fields given change (a NULL parameter keeps the stored value).
+UPDATE schedules
+SET paused = coalesce(:paused, paused),
+    cron = coalesce(:cron, cron),
+    next_run_at = coalesce(:next_run_at, next_run_at)
+WHERE name = :name
+
+-- name: schedules_delete
+DELETE FROM schedules WHERE name = :name
+
+-- name: schedule_fire
+-- Compare-and-set on next_run_at: of several schedulers that read the same due tick, exactly one
+-- update matches (writes are serialised), and only that caller inserts the tick's job, in the
+-- same transaction.
+UPDATE schedules
+SET next_run_at = :next_run_at_after, last_run_at = :due_at
+WHERE name = :name AND paused = 0 AND next_run_at = :due_at
+
+-- name: subscriptions_upsert
+INSERT INTO subscriptions (topic, queue, task, filter)
+VALUES (:topic, :queue, :task, :filter)
+ON CONFLICT (topic, queue) DO UPDATE SET task = excluded.task, filter = excluded.filter
+
+-- name: subscriptions_list
+SELECT topic, queue, task, filter
+FROM subscriptions
+WHERE :topic IS NULL OR topic = :topic
+ORDER BY topic, queue
+
+-- name: subscriptions_delete
+DELETE FROM subscriptions WHERE topic = :topic AND queue = :queue
+
+-- name: queue_depth
+-- Live depth of one queue from the two partial indexes that hold its rows by state, so no scan
+-- of the jobs table.
+SELECT (SELECT count(*) FROM jobs WHERE queue = :queue AND state = 'pending')
+     + (SELECT count(*) FROM jobs WHERE queue = :queue AND state = 'processing')
+
+-- name: queue_drained
+-- Rows of one queue that ended in the window; the IN list lets archive_queue_state_finished seek
+-- once per terminal state instead of scanning the queue's history.
+SELECT count(*) FROM archive
+WHERE queue = :queue
+  AND state IN ('completed', 'dead', 'expired', 'cancelled')
+  AND finished_at >= :since AND finished_at <= :now
+
+-- name: archive_prune
+-- Retention: each row's cutoff is its queue's (from the JSON maps of queue -> microseconds) or
+-- the default, dead letters having their own. The outer finished_at bound (the latest cutoff of
+-- all) lets the scan walk archive_finished from the oldest row and stop early.
+DELETE FROM archive
+WHERE rowid IN (
+    SELECT a.rowid
+    FROM archive AS a
+    LEFT JOIN json_each(:before) AS b ON b.key = a.queue
+    LEFT JOIN json_each(:dead_before) AS d ON d.key = a.queue
+    WHERE a.finished_at < :latest_cutoff
+      AND a.finished_at < CASE
+          WHEN a.state = 'dead' THEN coalesce(d.value / 1000000.0, :default_dead_before)
+          ELSE coalesce(b.value / 1000000.0, :default_before)
+      END
+    ORDER BY a.finished_at
+    LIMIT :limit
+)
