@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, ParamSpec, Protocol, TypeVar, overload
 from uuid import UUID
 
-from conveyor._errors import ConfigurationError, JobNotFoundError, PayloadError
+from conveyor._cron import Cron
+from conveyor._errors import ConfigurationError, JobNotFoundError, PayloadError, QueueFull
 from conveyor._job import Job, JobStatus
 from conveyor._message import (
     DEFAULT_MAX_PAYLOAD_BYTES,
@@ -21,10 +24,22 @@ from conveyor._message import (
     resolve_times,
     utcnow,
 )
+from conveyor._queue import ExpirePolicy, QueuePolicy
 from conveyor._retry import Backoff, ExponentialBackoff, FixedSchedule
 from conveyor._task import DEFAULT_DEAD_ON, AckPolicy, Task, TaskOptions
+from conveyor._topics import matches, parse_filter
 from conveyor.backends import DEFAULT_DATABASE_URL, open_backend
-from conveyor.backends.base import Backend, JobsInsertParams, NewJob
+from conveyor.backends.base import (
+    Backend,
+    JobsInsertParams,
+    NewJob,
+    QueueLoadParams,
+    Schedule,
+    Subscription,
+    SubscriptionsDeleteParams,
+    SubscriptionsListParams,
+    SubscriptionsUpsertParams,
+)
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -61,6 +76,11 @@ class App:
         self.max_payload_bytes = max_payload_bytes
         self.dedup_window = dedup_window
         self.tasks: dict[str, Task[Any, Any]] = {}
+        self.queues: dict[str, QueuePolicy] = {}
+        self.schedules: dict[str, Schedule] = {}
+        # Backpressure reads the queue's depth at most every 100 ms and counts its own sends in
+        # between, so that a hot producer does not add a COUNT per send.
+        self._loads: dict[str, tuple[float, int, int]] = {}
 
     # -- storage -------------------------------------------------------------------------------
 
@@ -166,6 +186,156 @@ class App:
         task = self.tasks.get(name)
         return task.options if task else None
 
+    # -- queues ----------------------------------------------------------------------------------
+
+    def queue(
+        self,
+        name: str,
+        *,
+        dedup_window: timedelta | None = None,
+        max_depth: int | None = None,
+        shedding: Mapping[str, float] | None = None,
+        sla: timedelta | None = None,
+        retention: timedelta | None = None,
+        dead_retention: timedelta | None = None,
+        on_expire: ExpirePolicy = "expired",
+        concurrency: int | None = None,
+        ordered: bool = False,
+    ) -> QueuePolicy:
+        """Declare a queue's policy (its part of the queue contract); returns it.
+
+        ``max_depth`` turns on backpressure: past ``shedding[class] * max_depth`` live jobs, sends of
+        that priority class (low < 0, normal 0, high > 0) raise QueueFull. Defaults: dedup window
+        from the App, retention 7 days, dead letters 14 days, expired jobs end ``expired``."""
+        defaults = QueuePolicy(name)
+        policy = QueuePolicy(
+            name=name,
+            dedup_window=dedup_window if dedup_window is not None else self.dedup_window,
+            max_depth=max_depth,
+            shedding=dict(shedding) if shedding is not None else dict(defaults.shedding),
+            sla=sla,
+            retention=retention if retention is not None else defaults.retention,
+            dead_retention=dead_retention if dead_retention is not None else defaults.dead_retention,
+            on_expire=on_expire,
+            concurrency=concurrency,
+            ordered=ordered,
+        )
+        self.queues[name] = policy
+        return policy
+
+    def queue_policy(self, name: str) -> QueuePolicy:
+        """The declared policy of a queue, or the defaults for an undeclared one."""
+        policy = self.queues.get(name)
+        return policy if policy is not None else QueuePolicy(name, dedup_window=self.dedup_window)
+
+    def _check_backpressure(self, rows: Sequence[NewJob], now: datetime) -> None:
+        by_queue: dict[str, list[NewJob]] = {}
+        for row in rows:
+            by_queue.setdefault(row.queue, []).append(row)
+        for queue, queued in by_queue.items():
+            policy = self.queues.get(queue)
+            if policy is None or policy.max_depth is None:
+                continue
+            depth, drained, window = self._load(queue, now)
+            for row in queued:
+                limit = policy.limit_for(row.priority)
+                assert limit is not None
+                if depth + 1 > limit:
+                    rate = drained / window if drained else 0.0
+                    excess = depth + 1 - limit
+                    retry_after = excess / rate if rate > 0 else window
+                    raise QueueFull(queue, depth, limit, max(0.1, min(retry_after, 3600.0)))
+                depth += 1
+            cached = self._loads.get(queue)
+            if cached is not None:
+                self._loads[queue] = (cached[0], cached[1] + len(queued), cached[2])
+
+    def _load(self, queue: str, now: datetime) -> tuple[int, int, float]:
+        cached = self._loads.get(queue)
+        tick = time.monotonic()
+        if cached is None or tick - cached[0] > 0.1:
+            load = self.backend.queue_load(QueueLoadParams(queue, now))
+            cached = (tick, load.depth, load.drained)
+            self._loads[queue] = cached
+        return cached[1], cached[2], 60.0
+
+    # -- topics ----------------------------------------------------------------------------------
+
+    def subscribe(
+        self, topic: str, queue: str, task: str | Task[Any, Any], filter: Mapping[str, Any] | None = None
+    ) -> Subscription:
+        """Bind ``queue`` to ``topic``: messages published there whose headers match ``filter``
+        (``{"header": value}`` or ``{"header": {"in": [...]}}``) become jobs for ``task`` on ``queue``.
+        Stored in the database, so it applies to every producer at once."""
+        name = task.name if isinstance(task, Task) else task
+        text = json.dumps(parse_filter(filter), separators=(",", ":"), sort_keys=True)
+        subscription = Subscription(topic, queue, name, text)
+        self.backend.subscriptions_upsert(SubscriptionsUpsertParams([subscription]))
+        return subscription
+
+    def unsubscribe(self, topic: str, queue: str) -> bool:
+        """Remove the subscription of ``queue`` to ``topic``; False if there was none."""
+        return self.backend.subscriptions_delete(SubscriptionsDeleteParams(topic, queue))
+
+    def publish(
+        self,
+        topic: str,
+        payload: Mapping[str, Any] | None = None,
+        *,
+        headers: Mapping[str, Any] | None = None,
+        conn: Any = None,
+        **envelope: Any,
+    ) -> list[Job]:
+        """Copy a message to every queue subscribed to ``topic`` whose filter matches ``headers``,
+        in one transaction; return one job per matching subscription (each retries and
+        dead-letters on its own). No matching subscription: nothing is enqueued, ``[]``."""
+        subscriptions = self.backend.subscriptions_list(SubscriptionsListParams(topic))
+        merged = {**(headers or {}), "topic": topic}
+        messages = []
+        for sub in subscriptions:
+            if matches(json.loads(sub.filter), merged):
+                try:
+                    messages.append(
+                        Message(task=sub.task, payload=payload or {}, queue=sub.queue, headers=merged, **envelope)
+                    )
+                except TypeError as exc:
+                    raise PayloadError(f"bad publish option: {exc}") from None
+        return self.send_many(messages, conn=conn)
+
+    # -- schedules -------------------------------------------------------------------------------
+
+    def periodic(
+        self,
+        cron: str,
+        *,
+        name: str | None = None,
+        payload: Mapping[str, Any] | None = None,
+        priority: int = 0,
+        **task_options: Any,
+    ) -> _TaskDecorator:
+        """Register a task and a schedule that enqueues it on every tick of ``cron`` (UTC).
+
+        Workers store declared schedules in the database when they start and fire each tick once,
+        however many of them run; schedules can then be listed, paused, changed or added from the CLI
+        (``conveyor schedules``) without a restart."""
+        parsed = Cron.parse(cron)
+
+        def register(fn: Callable[P, R]) -> Task[P, R]:
+            task: Task[P, R] = self.task(**task_options)(fn)
+            schedule_name = name or task.name
+            self.schedules[schedule_name] = Schedule(
+                name=schedule_name,
+                cron=parsed.expression,
+                task=task.name,
+                queue=task.options.queue,
+                payload=encode_json_object(payload or {}, "payload", self.max_payload_bytes),
+                next_run_at=parsed.next_after(utcnow()),
+                priority=priority,
+            )
+            return task
+
+        return register
+
     # -- producing -----------------------------------------------------------------------------
 
     def send(
@@ -197,6 +367,8 @@ class App:
             return []
         now = utcnow()
         rows = [self._new_job(m, now) for m in messages]
+        if self.queues:
+            self._check_backpressure(rows, now)
         ids = self.backend.jobs_insert_many(JobsInsertParams(rows, now, conn))
         return [Job(self, job_id) for job_id in ids]
 
@@ -236,7 +408,7 @@ class App:
             expires_at=expires_at,
             idempotency_key=message.idempotency_key,
             ordering_key=message.ordering_key,
-            dedup_until=now + self.dedup_window if message.idempotency_key else None,
+            dedup_until=now + self.queue_policy(queue).dedup_window if message.idempotency_key else None,
         )
 
     # -- reading -------------------------------------------------------------------------------

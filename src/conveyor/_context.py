@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, Protocol
 from uuid import UUID
 
-from conveyor.backends.base import Delivery
+from conveyor.backends.base import Backend, Delivery, ProcessedKeyClaimParams
 
 ManualDecision = Literal["ack", "nack", "reject"]
 
@@ -27,6 +28,7 @@ class JobContext:
 
     delivery: Delivery
     keeper: LeaseKeeper | None = None
+    backend: Backend | None = None
     decision: ManualDecision | None = None
     result: Any = None
     retry_delay: float | None = None
@@ -72,6 +74,19 @@ class JobContext:
         if self.keeper is None:
             return True
         return self.keeper.extend(self.delivery, seconds)
+
+    def once(self, key: str, *, ttl: timedelta = timedelta(days=7), conn: Any = None) -> bool:
+        """Claim the side effect named ``key``: True the first time (do it), False if it was done.
+
+        Pass ``conn``, the connection of the transaction that performs the side effect (PostgreSQL:
+        your psycopg connection; SQLite: your sqlite3 connection), so that the claim commits with the
+        effect or not at all: a job redelivered after its worker died between that commit and the ack
+        then skips the effect. Without ``conn`` the claim commits on its own, before the effect. Keys
+        are global; include the job's idempotency key or id to scope them. Claims last ``ttl``."""
+        if self.backend is None:
+            raise RuntimeError("ctx.once needs a worker-provided context")
+        now = datetime.now(UTC)
+        return self.backend.processed_keys_claim(ProcessedKeyClaimParams(key, now + ttl, now, conn))
 
     def ack(self, result: Any = None) -> None:
         """Manual ack: the job completed (with ``result``)."""

@@ -8,6 +8,7 @@
     ├── UnknownTaskError          no task registered under that name
     ├── JobNotFoundError          no job with that id
     ├── JobTimeoutError           ``Job.wait`` gave up before the job ended
+    ├── QueueFull                 backpressure: the queue is past its high-water mark (retry later)
     ├── BackendError              the database refused or failed a statement
     │   └── BackendUnavailable    the database cannot be reached (retry later; nothing is lost)
     └── HandlerSignal             raised *by handlers* to steer the outcome
@@ -43,6 +44,22 @@ class JobNotFoundError(ConveyorError, LookupError):
 
 class JobTimeoutError(ConveyorError, TimeoutError):
     """``Job.wait`` timed out before the job reached a terminal state."""
+
+
+class QueueFull(ConveyorError):
+    """The queue is past its high-water mark for this send's priority class; nothing was enqueued.
+
+    ``retry_after`` (seconds) is estimated from the queue's measured drain rate."""
+
+    def __init__(self, queue: str, depth: int, limit: int, retry_after: float) -> None:
+        super().__init__(
+            f"queue {queue!r} is full for this priority ({depth} live jobs, limit {limit}); "
+            f"retry after {retry_after:.1f}s"
+        )
+        self.queue = queue
+        self.depth = depth
+        self.limit = limit
+        self.retry_after = retry_after
 
 
 class BackendError(ConveyorError):

@@ -28,7 +28,9 @@ UNSUPPORTED_VERSION = "unsupported_version"
 EXPIRED = "expired"
 
 
-def before_run(delivery: Delivery, options: TaskOptions | None, now: datetime) -> Finish | None:
+def before_run(
+    delivery: Delivery, options: TaskOptions | None, now: datetime, on_expire: str = "expired"
+) -> Finish | None:
     """The outcome that ends a job without running it, or None when it should run.
 
     Poison protection comes first: a job that has been handed out more than its delivery limit has
@@ -38,6 +40,9 @@ def before_run(delivery: Delivery, options: TaskOptions | None, now: datetime) -
         error = ErrorInfo("PoisonJob", f"delivered {delivery.deliveries} times, limit {limit}")
         return Finish(delivery.id, delivery.receipt, "dead", reason=MAX_DELIVERIES_EXCEEDED, error=error, ran=False)
     if delivery.expires_at is not None and now >= delivery.expires_at:
+        if on_expire == "dead":
+            error = ErrorInfo("Expired", f"not started before expires_at {delivery.expires_at.isoformat()}")
+            return Finish(delivery.id, delivery.receipt, "dead", reason=EXPIRED, error=error, ran=False)
         return Finish(delivery.id, delivery.receipt, "expired", reason=EXPIRED, ran=False)
     if options is None:
         error = ErrorInfo("UnknownTaskError", f"no task registered as {delivery.task!r}")

@@ -6,7 +6,7 @@ import asyncio
 import os
 import signal
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 
 from conveyor._app import App
@@ -17,7 +17,9 @@ from conveyor.worker.completer import Completer
 from conveyor.worker.executor import Executor
 from conveyor.worker.fetcher import Fetcher
 from conveyor.worker.heartbeat import Heartbeat
+from conveyor.worker.pruner import Pruner
 from conveyor.worker.rescuer import Rescuer
+from conveyor.worker.scheduler import Scheduler
 
 
 class Worker:
@@ -40,6 +42,9 @@ class Worker:
         flush_interval: float = 0.005,
         heartbeat_interval: float | None = None,
         rescue_interval: float = 5.0,
+        schedule_interval: float = 1.0,
+        prune_interval: float = 60.0,
+        weights: Mapping[str, int] | None = None,
         graceful_timeout: float = 30.0,
         burst: bool = False,
         worker_id: str | None = None,
@@ -57,6 +62,9 @@ class Worker:
         self.flush_interval = flush_interval
         self.heartbeat_interval = heartbeat_interval
         self.rescue_interval = rescue_interval
+        self.schedule_interval = schedule_interval
+        self.prune_interval = prune_interval
+        self.weights = dict(weights) if weights else None
         self.graceful_timeout = graceful_timeout
         self.burst = burst
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}"
@@ -108,6 +116,8 @@ class Worker:
         )
         heartbeat = Heartbeat(calls, self.registry, self.counters, self.clock, self.heartbeat_interval)
         rescuer = Rescuer(calls, self.counters, self.clock, self.rescue_interval)
+        scheduler = Scheduler(self.app, calls, self.clock, self.schedule_interval)
+        pruner = Pruner(self.app, calls, self.clock, self.prune_interval)
         self.executor = executor
 
         log.info(
@@ -123,6 +133,8 @@ class Worker:
             "completer": asyncio.create_task(completer.run(), name="completer"),
             "heartbeat": asyncio.create_task(heartbeat.run(), name="heartbeat"),
             "rescuer": asyncio.create_task(rescuer.run(), name="rescuer"),
+            "scheduler": asyncio.create_task(scheduler.run(), name="scheduler"),
+            "pruner": asyncio.create_task(pruner.run(), name="pruner"),
         }
         watch = asyncio.create_task(self._watch(fetcher, executor, completer, calls), name="watch")
         stop_wait = asyncio.create_task(self._stop_requested.wait())
@@ -145,9 +157,9 @@ class Worker:
             log.warning("%d handler(s) still running after %ss; their leases will expire", cut, self.graceful_timeout)
         # 4. Flush every outcome, then stop the maintenance loops.
         await completer.stop()
-        heartbeat.stop()
-        rescuer.stop()
-        for name in ("completer", "heartbeat", "rescuer"):
+        for loop in (heartbeat, rescuer, scheduler, pruner):
+            loop.stop()
+        for name in ("completer", "heartbeat", "rescuer", "scheduler", "pruner"):
             loops[name].cancel()
         await asyncio.gather(*loops.values(), return_exceptions=True)
         calls.shutdown()

@@ -70,7 +70,8 @@ class Executor:
             return None
         task = self.app.tasks.get(delivery.task)
         options = task.options if task else None
-        outcome: Outcome | None = before_run(delivery, options, self.clock())
+        on_expire = self.app.queue_policy(delivery.queue).on_expire
+        outcome: Outcome | None = before_run(delivery, options, self.clock(), on_expire)
         if outcome is None:
             assert task is not None
             held.state = "running"
@@ -81,7 +82,7 @@ class Executor:
 
     async def _run(self, task: Task[Any, Any], delivery: Delivery) -> Outcome:
         options = task.options
-        ctx = JobContext(delivery, keeper=self)
+        ctx = JobContext(delivery, keeper=self, backend=self.app.backend)
         try:
             kwargs: dict[str, Any] = json.loads(delivery.payload)
             if task.wants_context:

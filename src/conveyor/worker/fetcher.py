@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 
@@ -33,6 +33,7 @@ class Fetcher:
         visibility_timeout: float,
         clock: Callable[[], datetime],
         poll_interval: float,
+        weights: Mapping[str, int] | None = None,
     ) -> None:
         self.app = app
         self.calls = calls
@@ -50,6 +51,7 @@ class Fetcher:
         self._listener: Listener | None = None
         self._listen_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="conveyor-listen")
         self.idle = False
+        self.weights = dict(weights) if weights else None
 
     def _vt_for(self, queue: str) -> float:
         """The lease taken at acquire: the longest visibility timeout of the queue's tasks (the
@@ -58,24 +60,36 @@ class Fetcher:
         return max(declared, default=self.visibility_timeout)
 
     async def run_once(self) -> int:
-        """Acquire up to the free buffer space, lane by lane; return how many jobs were leased."""
+        """Acquire up to the free buffer space; return how many jobs were leased.
+
+        Strict lanes: each queue in order takes what space is left. Weighted lanes: the space is
+        first shared in proportion to the weights (so a busy high lane cannot starve a low one),
+        then what a lane left unused goes to the others in order."""
         got = 0
-        for queue in self.queues:
+        if self.weights:
             free = self.capacity - self.buffer.qsize()
-            if free <= 0:
-                break
-            params = JobsAcquireParams(queue, free, self._vt_for(queue), self.worker_id, self.clock())
-            deliveries = await self.calls.call(
-                self.calls.backend.jobs_acquire, params, give_up=self._stop.is_set, what="acquire"
-            )
-            for delivery in deliveries:
-                options = self.app.task_options(delivery.task)
-                vt = options.visibility_timeout if options else self.visibility_timeout
-                self.registry.add(delivery, vt)
-                self.buffer.put_nowait(delivery)
-            got += len(deliveries)
+            total = sum(self.weights.get(q, 1) for q in self.queues)
+            for queue in self.queues:
+                share = max(1, free * self.weights.get(queue, 1) // total)
+                got += await self._acquire(queue, min(share, self.capacity - self.buffer.qsize()))
+        for queue in self.queues:
+            got += await self._acquire(queue, self.capacity - self.buffer.qsize())
         self.counters.acquired += got
         return got
+
+    async def _acquire(self, queue: str, limit: int) -> int:
+        if limit <= 0:
+            return 0
+        params = JobsAcquireParams(queue, limit, self._vt_for(queue), self.worker_id, self.clock())
+        deliveries = await self.calls.call(
+            self.calls.backend.jobs_acquire, params, give_up=self._stop.is_set, what="acquire"
+        )
+        for delivery in deliveries:
+            options = self.app.task_options(delivery.task)
+            vt = options.visibility_timeout if options else self.visibility_timeout
+            self.registry.add(delivery, vt)
+            self.buffer.put_nowait(delivery)
+        return len(deliveries)
 
     async def run(self) -> None:
         """Fetch until stopped."""

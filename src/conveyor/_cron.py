@@ -1,0 +1,117 @@
+"""Cron expressions: the five classic fields, evaluated in UTC, to find a schedule's next tick."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from conveyor._errors import ConfigurationError
+
+_ALIASES = {
+    "@yearly": "0 0 1 1 *",
+    "@annually": "0 0 1 1 *",
+    "@monthly": "0 0 1 * *",
+    "@weekly": "0 0 * * 0",
+    "@daily": "0 0 * * *",
+    "@midnight": "0 0 * * *",
+    "@hourly": "0 * * * *",
+}
+_NAMES = {
+    3: {
+        m: i + 1
+        for i, m in enumerate(["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"])
+    },
+    4: {d: i for i, d in enumerate(["sun", "mon", "tue", "wed", "thu", "fri", "sat"])},
+}
+_BOUNDS = [(0, 59), (0, 23), (1, 31), (1, 12), (0, 7)]
+_FIELDS = ["minute", "hour", "day of month", "month", "day of week"]
+
+
+@dataclass(frozen=True, slots=True)
+class Cron:
+    """A parsed cron expression. ``next_after(t)`` is the first tick strictly after ``t``."""
+
+    expression: str
+    minutes: frozenset[int]
+    hours: frozenset[int]
+    days: frozenset[int]
+    months: frozenset[int]
+    weekdays: frozenset[int]  # 0 = Sunday
+    days_any: bool
+    weekdays_any: bool
+
+    @classmethod
+    def parse(cls, expression: str) -> Cron:
+        """Parse ``m h dom mon dow`` (``*``, ``a-b``, ``*/n``, ``a-b/n``, lists, names) or an ``@alias``.
+
+        Raises ConfigurationError with the offending field for anything else."""
+        text = _ALIASES.get(expression.strip().lower(), expression.strip())
+        parts = text.split()
+        if len(parts) != 5:
+            raise ConfigurationError(
+                f"cron expression {expression!r} must have 5 fields (minute hour day month weekday), got {len(parts)}"
+            )
+        sets = [_field(parts[i], i, expression) for i in range(5)]
+        weekdays = frozenset(d % 7 for d in sets[4])
+        return cls(expression, sets[0], sets[1], sets[2], sets[3], weekdays, parts[2] == "*", parts[4] == "*")
+
+    def _day_matches(self, day: datetime) -> bool:
+        if day.month not in self.months:
+            return False
+        dom = day.day in self.days
+        dow = (day.isoweekday() % 7) in self.weekdays
+        # Classic cron: when both day fields are restricted, a day matching either one fires.
+        if self.days_any or self.weekdays_any:
+            return dom and dow
+        return dom or dow
+
+    def next_after(self, after: datetime) -> datetime:
+        """The first tick strictly after ``after`` (an aware datetime; ticks are whole minutes, UTC)."""
+        start = after.replace(second=0, microsecond=0) + timedelta(minutes=1)
+        day = start.replace(hour=0, minute=0)
+        for _ in range(366 * 5):
+            if self._day_matches(day):
+                for hour in sorted(self.hours):
+                    for minute in sorted(self.minutes):
+                        tick = day.replace(hour=hour, minute=minute)
+                        if tick >= start:
+                            return tick
+            day += timedelta(days=1)
+        raise ConfigurationError(f"cron expression {self.expression!r} never fires")
+
+
+def _field(text: str, index: int, expression: str) -> frozenset[int]:
+    low, high = _BOUNDS[index]
+    values: set[int] = set()
+    for item in text.lower().split(","):
+        try:
+            values.update(_item(item, index, low, high))
+        except ValueError:
+            raise ConfigurationError(
+                f"cron expression {expression!r}: bad {_FIELDS[index]} field {text!r} "
+                f"(allowed {low}-{high}, '*', ranges a-b, steps */n, lists a,b)"
+            ) from None
+    return frozenset(values)
+
+
+def _item(item: str, index: int, low: int, high: int) -> range:
+    body, _, step_text = item.partition("/")
+    step = int(step_text) if step_text else 1
+    if step < 1:
+        raise ValueError(item)
+    if body == "*":
+        first, last = low, high
+    elif "-" in body:
+        a, b = body.split("-", 1)
+        first, last = _value(a, index), _value(b, index)
+    else:
+        first = _value(body, index)
+        last = high if step_text else first
+    if not (low <= first <= last <= high):
+        raise ValueError(item)
+    return range(first, last + 1, step)
+
+
+def _value(text: str, index: int) -> int:
+    names = _NAMES.get(index, {})
+    return names[text] if text in names else int(text)

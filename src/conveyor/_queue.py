@@ -1,0 +1,60 @@
+"""Queue policies: what a queue declares about itself (backpressure, dedup, SLA, retention, lanes)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Literal
+
+ExpirePolicy = Literal["expired", "dead"]
+
+#: Default graduated shedding: low-priority sends (priority < 0) are refused at 50 % of max_depth,
+#: normal ones (0) at 80 %, high ones (> 0) only at 100 %.
+DEFAULT_SHEDDING: Mapping[str, float] = {"low": 0.5, "normal": 0.8, "high": 1.0}
+
+
+def priority_class(priority: int) -> str:
+    """``low`` (< 0), ``normal`` (0) or ``high`` (> 0)."""
+    return "low" if priority < 0 else "high" if priority > 0 else "normal"
+
+
+@dataclass(frozen=True, slots=True)
+class QueuePolicy:
+    """The declared policy of one queue: its part of the queue contract.
+
+    Task-level policy (visibility timeout, attempts, backoff, dead-on errors) is declared on each
+    task; this is what belongs to the queue as a whole."""
+
+    name: str
+    #: How long an idempotency key holds its job.
+    dedup_window: timedelta = timedelta(hours=24)
+    #: High-water mark of live jobs; past it sends raise QueueFull (None: unbounded).
+    max_depth: int | None = None
+    #: Fraction of max_depth at which each priority class is refused.
+    shedding: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_SHEDDING))
+    #: Oldest pending age that counts as an SLA breach (alerts, the pipeline's reports).
+    sla: timedelta | None = None
+    #: How long completed/expired rows stay in the archive, and dead letters.
+    retention: timedelta = timedelta(days=7)
+    dead_retention: timedelta = timedelta(days=14)
+    #: What a job whose TTL passed before it started becomes.
+    on_expire: ExpirePolicy = "expired"
+    #: Advisory: the concurrency this queue is provisioned for (printed in the contract).
+    concurrency: int | None = None
+    #: Whether the queue's producers use ordering keys (per-key FIFO); documentation only.
+    ordered: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_depth is not None and self.max_depth < 1:
+            raise ValueError(f"max_depth must be >= 1, got {self.max_depth}")
+        for cls, fraction in self.shedding.items():
+            if cls not in DEFAULT_SHEDDING or not 0 < fraction <= 1:
+                raise ValueError(f"shedding needs low/normal/high fractions in (0, 1], got {cls}={fraction}")
+
+    def limit_for(self, priority: int) -> int | None:
+        """The live depth past which a send of this priority is refused (None: no limit)."""
+        if self.max_depth is None:
+            return None
+        fraction = self.shedding.get(priority_class(priority), DEFAULT_SHEDDING[priority_class(priority)])
+        return max(1, int(self.max_depth * fraction))

@@ -1,0 +1,47 @@
+"""Fan-out topics: which subscriptions a published message's headers match."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from conveyor._errors import ConfigurationError
+
+
+def parse_filter(text: str | Mapping[str, Any] | None) -> dict[str, Any]:
+    """Validate a subscription filter: ``{header: value}`` (equality) or ``{header: {"in": [...]}}``."""
+    if text is None:
+        return {}
+    if isinstance(text, str):
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigurationError(f"subscription filter is not JSON: {exc}") from None
+    else:
+        value = dict(text)
+    if not isinstance(value, dict):
+        raise ConfigurationError("a subscription filter must be a JSON object of header conditions")
+    for key, condition in value.items():
+        if isinstance(condition, dict):
+            if set(condition) != {"in"} or not isinstance(condition["in"], list):
+                raise ConfigurationError(
+                    f'filter on {key!r}: a condition object must be {{"in": [values...]}}, got {condition!r}'
+                )
+        elif isinstance(condition, list):
+            raise ConfigurationError(f'filter on {key!r}: use {{"in": [...]}} to match one of several values')
+    return value
+
+
+def matches(filter_: Mapping[str, Any], headers: Mapping[str, Any]) -> bool:
+    """True when every condition of the filter holds for the headers (a missing header fails)."""
+    for key, condition in filter_.items():
+        if key not in headers:
+            return False
+        value = headers[key]
+        if isinstance(condition, dict):
+            if value not in condition["in"]:
+                return False
+        elif value != condition:
+            return False
+    return True

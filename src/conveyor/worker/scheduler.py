@@ -1,0 +1,83 @@
+"""The scheduler loop: fires periodic schedules, each tick exactly once however many workers run."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import Callable
+from datetime import datetime
+
+from conveyor._app import App
+from conveyor._cron import Cron
+from conveyor._errors import ConfigurationError
+from conveyor._message import Message
+from conveyor.backends.base import ScheduleFireParams, SchedulesUpsertParams
+from conveyor.worker._shared import BackendCalls, log
+
+
+class Scheduler:
+    """Every ``interval`` seconds, fires the schedules whose next tick is due.
+
+    Correctness lives in the database, not in leadership: firing is a compare-and-set on the
+    schedule's ``next_run_at`` in the same transaction as the job insert, so two schedulers that
+    see the same due tick fire it once. After downtime only the latest missed tick fires (once),
+    and the next tick is computed from now, so a backlog of missed ticks is never replayed."""
+
+    def __init__(self, app: App, calls: BackendCalls, clock: Callable[[], datetime], interval: float = 1.0) -> None:
+        self.app = app
+        self.calls = calls
+        self.clock = clock
+        self.interval = interval
+        self._stop = asyncio.Event()
+        self._declared = False
+
+    async def declare(self) -> None:
+        """Store the app's declared schedules (existing ones keep their pause state and next tick)."""
+        if self.app.schedules:
+            params = SchedulesUpsertParams(list(self.app.schedules.values()))
+            await self.calls.call(self.calls.backend.schedules_upsert, params, what="schedules")
+        self._declared = True
+
+    async def run_once(self) -> int:
+        """Fire every due tick; return how many this scheduler fired."""
+        if not self._declared:
+            await self.declare()
+        now = self.clock()
+        fired = 0
+        backend = self.calls.backend
+        schedules = await self.calls.call(lambda _: backend.schedules_list(), None, what="schedules")
+        for schedule in schedules:
+            if schedule.paused or schedule.next_run_at > now:
+                continue
+            try:
+                following = Cron.parse(schedule.cron).next_after(now)
+            except ConfigurationError as exc:
+                log.error("schedule %s: %s", schedule.name, exc)
+                continue
+            due = schedule.next_run_at
+            message = Message(
+                task=schedule.task,
+                payload=json.loads(schedule.payload),
+                queue=schedule.queue,
+                priority=schedule.priority,
+                headers={"schedule": schedule.name, "tick": due.isoformat()},
+            )
+            job = self.app._new_job(message, now)
+            params = ScheduleFireParams(schedule.name, due, following, job, now)
+            if await self.calls.call(self.calls.backend.schedule_fire, params, what="schedule fire"):
+                fired += 1
+                log.info("schedule %s fired tick %s as job %s", schedule.name, due.isoformat(), job.id)
+        return fired
+
+    async def run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                await self.run_once()
+            except Exception:
+                log.exception("scheduler failed")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), timeout=self.interval)
+
+    def stop(self) -> None:
+        self._stop.set()
