@@ -1,0 +1,137 @@
+"""Cron schedules: declaring, listing, pausing, and firing each tick exactly once."""
+
+from __future__ import annotations
+
+import threading
+
+from _factory import acquire, at, ids, new_job
+
+from conveyor.backends.base import (
+    Backend,
+    Schedule,
+    ScheduleFireParams,
+    SchedulesDeleteParams,
+    SchedulesUpdateParams,
+    SchedulesUpsertParams,
+)
+
+
+def _schedule(name: str = "nightly", cron: str = "0 3 * * *", next_s: float = 60, **kw: object) -> Schedule:
+    return Schedule(
+        name=name,
+        cron=cron,
+        task="reports.build",
+        queue="cron",
+        payload='{"kind": "daily"}',
+        next_run_at=at(next_s),
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def _by_name(backend: Backend) -> dict[str, Schedule]:
+    return {s.name: s for s in backend.schedules_list()}
+
+
+def _fire(backend: Backend, name: str, due_s: float, after_s: float) -> tuple[bool, object]:
+    job = new_job("cron", task="reports.build", run_at=at(due_s))
+    fired = backend.schedule_fire(
+        ScheduleFireParams(name=name, due_at=at(due_s), next_run_at_after=at(after_s), job=job, now=at(due_s))
+    )
+    return fired, job.id
+
+
+def test_upsert_creates_and_list_returns_schedules_by_name(backend: Backend) -> None:
+    backend.schedules_upsert(SchedulesUpsertParams([_schedule("b"), _schedule("a", priority=5)]))
+
+    listed = backend.schedules_list()
+
+    assert [s.name for s in listed] == ["a", "b"]
+    a = listed[0]
+    assert (a.cron, a.task, a.queue, a.payload) == ("0 3 * * *", "reports.build", "cron", '{"kind": "daily"}')
+    assert (a.next_run_at, a.paused, a.priority, a.last_run_at) == (at(60), False, 5, None)
+
+
+def test_redeclaring_keeps_the_next_tick_unless_the_cron_changed(backend: Backend) -> None:
+    backend.schedules_upsert(SchedulesUpsertParams([_schedule("same", next_s=60), _schedule("changed", next_s=60)]))
+    backend.schedules_update(SchedulesUpdateParams(name="same", paused=True))
+
+    backend.schedules_upsert(
+        SchedulesUpsertParams(
+            [
+                _schedule("same", next_s=999, priority=2),
+                _schedule("changed", cron="*/5 * * * *", next_s=300),
+            ]
+        )
+    )
+
+    stored = _by_name(backend)
+    assert stored["same"].next_run_at == at(60)
+    assert stored["same"].paused is True  # pause state survives a re-declaration
+    assert stored["same"].priority == 2
+    assert (stored["changed"].cron, stored["changed"].next_run_at) == ("*/5 * * * *", at(300))
+
+
+def test_update_pauses_resumes_and_reschedules(backend: Backend) -> None:
+    backend.schedules_upsert(SchedulesUpsertParams([_schedule("s")]))
+
+    assert backend.schedules_update(SchedulesUpdateParams(name="s", paused=True)) is True
+    assert _by_name(backend)["s"].paused is True
+    assert backend.schedules_update(SchedulesUpdateParams(name="s", paused=False)) is True
+    assert backend.schedules_update(SchedulesUpdateParams(name="s", cron="0 * * * *", next_run_at=at(3600))) is True
+    s = _by_name(backend)["s"]
+    assert (s.paused, s.cron, s.next_run_at) == (False, "0 * * * *", at(3600))
+    assert backend.schedules_update(SchedulesUpdateParams(name="missing", paused=True)) is False
+
+
+def test_delete_removes_a_schedule(backend: Backend) -> None:
+    backend.schedules_upsert(SchedulesUpsertParams([_schedule("s"), _schedule("t")]))
+
+    assert backend.schedules_delete(SchedulesDeleteParams(name="s")) is True
+    assert backend.schedules_delete(SchedulesDeleteParams(name="s")) is False
+    assert list(_by_name(backend)) == ["t"]
+
+
+def test_a_tick_fires_once_and_enqueues_its_job(backend: Backend) -> None:
+    backend.schedules_upsert(SchedulesUpsertParams([_schedule("s", next_s=60)]))
+
+    fired, job_id = _fire(backend, "s", due_s=60, after_s=120)
+    again, other_id = _fire(backend, "s", due_s=60, after_s=120)
+
+    assert (fired, again) == (True, False)
+    s = _by_name(backend)["s"]
+    assert (s.next_run_at, s.last_run_at) == (at(120), at(60))
+    assert ids(acquire(backend, queue="cron", now=at(60))) == [job_id]
+    assert other_id != job_id
+
+
+def test_a_paused_changed_or_missing_schedule_does_not_fire(backend: Backend) -> None:
+    backend.schedules_upsert(SchedulesUpsertParams([_schedule("paused", next_s=60), _schedule("moved", next_s=60)]))
+    backend.schedules_update(SchedulesUpdateParams(name="paused", paused=True))
+    backend.schedules_update(SchedulesUpdateParams(name="moved", next_run_at=at(90)))
+
+    assert _fire(backend, "paused", due_s=60, after_s=120)[0] is False
+    assert _fire(backend, "moved", due_s=60, after_s=120)[0] is False
+    assert _fire(backend, "missing", due_s=60, after_s=120)[0] is False
+    assert acquire(backend, queue="cron", now=at(1000)) == []
+
+
+def test_concurrent_schedulers_fire_each_tick_once(backend: Backend) -> None:
+    backend.schedules_upsert(SchedulesUpsertParams([_schedule("s", next_s=60)]))
+    barrier = threading.Barrier(6)
+    results: list[bool] = []
+    lock = threading.Lock()
+
+    def scheduler() -> None:
+        barrier.wait(timeout=30)
+        fired, _ = _fire(backend, "s", due_s=60, after_s=120)
+        with lock:
+            results.append(fired)
+
+    threads = [threading.Thread(target=scheduler) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+
+    assert sorted(results) == [False] * 5 + [True]
+    assert len(acquire(backend, queue="cron", now=at(60))) == 1
