@@ -84,7 +84,11 @@ def migrate(ctx: click.Context) -> None:
 
 @cli.command()
 @click.argument("app_path", metavar="APP")
-@click.option("--queues", default=None, help="Comma-separated queues, drained in this order (default: all declared).")
+@click.option(
+    "--queues",
+    default=None,
+    help="Lanes: a,b drains a before b; a:3,b:1 shares slots 3:1 (default: all declared queues).",
+)
 @click.option(
     "--processes",
     "-p",
@@ -133,8 +137,10 @@ def worker(
     from conveyor.worker.supervisor import load_app, run_processes
 
     load_app(app_path)
+    lanes, weights = _lanes(queues)
     options: dict[str, Any] = {
-        "queues": [q.strip() for q in queues.split(",") if q.strip()] if queues else None,
+        "queues": lanes,
+        "weights": weights,
         "concurrency": concurrency,
         "prefetch": prefetch,
         "burst": burst,
@@ -144,6 +150,26 @@ def worker(
     db = ctx.obj["database_url"] if _db_given(ctx) else None
     code = run_processes(app_path, db, processes, options)
     ctx.exit(code)
+
+
+def _lanes(text: str | None) -> tuple[list[str] | None, dict[str, int] | None]:
+    """``a,b`` (strict order) or ``a:3,b:1`` (weighted) → (queues, weights)."""
+    if not text:
+        return None, None
+    queues: list[str] = []
+    weights: dict[str, int] = {}
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        name, sep, weight = item.partition(":")
+        queues.append(name)
+        if sep:
+            if not weight.isdigit() or int(weight) < 1:
+                _fail(f"--queues: weight of {name!r} must be a positive integer, got {weight!r}")
+            weights[name] = int(weight)
+    if weights and len(weights) != len(queues):
+        _fail("--queues: give a weight to every queue (a:3,b:1) or to none (a,b)")
+    return queues, weights or None
 
 
 def _db_given(ctx: click.Context) -> bool:
@@ -489,6 +515,223 @@ def audit(ctx: click.Context, limit: int, as_json: bool) -> None:
     for e in entries:
         table.add_row(e.at.strftime("%Y-%m-%d %H:%M:%S"), e.actor, e.action, str(len(e.job_ids)), e.reason)
     console.print(table)
+
+
+# -- schedules ---------------------------------------------------------------------------------
+
+
+@cli.group()
+def schedules() -> None:
+    """List, add, change, pause and resume periodic schedules (workers pick changes up live)."""
+
+
+@schedules.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def schedules_list(ctx: click.Context, as_json: bool) -> None:
+    """Every schedule with its next tick."""
+    rows = _app(ctx).backend.schedules_list()
+    if as_json:
+        _dump(
+            [
+                {
+                    "name": s.name,
+                    "cron": s.cron,
+                    "task": s.task,
+                    "queue": s.queue,
+                    "payload": json.loads(s.payload),
+                    "paused": s.paused,
+                    "next_run_at": s.next_run_at.isoformat(),
+                    "last_run_at": s.last_run_at.isoformat() if s.last_run_at else None,
+                }
+                for s in rows
+            ]
+        )
+        return
+    table = Table(title="Schedules")
+    for column in ("name", "cron", "task", "queue", "state", "next tick", "last tick"):
+        table.add_column(column, no_wrap=True, overflow="ellipsis")
+    for s in rows:
+        table.add_row(
+            s.name,
+            s.cron,
+            s.task,
+            s.queue,
+            "paused" if s.paused else "active",
+            s.next_run_at.strftime("%Y-%m-%d %H:%M"),
+            s.last_run_at.strftime("%Y-%m-%d %H:%M") if s.last_run_at else "-",
+        )
+    console.print(table)
+
+
+def _cron(expression: str) -> Any:
+    from conveyor._cron import Cron
+
+    return Cron.parse(expression)
+
+
+@schedules.command("add")
+@click.argument("name")
+@click.option("--cron", "expression", required=True, help='Five cron fields, UTC (e.g. "*/5 * * * *").')
+@click.option("--task", required=True)
+@click.option("--queue", default="default", show_default=True)
+@click.option("--payload", default="{}", show_default=True, help="A JSON object.")
+@click.option("--priority", default=0, show_default=True, type=int)
+@click.pass_context
+def schedules_add(
+    ctx: click.Context, name: str, expression: str, task: str, queue: str, payload: str, priority: int
+) -> None:
+    """Add (or redefine) a schedule at runtime."""
+    from conveyor.backends.base import Schedule, SchedulesUpsertParams
+
+    cron = _cron(expression)
+    body = json.dumps(_parse_json(payload, "--payload"), separators=(",", ":"))
+    schedule = Schedule(name, cron.expression, task, queue, body, cron.next_after(datetime.now(UTC)), priority=priority)
+    _app(ctx).backend.schedules_upsert(SchedulesUpsertParams([schedule]))
+    click.echo(f"schedule {name}: {cron.expression} -> {task} on {queue}, next tick {schedule.next_run_at.isoformat()}")
+
+
+def _update(ctx: click.Context, name: str, **changes: Any) -> None:
+    from conveyor.backends.base import SchedulesUpdateParams
+
+    if not _app(ctx).backend.schedules_update(SchedulesUpdateParams(name, **changes)):
+        _fail(f"no schedule named {name!r}")
+
+
+@schedules.command("pause")
+@click.argument("name")
+@click.pass_context
+def schedules_pause(ctx: click.Context, name: str) -> None:
+    """Stop firing a schedule until it is resumed."""
+    _update(ctx, name, paused=True)
+    click.echo(f"schedule {name} paused")
+
+
+@schedules.command("resume")
+@click.argument("name")
+@click.pass_context
+def schedules_resume(ctx: click.Context, name: str) -> None:
+    """Fire a paused schedule again (from its next tick after now; missed ticks are not fired)."""
+    schedule = next((s for s in _app(ctx).backend.schedules_list() if s.name == name), None)
+    if schedule is None:
+        _fail(f"no schedule named {name!r}")
+    _update(ctx, name, paused=False, next_run_at=_cron(schedule.cron).next_after(datetime.now(UTC)))
+    click.echo(f"schedule {name} resumed")
+
+
+@schedules.command("set")
+@click.argument("name")
+@click.option("--cron", "expression", required=True, help="The new cron expression.")
+@click.pass_context
+def schedules_set(ctx: click.Context, name: str, expression: str) -> None:
+    """Change a schedule's cron expression."""
+    cron = _cron(expression)
+    _update(ctx, name, cron=cron.expression, next_run_at=cron.next_after(datetime.now(UTC)))
+    click.echo(f"schedule {name}: {cron.expression}")
+
+
+@schedules.command("remove")
+@click.argument("name")
+@click.pass_context
+def schedules_remove(ctx: click.Context, name: str) -> None:
+    """Delete a schedule (a worker whose app still declares it adds it back when it starts)."""
+    from conveyor.backends.base import SchedulesDeleteParams
+
+    if not _app(ctx).backend.schedules_delete(SchedulesDeleteParams(name)):
+        _fail(f"no schedule named {name!r}")
+    click.echo(f"schedule {name} removed")
+
+
+# -- topics ------------------------------------------------------------------------------------
+
+
+@cli.group()
+def topics() -> None:
+    """Fan-out topics: list, subscribe and unsubscribe queues."""
+
+
+@topics.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def topics_list(ctx: click.Context, as_json: bool) -> None:
+    """Every topic with its subscriptions."""
+    from conveyor.backends.base import SubscriptionsListParams
+
+    rows = _app(ctx).backend.subscriptions_list(SubscriptionsListParams())
+    if as_json:
+        _dump([{"topic": r.topic, "queue": r.queue, "task": r.task, "filter": json.loads(r.filter)} for r in rows])
+        return
+    table = Table(title="Topics and subscriptions")
+    for column in ("topic", "queue", "task", "filter"):
+        table.add_column(column)
+    for r in rows:
+        table.add_row(r.topic, r.queue, r.task, r.filter)
+    console.print(table)
+
+
+@topics.command("subscribe")
+@click.argument("topic")
+@click.argument("queue")
+@click.option("--task", required=True, help="The task that handles the copies on QUEUE.")
+@click.option("--filter", "filter_", default=None, help='Header conditions, e.g. \'{"region": {"in": ["eu"]}}\'.')
+@click.pass_context
+def topics_subscribe(ctx: click.Context, topic: str, queue: str, task: str, filter_: str | None) -> None:
+    """Bind QUEUE to TOPIC."""
+    sub = _app(ctx).subscribe(topic, queue, task, _parse_json(filter_, "--filter") if filter_ else None)
+    click.echo(f"{topic} -> {sub.queue} ({sub.task}) filter {sub.filter}")
+
+
+@topics.command("unsubscribe")
+@click.argument("topic")
+@click.argument("queue")
+@click.pass_context
+def topics_unsubscribe(ctx: click.Context, topic: str, queue: str) -> None:
+    """Remove QUEUE's subscription to TOPIC."""
+    if not _app(ctx).unsubscribe(topic, queue):
+        _fail(f"queue {queue!r} is not subscribed to {topic!r}")
+    click.echo(f"{queue} unsubscribed from {topic}")
+
+
+@cli.command()
+@click.argument("topic")
+@click.option("--payload", default="{}", show_default=True, help="A JSON object.")
+@click.option("--headers", default=None, help="A JSON object (subscription filters match on these).")
+@click.option("--json", "as_json", is_flag=True, help="Print the job ids as JSON.")
+@click.pass_context
+def publish(ctx: click.Context, topic: str, payload: str, headers: str | None, as_json: bool) -> None:
+    """Publish to TOPIC: one job per matching subscription, in one transaction."""
+    jobs = _app(ctx).publish(
+        topic, _parse_json(payload, "--payload"), headers=_parse_json(headers, "--headers") if headers else None
+    )
+    if as_json:
+        _dump([str(j.id) for j in jobs])
+    else:
+        click.echo(f"published to {len(jobs)} subscription(s)")
+
+
+@cli.command()
+@click.option(
+    "--app",
+    "app_path",
+    envvar="CONVEYOR_APP",
+    default=None,
+    help="module:attribute of your App, for its declared queues and tasks ($CONVEYOR_APP).",
+)
+@click.option("--format", "fmt", type=click.Choice(["md", "json", "yaml"]), default="md", show_default=True)
+@click.pass_context
+def contract(ctx: click.Context, app_path: str | None, fmt: str) -> None:
+    """Print every queue's declared policy and every topic's subscriptions: the queue contract."""
+    from conveyor._contract import build, render
+
+    app = _app(ctx)
+    if app_path:
+        from conveyor.worker.supervisor import load_app
+
+        app = load_app(app_path)
+        if _db_given(ctx):
+            app.database_url = ctx.obj["database_url"]
+        ctx.call_on_close(app.close)
+    click.echo(render(build(app), fmt), nl=False)
 
 
 def _mount_pipeline() -> None:
