@@ -12,12 +12,11 @@ def open_backend(url: str) -> Backend:
     """Open the backend a database URL names.
 
     ``postgresql://user@host:port/db`` (or ``postgres://``), ``sqlite:///relative.db``,
-    ``sqlite:////absolute/path.db``. Raises :class:`ConfigurationError` for anything else."""
+    ``sqlite:////absolute/path.db``, ``memory://`` (in-process, for tests).
+    Raises :class:`ConfigurationError` for anything else."""
     scheme, sep, rest = url.partition("://")
     if not sep:
-        raise ConfigurationError(
-            f"not a database URL: {url!r} (expected postgresql://... or sqlite:///path.db)"
-        )
+        raise ConfigurationError(f"not a database URL: {url!r} (expected postgresql://... or sqlite:///path.db)")
     if scheme in ("postgresql", "postgres"):
         from conveyor.backends.postgres import PostgresBackend
 
@@ -29,6 +28,10 @@ def open_backend(url: str) -> Backend:
         if not path:
             raise ConfigurationError(f"sqlite URL has no file path: {url!r} (try sqlite:///conveyor.db)")
         return SqliteBackend(path)
+    if scheme == "memory":
+        from conveyor.backends.memory import MemoryBackend
+
+        return MemoryBackend()
     raise ConfigurationError(
-        f"unsupported database URL scheme {scheme!r} in {url!r} (supported: postgresql, sqlite)"
+        f"unsupported database URL scheme {scheme!r} in {url!r} (supported: postgresql, sqlite, memory)"
     )

@@ -1,0 +1,148 @@
+"""The kit users test their own tasks with.
+
+``App("memory://")`` (or ``App(backend=MemoryBackend())``) gives an in-process queue that passes the same
+conformance suite as the SQL engines. Then, in a test::
+
+    job = send_welcome.delay(user_id=1)
+    assert_enqueued(app, send_welcome, user_id=1)
+    result = drain(app)                       # runs every job inline, retries included
+    assert result.completed == 1
+
+``drain`` and ``run_job`` run jobs through the real worker code (the same outcome policy, backoff and
+dead-lettering as production); instead of sleeping through backoff delays they move their clock forward
+to the next scheduled job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from conveyor._app import App
+from conveyor._job import JobStatus
+from conveyor._message import utcnow
+from conveyor._task import Task
+from conveyor.backends.base import JobRecord, JobsAcquireParams, JobsListParams
+from conveyor.backends.memory import MemoryBackend
+from conveyor.worker._shared import BackendCalls, Counters, Registry
+from conveyor.worker.completer import Completer
+from conveyor.worker.executor import Executor
+
+__all__ = ["DrainResult", "MemoryBackend", "assert_enqueued", "drain", "enqueued", "run_job"]
+
+
+@dataclass(frozen=True, slots=True)
+class DrainResult:
+    """What a drain ran: counts by outcome (``retried`` counts attempts that were retried)."""
+
+    started: int
+    completed: int
+    retried: int
+    dead: int
+    expired: int
+
+
+def enqueued(app: App, task: str | Task[Any, Any] | None = None, *, queue: str | None = None) -> list[JobRecord]:
+    """Live (pending or processing) jobs, optionally of one task and/or queue, in enqueue order."""
+    name = task.name if isinstance(task, Task) else task
+    rows: list[JobRecord] = []
+    after = None
+    while True:
+        page = app.backend.jobs_list(JobsListParams(queue=queue, after=after, limit=1000))
+        rows.extend(r for r in page if name is None or r.task == name)
+        if len(page) < 1000:
+            return rows
+        after = page[-1].id
+
+
+def assert_enqueued(
+    app: App,
+    task: str | Task[Any, Any],
+    payload: Mapping[str, Any] | None = None,
+    *,
+    queue: str | None = None,
+    count: int | None = None,
+    **fields: Any,
+) -> list[JobRecord]:
+    """Assert that jobs for ``task`` are enqueued whose payload contains ``payload`` / ``fields``.
+
+    ``count`` asserts how many match (default: at least one). Returns the matching jobs."""
+    import json
+
+    expected = {**(payload or {}), **fields}
+    matching = [r for r in enqueued(app, task, queue=queue) if _contains(json.loads(r.payload), expected)]
+    name = task.name if isinstance(task, Task) else task
+    if count is None and not matching:
+        raise AssertionError(f"no job enqueued for {name} with payload containing {expected!r}")
+    if count is not None and len(matching) != count:
+        raise AssertionError(f"expected {count} job(s) for {name} with {expected!r}, found {len(matching)}")
+    return matching
+
+
+def _contains(payload: Mapping[str, Any], expected: Mapping[str, Any]) -> bool:
+    return all(key in payload and payload[key] == value for key, value in expected.items())
+
+
+def drain(app: App, queues: Sequence[str] | None = None, *, max_jobs: int = 100_000) -> DrainResult:
+    """Run every job of ``queues`` (default: all declared) inline until none is left, retries included.
+
+    Time jumps forward to each scheduled job instead of sleeping. Raises RuntimeError past ``max_jobs``
+    starts (a job that retries forever)."""
+    return asyncio.run(_drain(app, queues, max_jobs, None))
+
+
+def run_job(
+    app: App, task: str | Task[Any, Any], payload: Mapping[str, Any] | None = None, **envelope: Any
+) -> JobStatus:
+    """Send one job and run it (and its retries) through the real policy; return its final status."""
+    job = app.send(task, payload, **envelope)
+    queue = job.status().queue
+    asyncio.run(_drain(app, [queue], 10_000, job.id))
+    return job.status()
+
+
+class _Clock:
+    """Real time plus an offset that only grows: what ``drain`` uses to skip backoff delays."""
+
+    def __init__(self) -> None:
+        self.offset = timedelta(0)
+
+    def __call__(self) -> datetime:
+        return utcnow() + self.offset
+
+
+async def _drain(app: App, queues: Sequence[str] | None, max_jobs: int, until: Any) -> DrainResult:
+    lanes = list(queues) if queues else sorted({t.options.queue for t in app.tasks.values()}) or ["default"]
+    clock = _Clock()
+    counters, registry = Counters(), Registry()
+    calls = BackendCalls(app.backend, counters, threads=1)
+    completer = Completer(calls, registry, counters, clock, flush_interval=0)
+    buffer: asyncio.Queue[Any] = asyncio.Queue()
+    executor = Executor(app, registry, counters, buffer, completer, 1, clock)
+    backend = app.backend
+    try:
+        while counters.started + counters.expired + counters.dead <= max_jobs:
+            if until is not None and app.handle(until).status().done:
+                break
+            ran = 0
+            for queue in lanes:
+                for delivery in backend.jobs_acquire(JobsAcquireParams(queue, 100, 3600, "conveyor.testing", clock())):
+                    registry.add(delivery, 3600)
+                    await executor.process(delivery)
+                    await completer.run_once()
+                    ran += 1
+            if ran:
+                continue
+            upcoming = [r.run_at for q in lanes for r in enqueued(app, queue=q) if r.state == "pending"]
+            if not upcoming:
+                break
+            # Nothing is ready: move the clock to the next scheduled job rather than sleep.
+            clock.offset += max(min(upcoming) - clock(), timedelta(0))
+        else:
+            raise RuntimeError(f"drain ran more than {max_jobs} jobs; is a job retrying forever?")
+    finally:
+        calls.shutdown()
+    return DrainResult(counters.started, counters.completed, counters.retried, counters.dead, counters.expired)
