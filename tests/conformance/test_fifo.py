@@ -95,3 +95,17 @@ def test_keys_are_scoped_per_queue(backend: Backend) -> None:
 
     assert ids(acquire(backend, queue="queue-a")) == [in_a.id]
     assert ids(acquire(backend, queue="queue-b")) == [in_b.id]
+
+
+def test_a_smaller_id_committed_late_waits_for_the_job_in_flight(backend: Backend) -> None:
+    # Ids are minted before commit: the earlier-minted job of a key may commit after a later one
+    # was already handed out. It must not run beside it.
+    minted_first, minted_second = new_job(ordering_key="k"), new_job(ordering_key="k")
+    insert(backend, minted_second)
+    (running,) = acquire(backend)
+    insert(backend, minted_first)
+
+    assert acquire(backend, now=at(1)) == []
+
+    assert complete(backend, running, now=at(2)) == 1
+    assert ids(acquire(backend, now=at(3))) == [minted_first.id]

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from uuid import UUID
 
 from _factory import T0, VT, acquire, at, get, ids, insert, live_ids, new_job
 
 from conveyor._ids import uuid7
-from conveyor.backends.base import Backend, JobGetParams
+from conveyor.backends.base import Backend, JobGetParams, JobsListParams
 
 
 def test_insert_returns_ids_in_order_and_stores_every_field(backend: Backend) -> None:
@@ -161,3 +162,16 @@ def test_ids_are_returned_as_uuids(backend: Backend) -> None:
     (delivery,) = acquire(backend)
     assert isinstance(stored, UUID) and isinstance(delivery.id, UUID)
     assert delivery.id == job.id
+
+
+def test_resending_a_job_with_the_same_id_changes_nothing(backend: Backend) -> None:
+    job = new_job(payload=json.dumps({"v": 1}))
+    insert(backend, job, now=T0)
+
+    resent = replace(job, payload=json.dumps({"v": 2}))
+    assert insert(backend, resent, now=at(5)) == [job.id]
+
+    (record,) = backend.jobs_list(JobsListParams())
+    assert record.id == job.id
+    assert json.loads(record.payload) == {"v": 1}
+    assert record.enqueued_at == T0

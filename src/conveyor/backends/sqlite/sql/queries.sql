@@ -24,7 +24,8 @@ INSERT INTO schema_migrations (version, name, applied_at) VALUES (:version, :nam
 
 -- name: jobs_insert
 -- Plain VALUES insert, run with executemany inside one transaction: SQLite has no round trip to
--- save, so one prepared statement per row is as fast as one multi-row statement.
+-- save, so one prepared statement per row is as fast as one multi-row statement. A producer that
+-- resends a job it already sent (same id, after an error it could not interpret) changes nothing.
 INSERT INTO jobs (
     id, queue, task, payload, headers, state, priority, run_at, enqueued_at, expires_at,
     attempts, deliveries, max_attempts, max_deliveries, idempotency_key, ordering_key, replay_of
@@ -32,6 +33,7 @@ INSERT INTO jobs (
     :id, :queue, :task, :payload, :headers, 'pending', :priority, :run_at, :now, :expires_at,
     0, 0, :max_attempts, :max_deliveries, :idempotency_key, :ordering_key, :replay_of
 )
+ON CONFLICT (id) DO NOTHING
 
 -- name: idempotency_claim
 -- Take the key if it is free or its window has passed; RETURNING yields a row only when this job
@@ -50,9 +52,11 @@ SELECT job_id FROM idempotency_keys WHERE queue = :queue AND key = :key
 -- name: jobs_acquire
 -- Runs inside BEGIN IMMEDIATE, which takes the database's write lock before reading, so two
 -- workers (threads or processes) can never select the same rows: SQLite's answer to SKIP LOCKED.
--- The subquery walks jobs_ready in hand-out order; the NOT EXISTS keeps only the head of each
--- ordering key (no live row of the same key with a smaller id), which is one probe of
--- jobs_ordering. RETURNING does not promise any order, so the caller sorts.
+-- The subquery walks jobs_ready in hand-out order. A job with an ordering key is eligible only
+-- as the head of its key (no live row of the key with a smaller id: one probe of jobs_ordering)
+-- and only while no job of its key is in flight (one probe of jobs_ordering_in_flight); the
+-- second test covers a smaller id that committed after a larger one was already handed out.
+-- RETURNING does not promise any order, so the caller sorts.
 UPDATE jobs
 SET state = 'processing',
     deliveries = deliveries + 1,
@@ -69,9 +73,15 @@ WHERE id IN (
       AND j.run_at <= :now
       AND (
           j.ordering_key IS NULL
-          OR NOT EXISTS (
-              SELECT 1 FROM jobs AS k
-              WHERE k.queue = j.queue AND k.ordering_key = j.ordering_key AND k.id < j.id
+          OR (
+              NOT EXISTS (
+                  SELECT 1 FROM jobs AS k
+                  WHERE k.queue = j.queue AND k.ordering_key = j.ordering_key AND k.id < j.id
+              )
+              AND NOT EXISTS (
+                  SELECT 1 FROM jobs AS f
+                  WHERE f.queue = j.queue AND f.ordering_key = j.ordering_key AND f.state = 'processing'
+              )
           )
       )
     ORDER BY j.priority DESC, j.run_at, j.id
