@@ -47,7 +47,8 @@ class NewJob:
     ``dedup_until``: with an ``idempotency_key``, the end of the key's dedup window. While a key
     is held (its window has not passed) inserting the same ``(queue, idempotency_key)`` again
     inserts nothing and returns the id of the job that holds the key. After the window the key
-    may be taken again by a new job."""
+    may be taken again by a new job. With a key but no ``dedup_until`` the key is held with no end.
+    Inserting a job whose id is already stored changes nothing (a producer's resend)."""
 
     id: UUID
     queue: str
@@ -220,7 +221,8 @@ class JobsAcquireParams:
     Per-key FIFO: a job with an ``ordering_key`` is eligible only while it is the head of its key,
     i.e. no other live row (pending or processing) of the same queue and key has a smaller id. So
     at most one job per key is in flight, in enqueue (id) order, and a job waiting to retry blocks
-    the jobs behind it."""
+    the jobs behind it. A job is also not eligible while another job of its key is ``processing``
+    (a smaller id may commit after a larger one of its key was handed out)."""
 
     queue: str
     limit: int
@@ -303,7 +305,8 @@ class DeadReplayParams:
     The new job keeps queue, task, payload, headers, priority, idempotency and ordering keys,
     ``max_attempts`` and ``max_deliveries``, gets ``run_at = now`` and ``replay_of`` = the dead
     id; the dead row gets ``replayed_by`` = the new id. Ids that are not unreplayed dead letters
-    are skipped. One audit row is written for the whole call."""
+    are skipped. One audit row is written for the whole call: action ``"replay"``, ``job_ids`` =
+    the dead ids replayed."""
 
     replays: Sequence[tuple[UUID, UUID]]
     actor: str
@@ -313,7 +316,8 @@ class DeadReplayParams:
 
 @dataclass(frozen=True, slots=True)
 class DeadPurgeParams:
-    """Delete dead letters for good (audited, one audit row)."""
+    """Delete dead letters for good (audited: one audit row, action ``"purge"``, ``job_ids`` = the
+    ids deleted)."""
 
     ids: Sequence[UUID]
     actor: str
