@@ -1,0 +1,480 @@
+"""The PostgreSQL backend: psycopg 3 over a small connection pool, every call one statement."""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager, nullcontext
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from uuid import UUID
+
+import psycopg
+from psycopg.rows import TupleRow, tuple_row
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from conveyor._errors import BackendError, BackendUnavailable, ConfigurationError
+from conveyor.backends._sql import load_migrations, load_queries
+from conveyor.backends.base import (
+    ArchiveReadParams,
+    AuditEntry,
+    AuditListParams,
+    DeadListParams,
+    DeadPurgeParams,
+    DeadReplayParams,
+    Delivery,
+    JobGetParams,
+    JobRecord,
+    JobsAcquireParams,
+    JobsFinishParams,
+    JobsInsertParams,
+    JobsListParams,
+    JobsReleaseParams,
+    JobsRescueParams,
+    JobsRetryParams,
+    LeaseRef,
+    LeasesExtendParams,
+    QueuesStatsParams,
+    QueueStats,
+)
+from conveyor.backends.postgres._listener import PostgresListener
+
+_PACKAGE = "conveyor.backends.postgres"
+
+# A pooled connection idle for longer than this is checked (one empty round trip) before it is
+# handed out, so that connections broken by a server restart are discarded instead of failing
+# the caller. A connection in constant use is not checked: if the server dies under it, that one
+# call fails with BackendUnavailable, the broken connection is discarded, and the retry gets a
+# fresh one.
+_CHECK_IDLE_AFTER = 1.0
+
+# Very large inserts are split into statements of this many jobs, all in one transaction, to
+# bound the size of a single statement's parameters.
+_INSERT_CHUNK = 50_000
+
+Conn = psycopg.Connection[TupleRow]
+
+
+def _receipt(value: str) -> UUID | None:
+    """A receipt as the database stores it; None for text that cannot be one (it is stale)."""
+    try:
+        return UUID(value)
+    except (ValueError, TypeError, AttributeError):
+        return None
+
+
+class PostgresBackend:
+    """The :class:`~conveyor.backends.base.Backend` for PostgreSQL (13 or later).
+
+    Thread-safe: calls borrow a connection from a small pool (``min_size`` .. ``max_size``). The
+    pool opens in the background, so constructing a backend never blocks on a server that is down;
+    a call that cannot get a working connection within ``connect_timeout`` seconds raises
+    :class:`BackendUnavailable`, and so does any connection failure mid-call (callers retry with
+    backoff; nothing is lost). Other database errors raise :class:`BackendError`. After a server
+    restart broken pooled connections are discarded and replaced."""
+
+    engine = "postgres"
+    notifies = True
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        min_size: int = 1,
+        max_size: int = 8,
+        connect_timeout: float = 5.0,
+    ) -> None:
+        if not url.startswith(("postgresql://", "postgres://")):
+            raise ConfigurationError(f"not a PostgreSQL URL: {url!r}")
+        self._url = url
+        self._connect_timeout = connect_timeout
+        self._q = load_queries(_PACKAGE)
+        self._last_used: weakref.WeakKeyDictionary[Conn, float] = weakref.WeakKeyDictionary()
+        self._listeners: weakref.WeakSet[PostgresListener] = weakref.WeakSet()
+        self._lock = threading.Lock()
+        self._pool: ConnectionPool[Conn] = ConnectionPool(
+            url,
+            min_size=min_size,
+            max_size=max_size,
+            timeout=connect_timeout,
+            open=False,
+            name="conveyor",
+            kwargs={
+                "autocommit": True,
+                # libpq wants whole seconds and at least 2.
+                "connect_timeout": max(2, int(connect_timeout)),
+            },
+            configure=self._configure,
+            check=self._check,
+            reset=self._reset,
+        )
+        self._pool.open(wait=False)
+
+    # ---------------------------------------------------------------------------------------
+    # Connections
+    # ---------------------------------------------------------------------------------------
+
+    def _configure(self, conn: Conn) -> None:
+        conn.execute(self._q["session_setup"])
+        self._last_used[conn] = time.monotonic()
+
+    def _check(self, conn: Conn) -> None:
+        if time.monotonic() - self._last_used.get(conn, 0.0) > _CHECK_IDLE_AFTER:
+            ConnectionPool.check_connection(conn)
+
+    def _reset(self, conn: Conn) -> None:
+        self._last_used[conn] = time.monotonic()
+
+    @contextmanager
+    def _errors(self, action: str) -> Iterator[None]:
+        """Translate psycopg's exceptions into Conveyor's."""
+        try:
+            yield
+        except PoolTimeout as exc:
+            raise BackendUnavailable(
+                f"PostgreSQL unreachable ({action}): no connection within {self._connect_timeout:g}s"
+            ) from exc
+        except psycopg.OperationalError as exc:
+            raise BackendUnavailable(f"PostgreSQL unavailable ({action}): {exc}") from exc
+        except psycopg.Error as exc:
+            raise BackendError(f"PostgreSQL failed {action}: {exc}") from exc
+
+    @contextmanager
+    def _connection(self, action: str) -> Iterator[Conn]:
+        with self._errors(action), self._pool.connection() as conn:
+            yield conn
+
+    def _fetchall(self, name: str, params: Mapping[str, Any]) -> list[TupleRow]:
+        with self._connection(name) as conn:
+            return conn.execute(self._q[name], params, prepare=True).fetchall()
+
+    def _fetchone(self, name: str, params: Mapping[str, Any]) -> TupleRow | None:
+        with self._connection(name) as conn:
+            return conn.execute(self._q[name], params, prepare=True).fetchone()
+
+    def close(self) -> None:
+        """Close the pool and every listener this backend opened."""
+        for listener in list(self._listeners):
+            listener.close()
+        self._pool.close()
+
+    # ---------------------------------------------------------------------------------------
+    # Schema
+    # ---------------------------------------------------------------------------------------
+
+    def migrate(self) -> list[str]:
+        """Apply pending migrations in one transaction, then make sure archive partitions exist.
+
+        Safe to call from many processes at once: an advisory lock serialises them and the later
+        ones find nothing to apply. Returns the names of the migrations applied."""
+        applied: list[str] = []
+        with self._connection("migrate") as conn, conn.transaction():
+            conn.execute(self._q["migrations_lock"])
+            conn.execute(self._q["migrations_table"])
+            done = {row[0] for row in conn.execute(self._q["migrations_applied"]).fetchall()}
+            for migration in load_migrations(_PACKAGE):
+                if migration.version in done:
+                    continue
+                conn.execute(migration.sql)
+                conn.execute(self._q["migrations_record"], {"version": migration.version, "name": migration.name})
+                applied.append(migration.name)
+        self.archive_partitions_ensure(datetime.now(UTC), days_ahead=7)
+        return applied
+
+    def archive_partitions_ensure(self, now: datetime, days_ahead: int = 7) -> list[str]:
+        """Create the daily archive partitions from the day before ``now`` to ``days_ahead`` after.
+
+        Called by :meth:`migrate`; the pruner calls it on every run so partitions always exist
+        ahead of the rows that land in them (rows with no partition go to the DEFAULT one).
+        Returns the names of the partitions created. Raises BackendUnavailable if the archive is
+        locked for more than a few seconds (a long transaction elsewhere); try again later."""
+        first_day = (now.astimezone(UTC) - timedelta(days=1)).date()
+        rows = self._fetchall("archive_partitions_ensure", {"first_day": first_day, "days": days_ahead + 1})
+        return [str(row[0]) for row in rows]
+
+    def archive_partitions_drop(self, completed_before: datetime, dead_before: datetime) -> list[str]:
+        """Retention: drop daily archive partitions that ended before ``completed_before``.
+
+        A partition still holding dead letters finished at or after ``dead_before`` is kept and
+        only its other rows are deleted (dead letters have their own, longer retention). Returns
+        the names of the partitions dropped. For the pruner."""
+        rows = self._fetchall(
+            "archive_partitions_drop",
+            {"completed_before": completed_before, "dead_before": dead_before},
+        )
+        return [str(row[0]) for row in rows]
+
+    def idempotency_keys_prune(self, now: datetime, limit: int = 10_000) -> int:
+        """Delete up to ``limit`` idempotency keys whose dedup window ended; return how many."""
+        with self._connection("idempotency_keys_prune") as conn:
+            cur = conn.execute(self._q["idempotency_keys_prune"], {"now": now, "limit": limit})
+            return cur.rowcount
+
+    # ---------------------------------------------------------------------------------------
+    # Producer
+    # ---------------------------------------------------------------------------------------
+
+    def jobs_insert_many(self, params: JobsInsertParams) -> list[UUID]:
+        """Insert jobs in one statement (per 50,000) and notify their queues.
+
+        With ``params.conn`` (an open psycopg ``Connection``) the statement runs on it and is not
+        committed: the caller's commit or rollback decides, and the notification is delivered
+        only on commit."""
+        jobs = params.jobs
+        if not jobs:
+            return []
+        holders: dict[tuple[str, str], UUID] = {}
+        chunks = [jobs[i : i + _INSERT_CHUNK] for i in range(0, len(jobs), _INSERT_CHUNK)]
+        if params.conn is not None:
+            conn = params.conn
+            if not isinstance(conn, psycopg.Connection):
+                raise ConfigurationError(f"conn= must be an open psycopg (sync) Connection, not {type(conn).__name__}")
+            with self._errors("jobs_insert_many"):
+                cur = psycopg.Cursor(conn, row_factory=tuple_row)
+                for chunk in chunks:
+                    self._insert_chunk(cur, chunk, params.now, holders)
+        else:
+            with (
+                self._connection("jobs_insert_many") as conn,
+                conn.transaction() if len(chunks) > 1 else nullcontext(),
+            ):
+                cur = conn.cursor()
+                for chunk in chunks:
+                    self._insert_chunk(cur, chunk, params.now, holders)
+        return [
+            holders[(job.queue, job.idempotency_key)] if job.idempotency_key is not None else job.id for job in jobs
+        ]
+
+    def _insert_chunk(
+        self,
+        cur: psycopg.Cursor[TupleRow],
+        jobs: Sequence[Any],
+        now: datetime,
+        holders: dict[tuple[str, str], UUID],
+    ) -> None:
+        cur.execute(
+            self._q["jobs_insert_many"],
+            {
+                "ids": [j.id for j in jobs],
+                "queues": [j.queue for j in jobs],
+                "tasks": [j.task for j in jobs],
+                "payloads": [j.payload for j in jobs],
+                "headers": [j.headers for j in jobs],
+                "priorities": [j.priority for j in jobs],
+                "run_ats": [j.run_at for j in jobs],
+                "expires_ats": [j.expires_at for j in jobs],
+                "max_attempts": [j.max_attempts for j in jobs],
+                "max_deliveries": [j.max_deliveries for j in jobs],
+                "idempotency_keys": [j.idempotency_key for j in jobs],
+                "ordering_keys": [j.ordering_key for j in jobs],
+                "replay_ofs": [j.replay_of for j in jobs],
+                "dedup_untils": [j.dedup_until for j in jobs],
+                "now": now,
+            },
+            prepare=True,
+        )
+        for queue, key, job_id in cur.fetchall():
+            if queue is not None:
+                holders[(queue, key)] = job_id
+
+    # ---------------------------------------------------------------------------------------
+    # Worker
+    # ---------------------------------------------------------------------------------------
+
+    def jobs_acquire(self, params: JobsAcquireParams) -> list[Delivery]:
+        """Lease up to ``limit`` ready jobs of one queue in one statement (FOR UPDATE SKIP LOCKED)."""
+        if params.limit <= 0:
+            return []
+        rows = self._fetchall(
+            "jobs_acquire",
+            {
+                "queue": params.queue,
+                "limit": params.limit,
+                "visibility_timeout": float(params.visibility_timeout),
+                "worker_id": params.worker_id,
+                "now": params.now,
+            },
+        )
+        return [Delivery(*row) for row in rows]
+
+    def jobs_finish_many(self, params: JobsFinishParams) -> int:
+        """Archive deliveries in their terminal state in one statement; return how many applied."""
+        items = [(item, _receipt(item.receipt)) for item in params.items]
+        items = [(item, receipt) for item, receipt in items if receipt is not None]
+        if not items:
+            return 0
+        with self._connection("jobs_finish_many") as conn:
+            cur = conn.execute(
+                self._q["jobs_finish_many"],
+                {
+                    "ids": [item.id for item, _ in items],
+                    "receipts": [receipt for _, receipt in items],
+                    "states": [item.state for item, _ in items],
+                    "results": [item.result for item, _ in items],
+                    "reasons": [item.reason for item, _ in items],
+                    "error_types": [item.error.type if item.error else None for item, _ in items],
+                    "error_messages": [item.error.message if item.error else None for item, _ in items],
+                    "tracebacks": [item.error.traceback if item.error else None for item, _ in items],
+                    "ran": [item.ran for item, _ in items],
+                    "now": params.now,
+                },
+                prepare=True,
+            )
+            return cur.rowcount
+
+    def jobs_retry_many(self, params: JobsRetryParams) -> int:
+        """Return deliveries to pending at their ``run_at`` in one statement; return how many applied."""
+        items = [(item, _receipt(item.receipt)) for item in params.items]
+        items = [(item, receipt) for item, receipt in items if receipt is not None]
+        if not items:
+            return 0
+        row = self._fetchone(
+            "jobs_retry_many",
+            {
+                "ids": [item.id for item, _ in items],
+                "receipts": [receipt for _, receipt in items],
+                "run_ats": [item.run_at for item, _ in items],
+                "error_types": [item.error.type for item, _ in items],
+                "error_messages": [item.error.message for item, _ in items],
+                "tracebacks": [item.error.traceback for item, _ in items],
+                "now": params.now,
+            },
+        )
+        return int(row[0]) if row else 0
+
+    def _leases(self, items: Sequence[LeaseRef]) -> tuple[list[UUID], list[UUID]]:
+        ids: list[UUID] = []
+        receipts: list[UUID] = []
+        for item in items:
+            receipt = _receipt(item.receipt)
+            if receipt is not None:
+                ids.append(item.id)
+                receipts.append(receipt)
+        return ids, receipts
+
+    def jobs_release_many(self, params: JobsReleaseParams) -> int:
+        """Undo deliveries that never started (back to pending now); return how many applied."""
+        ids, receipts = self._leases(params.items)
+        if not ids:
+            return 0
+        row = self._fetchone("jobs_release_many", {"ids": ids, "receipts": receipts})
+        return int(row[0]) if row else 0
+
+    def leases_extend_many(self, params: LeasesExtendParams) -> list[UUID]:
+        """Extend the leases still held; return their ids (a missing id lost its lease)."""
+        ids, receipts = self._leases(params.items)
+        if not ids:
+            return []
+        rows = self._fetchall(
+            "leases_extend_many",
+            {
+                "ids": ids,
+                "receipts": receipts,
+                "visibility_timeout": float(params.visibility_timeout),
+                "now": params.now,
+            },
+        )
+        return [row[0] for row in rows]
+
+    def jobs_rescue_expired(self, params: JobsRescueParams) -> int:
+        """Return up to ``limit`` expired leases to pending; return how many."""
+        row = self._fetchone("jobs_rescue_expired", {"now": params.now, "limit": params.limit})
+        return int(row[0]) if row else 0
+
+    # ---------------------------------------------------------------------------------------
+    # Reads
+    # ---------------------------------------------------------------------------------------
+
+    def job_get(self, params: JobGetParams) -> JobRecord | None:
+        """The job, live or archived, or None."""
+        row = self._fetchone("job_get", {"id": params.id})
+        return JobRecord(*row) if row else None
+
+    def jobs_list(self, params: JobsListParams) -> list[JobRecord]:
+        """Live jobs ordered by id, after ``after``."""
+        rows = self._fetchall("jobs_list", {"queue": params.queue, "after": params.after, "limit": params.limit})
+        return [JobRecord(*row) for row in rows]
+
+    def queues_stats(self, params: QueuesStatsParams) -> list[QueueStats]:
+        """Counts per queue (every queue with a live or archived row), ordered by name."""
+        rows = self._fetchall("queues_stats", {"now": params.now})
+        return [QueueStats(*row) for row in rows]
+
+    def archive_read(self, params: ArchiveReadParams) -> list[JobRecord]:
+        """Archived rows after the (finished_at, id) watermark, in that order."""
+        after_at, after_id = params.after if params.after is not None else (None, None)
+        rows = self._fetchall("archive_read", {"after_at": after_at, "after_id": after_id, "limit": params.limit})
+        return [JobRecord(*row) for row in rows]
+
+    # ---------------------------------------------------------------------------------------
+    # Dead letters and audit
+    # ---------------------------------------------------------------------------------------
+
+    def dead_list(self, params: DeadListParams) -> list[JobRecord]:
+        """Unreplayed dead letters, newest first."""
+        rows = self._fetchall(
+            "dead_list",
+            {
+                "queue": params.queue,
+                "task": params.task,
+                "error_type": params.error_type,
+                "limit": params.limit,
+                "offset": params.offset,
+            },
+        )
+        return [JobRecord(*row) for row in rows]
+
+    def dead_replay_many(self, params: DeadReplayParams) -> list[tuple[UUID, UUID]]:
+        """Replay dead letters as new jobs in one transaction; return the pairs replayed, in input order."""
+        rows = self._fetchall(
+            "dead_replay_many",
+            {
+                "dead_ids": [dead for dead, _ in params.replays],
+                "new_ids": [new for _, new in params.replays],
+                "actor": params.actor,
+                "reason": params.reason,
+                "now": params.now,
+            },
+        )
+        done = {(row[0], row[1]) for row in rows if row[0] is not None}
+        return [pair for pair in params.replays if pair in done]
+
+    def dead_purge_many(self, params: DeadPurgeParams) -> int:
+        """Delete dead letters for good (one audit row); return how many were deleted."""
+        row = self._fetchone(
+            "dead_purge_many",
+            {"ids": list(params.ids), "actor": params.actor, "reason": params.reason, "now": params.now},
+        )
+        return int(row[0]) if row else 0
+
+    def audit_list(self, params: AuditListParams) -> list[AuditEntry]:
+        """Operator actions, newest first."""
+        rows = self._fetchall("audit_list", {"limit": params.limit})
+        return [
+            AuditEntry(
+                id=row[0],
+                at=row[1],
+                actor=row[2],
+                action=row[3],
+                reason=row[4],
+                job_ids=tuple(row[5]),
+                details=row[6],
+            )
+            for row in rows
+        ]
+
+    # ---------------------------------------------------------------------------------------
+    # Notifications
+    # ---------------------------------------------------------------------------------------
+
+    def listen(self, queues: Sequence[str]) -> PostgresListener:
+        """A listener on its own connection, woken by inserts into any of ``queues``.
+
+        Does not raise if the server is down: the listener connects on a later wait."""
+        listener = PostgresListener(
+            self._url, queues, self._q["listen"], connect_timeout=max(2, int(self._connect_timeout))
+        )
+        self._listeners.add(listener)
+        return listener

@@ -1,0 +1,445 @@
+-- Named statements of the PostgreSQL backend, loaded by conveyor.backends._sql.load_queries.
+--
+-- Conventions: parameters are psycopg named placeholders; batches travel as parallel arrays that
+-- the statement unnests, so that one call is one round trip however many jobs it names. Payloads,
+-- headers and results are stored as jsonb and read back as text (::text) so that the worker decodes
+-- them once, in Python, and psycopg never parses them. Every insert that can make a job ready calls
+-- pg_notify once per distinct queue (NOTIFY also folds duplicates within a transaction); the
+-- payload of the notification is the queue name, on the one channel conveyor_jobs.
+
+-- name: session_setup
+-- Times cross the seam as UTC; make the session hand them out in UTC.
+SET TIME ZONE 'UTC'
+
+-- name: migrations_lock
+-- A transaction-scoped advisory lock serialises concurrent migrators (several workers starting
+-- at once); it is released by the commit, so a crashed migrator can never leave it held.
+SELECT pg_advisory_xact_lock(hashtextextended('conveyor.migrate', 0))
+
+-- name: migrations_table
+-- Created under the lock above, so concurrent IF NOT EXISTS cannot race on the catalog.
+CREATE TABLE IF NOT EXISTS conveyor_schema_migrations (
+    version    integer     PRIMARY KEY,
+    name       text        NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+)
+
+-- name: migrations_applied
+SELECT version FROM conveyor_schema_migrations ORDER BY version
+
+-- name: migrations_record
+INSERT INTO conveyor_schema_migrations (version, name) VALUES (%(version)s, %(name)s)
+
+-- name: archive_partitions_ensure
+-- The work is in a function (migration 0001) because it needs dynamic DDL and a loop.
+SELECT conveyor_archive_partitions_ensure(%(first_day)s::date, %(days)s)
+
+-- name: archive_partitions_drop
+SELECT conveyor_archive_partitions_drop(%(completed_before)s, %(dead_before)s)
+
+-- name: idempotency_keys_prune
+-- Expired keys are dead weight (an expired key is taken over on conflict anyway); delete them in
+-- bounded batches so the pruner never holds many row locks at once.
+DELETE FROM idempotency_keys
+WHERE ctid = ANY (ARRAY(
+    SELECT ctid FROM idempotency_keys
+    WHERE expires_at <= %(now)s
+    LIMIT %(limit)s
+))
+
+-- name: listen
+-- One channel for every queue: a queue name is free text and may not fit an identifier, so it
+-- travels as the notification's payload and the listener filters on it.
+LISTEN conveyor_jobs
+
+-- name: jobs_insert_many
+-- One statement for the whole batch:
+-- * input: the batch as rows (WITH ORDINALITY keeps the caller's order for "first one wins").
+-- * keyed: claims each idempotency key. DISTINCT ON keeps one claim per key (ON CONFLICT DO
+--   UPDATE may not touch a row twice), and ordering the claims by key makes concurrent batches
+--   take key locks in the same order, so they cannot deadlock. The conflict arm always updates,
+--   keeping the holder while its window is open and handing the key over once it has expired:
+--   a DO NOTHING (or an update with a WHERE) would not return the row a concurrent transaction
+--   just committed, because this statement's snapshot cannot see it, whereas the updated row is
+--   always returned in its latest version. The caller thus always learns the holder's job id.
+-- * inserted: a keyed job is inserted only if it holds its key after the claim. ON CONFLICT (id)
+--   makes a producer's resend of the same job id a no-op.
+-- * notified: one pg_notify per distinct queue that got a job. A plain SELECT in WITH runs only
+--   if the main query reads it, hence the count(*) the final SELECT joins to.
+-- Returns the key holders (queue, key, job_id); unkeyed jobs keep their own id. Returns at least
+-- one row (all NULL when there are no keys).
+WITH input AS (
+    SELECT *
+    FROM unnest(
+        %(ids)s::uuid[], %(queues)s::text[], %(tasks)s::text[], %(payloads)s::text[],
+        %(headers)s::text[], %(priorities)s::integer[], %(run_ats)s::timestamptz[],
+        %(expires_ats)s::timestamptz[], %(max_attempts)s::integer[], %(max_deliveries)s::integer[],
+        %(idempotency_keys)s::text[], %(ordering_keys)s::text[], %(replay_ofs)s::uuid[],
+        %(dedup_untils)s::timestamptz[]
+    ) WITH ORDINALITY AS t(
+        id, queue, task, payload, headers, priority, run_at, expires_at, max_attempts,
+        max_deliveries, idempotency_key, ordering_key, replay_of, dedup_until, ord
+    )
+),
+keyed AS (
+    INSERT INTO idempotency_keys AS k (queue, key, job_id, expires_at)
+    SELECT DISTINCT ON (i.queue, i.idempotency_key) i.queue, i.idempotency_key, i.id, i.dedup_until
+    FROM input AS i
+    WHERE i.idempotency_key IS NOT NULL
+    ORDER BY i.queue, i.idempotency_key, i.ord
+    ON CONFLICT (queue, key) DO UPDATE SET
+        job_id = CASE WHEN k.expires_at <= %(now)s THEN excluded.job_id ELSE k.job_id END,
+        expires_at = CASE WHEN k.expires_at <= %(now)s THEN excluded.expires_at ELSE k.expires_at END
+    RETURNING k.queue, k.key, k.job_id
+),
+inserted AS (
+    INSERT INTO jobs (
+        id, queue, task, payload, headers, priority, run_at, enqueued_at, expires_at,
+        max_attempts, max_deliveries, idempotency_key, ordering_key, replay_of
+    )
+    SELECT i.id, i.queue, i.task, i.payload::jsonb, i.headers::jsonb, i.priority, i.run_at,
+           %(now)s, i.expires_at, i.max_attempts, i.max_deliveries, i.idempotency_key,
+           i.ordering_key, i.replay_of
+    FROM input AS i
+    WHERE i.idempotency_key IS NULL OR i.id IN (SELECT job_id FROM keyed)
+    ON CONFLICT (id) DO NOTHING
+    RETURNING queue
+),
+notified AS (
+    SELECT pg_notify('conveyor_jobs', q.queue) FROM (SELECT DISTINCT queue FROM inserted) AS q
+)
+SELECT k.queue, k.key, k.job_id
+FROM (SELECT count(*) FROM notified) AS n
+LEFT JOIN keyed AS k ON true
+
+-- name: jobs_acquire
+-- One round trip. The MATERIALIZED CTE is a fence: it picks and locks at most `limit` ids, in
+-- delivery order, skipping rows other workers hold (SKIP LOCKED), and the UPDATE then touches
+-- exactly those rows by primary key. The planner walks jobs_ready_idx (queue, priority DESC,
+-- run_at, id) WHERE state = 'pending', so the ORDER BY ... LIMIT stops after `limit` hits.
+-- Per-key FIFO: a keyed job is eligible only as the head of its key (no live row of the key
+-- with a smaller id) and only while no job of its key is in flight. The second test also covers
+-- the rare case of a smaller id committed after a larger one was already handed out. Both are
+-- single probes into small partial indexes. RETURNING order is unspecified, hence the final sort.
+WITH picked AS MATERIALIZED (
+    SELECT j.id
+    FROM jobs AS j
+    WHERE j.queue = %(queue)s
+      AND j.state = 'pending'
+      AND j.run_at <= %(now)s
+      AND (j.ordering_key IS NULL OR (
+              NOT EXISTS (
+                  SELECT 1 FROM jobs AS h
+                  WHERE h.queue = j.queue AND h.ordering_key = j.ordering_key AND h.id < j.id)
+          AND NOT EXISTS (
+                  SELECT 1 FROM jobs AS f
+                  WHERE f.queue = j.queue AND f.ordering_key = j.ordering_key
+                    AND f.state = 'processing')))
+    ORDER BY j.priority DESC, j.run_at, j.id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+),
+leased AS (
+    UPDATE jobs AS j SET
+        state = 'processing',
+        deliveries = j.deliveries + 1,
+        receipt = gen_random_uuid(),
+        lease_expires_at = %(now)s + make_interval(secs => %(visibility_timeout)s),
+        worker_id = %(worker_id)s,
+        started_at = %(now)s,
+        first_started_at = coalesce(j.first_started_at, %(now)s)
+    FROM picked
+    WHERE j.id = picked.id
+    RETURNING j.id, j.queue, j.task, j.payload::text AS payload, j.headers::text AS headers,
+              j.priority, j.run_at, j.enqueued_at, j.expires_at, j.attempts, j.deliveries,
+              j.max_attempts, j.max_deliveries, j.idempotency_key, j.ordering_key,
+              j.receipt::text AS receipt, j.lease_expires_at
+)
+SELECT * FROM leased ORDER BY priority DESC, run_at, id
+
+-- name: jobs_finish_many
+-- Ends deliveries: the DELETE and the archive INSERT are one statement, so a job is never in
+-- both tables nor in neither. The receipt in the join fences stale workers: a delivery whose
+-- lease was rescued and handed out again has a new receipt, so its late outcome matches nothing.
+-- When the item carries no error the job keeps the error of its last failed attempt.
+-- Returns the number of rows archived.
+WITH items AS (
+    SELECT *
+    FROM unnest(
+        %(ids)s::uuid[], %(receipts)s::uuid[], %(states)s::text[], %(results)s::text[],
+        %(reasons)s::text[], %(error_types)s::text[], %(error_messages)s::text[],
+        %(tracebacks)s::text[], %(ran)s::boolean[]
+    ) AS t(id, receipt, state, result, reason, error_type, error_message, traceback, ran)
+),
+done AS (
+    DELETE FROM jobs AS j
+    USING items AS i
+    WHERE j.id = i.id AND j.receipt = i.receipt AND j.state = 'processing'
+    RETURNING j.*, i.state AS final_state, i.result AS final_result, i.reason AS final_reason,
+              i.error_type AS final_error_type, i.error_message AS final_error_message,
+              i.traceback AS final_traceback, i.ran AS ran
+)
+INSERT INTO archive (
+    id, queue, task, payload, headers, state, priority, run_at, enqueued_at, expires_at,
+    attempts, deliveries, max_attempts, max_deliveries, idempotency_key, ordering_key, replay_of,
+    first_started_at, started_at, lease_expires_at, worker_id, error_type, error_message,
+    traceback, finished_at, result, reason
+)
+SELECT d.id, d.queue, d.task, d.payload, d.headers, d.final_state, d.priority, d.run_at,
+       d.enqueued_at, d.expires_at, d.attempts + CASE WHEN d.ran THEN 1 ELSE 0 END, d.deliveries,
+       d.max_attempts, d.max_deliveries, d.idempotency_key, d.ordering_key, d.replay_of,
+       d.first_started_at, d.started_at, d.lease_expires_at, d.worker_id,
+       CASE WHEN d.final_error_type IS NULL THEN d.error_type ELSE d.final_error_type END,
+       CASE WHEN d.final_error_type IS NULL THEN d.error_message ELSE d.final_error_message END,
+       CASE WHEN d.final_error_type IS NULL THEN d.traceback ELSE d.final_traceback END,
+       %(now)s, d.final_result::jsonb, d.final_reason
+FROM done AS d
+
+-- name: jobs_retry_many
+-- Back to pending at each item's run_at with the attempt counted and its error kept; receipt
+-- and lease are cleared so the old delivery can no longer act. A retry due at once (run_at <=
+-- now) notifies its queue so an idle worker picks it up without polling.
+WITH items AS (
+    SELECT *
+    FROM unnest(
+        %(ids)s::uuid[], %(receipts)s::uuid[], %(run_ats)s::timestamptz[],
+        %(error_types)s::text[], %(error_messages)s::text[], %(tracebacks)s::text[]
+    ) AS t(id, receipt, run_at, error_type, error_message, traceback)
+),
+retried AS (
+    UPDATE jobs AS j SET
+        state = 'pending',
+        run_at = i.run_at,
+        attempts = j.attempts + 1,
+        error_type = i.error_type,
+        error_message = i.error_message,
+        traceback = i.traceback,
+        receipt = NULL,
+        lease_expires_at = NULL,
+        worker_id = NULL
+    FROM items AS i
+    WHERE j.id = i.id AND j.receipt = i.receipt AND j.state = 'processing'
+    RETURNING j.queue, j.run_at
+),
+notified AS (
+    SELECT pg_notify('conveyor_jobs', q.queue)
+    FROM (SELECT DISTINCT queue FROM retried WHERE run_at <= %(now)s) AS q
+)
+SELECT (SELECT count(*) FROM retried), (SELECT count(*) FROM notified)
+
+-- name: jobs_release_many
+-- Undoes deliveries that never started (graceful shutdown): deliveries - 1, and the start times
+-- go back to NULL when this was the job's only delivery. Notifies, because the jobs are ready
+-- again at once and another worker may be idle.
+WITH items AS (
+    SELECT * FROM unnest(%(ids)s::uuid[], %(receipts)s::uuid[]) AS t(id, receipt)
+),
+released AS (
+    UPDATE jobs AS j SET
+        state = 'pending',
+        deliveries = greatest(j.deliveries - 1, 0),
+        first_started_at = CASE WHEN j.deliveries <= 1 THEN NULL ELSE j.first_started_at END,
+        started_at = CASE WHEN j.deliveries <= 1 THEN NULL ELSE j.started_at END,
+        receipt = NULL,
+        lease_expires_at = NULL,
+        worker_id = NULL
+    FROM items AS i
+    WHERE j.id = i.id AND j.receipt = i.receipt AND j.state = 'processing'
+    RETURNING j.queue
+),
+notified AS (
+    SELECT pg_notify('conveyor_jobs', q.queue) FROM (SELECT DISTINCT queue FROM released) AS q
+)
+SELECT (SELECT count(*) FROM released), (SELECT count(*) FROM notified)
+
+-- name: leases_extend_many
+-- Heartbeat for many deliveries at once; only rows still held under the same receipt move.
+UPDATE jobs AS j SET
+    lease_expires_at = %(now)s + make_interval(secs => %(visibility_timeout)s)
+FROM unnest(%(ids)s::uuid[], %(receipts)s::uuid[]) AS i(id, receipt)
+WHERE j.id = i.id AND j.receipt = i.receipt AND j.state = 'processing'
+RETURNING j.id
+
+-- name: jobs_rescue_expired
+-- Expired leases back to pending, oldest first, in bounded batches. SKIP LOCKED keeps two
+-- rescuers (or a rescuer and a finishing worker) from waiting on each other; a row whose lease
+-- was extended meanwhile fails the re-checked WHERE and is left alone. deliveries is kept:
+-- poison protection counts it.
+WITH expired AS MATERIALIZED (
+    SELECT id
+    FROM jobs
+    WHERE state = 'processing' AND lease_expires_at < %(now)s
+    ORDER BY lease_expires_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+),
+rescued AS (
+    UPDATE jobs AS j SET
+        state = 'pending',
+        receipt = NULL,
+        lease_expires_at = NULL,
+        worker_id = NULL
+    FROM expired AS e
+    WHERE j.id = e.id
+    RETURNING j.queue
+),
+notified AS (
+    SELECT pg_notify('conveyor_jobs', q.queue) FROM (SELECT DISTINCT queue FROM rescued) AS q
+)
+SELECT (SELECT count(*) FROM rescued), (SELECT count(*) FROM notified)
+
+-- name: job_get
+-- Live rows first; an archived row is found through archive_id_idx in each partition.
+(
+    SELECT id, queue, task, payload::text, headers::text, state, priority, run_at, enqueued_at,
+           expires_at, attempts, deliveries, max_attempts, max_deliveries, idempotency_key,
+           ordering_key, replay_of, first_started_at, started_at, lease_expires_at, worker_id,
+           error_type, error_message, traceback, NULL::timestamptz, NULL::text, NULL::text,
+           NULL::uuid
+    FROM jobs
+    WHERE id = %(id)s
+)
+UNION ALL
+(
+    SELECT id, queue, task, payload::text, headers::text, state, priority, run_at, enqueued_at,
+           expires_at, attempts, deliveries, max_attempts, max_deliveries, idempotency_key,
+           ordering_key, replay_of, first_started_at, started_at, lease_expires_at, worker_id,
+           error_type, error_message, traceback, finished_at, result::text, reason, replayed_by
+    FROM archive
+    WHERE id = %(id)s
+    ORDER BY finished_at DESC
+)
+LIMIT 1
+
+-- name: jobs_list
+-- Keyset pagination on the primary key; NULL filters mean "any".
+SELECT id, queue, task, payload::text, headers::text, state, priority, run_at, enqueued_at,
+       expires_at, attempts, deliveries, max_attempts, max_deliveries, idempotency_key,
+       ordering_key, replay_of, first_started_at, started_at, lease_expires_at, worker_id,
+       error_type, error_message, traceback, NULL::timestamptz, NULL::text, NULL::text,
+       NULL::uuid
+FROM jobs
+WHERE (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+  AND (%(after)s::uuid IS NULL OR id > %(after)s::uuid)
+ORDER BY id
+LIMIT %(limit)s
+
+-- name: queues_stats
+-- Live counts from the small jobs table; archived counts from an index-only scan of
+-- archive_queue_state_idx (replayed_by is INCLUDEd so the DLQ depth needs no heap access).
+WITH live AS (
+    SELECT queue,
+           count(*) FILTER (WHERE state = 'pending' AND run_at <= %(now)s) AS pending,
+           count(*) FILTER (WHERE state = 'pending' AND run_at > %(now)s) AS scheduled,
+           count(*) FILTER (WHERE state = 'processing') AS processing,
+           min(run_at) FILTER (WHERE state = 'pending' AND run_at <= %(now)s) AS oldest_ready
+    FROM jobs
+    GROUP BY queue
+),
+ended AS (
+    SELECT queue,
+           count(*) FILTER (WHERE state = 'completed') AS completed,
+           count(*) FILTER (WHERE state = 'dead' AND replayed_by IS NULL) AS dead,
+           count(*) FILTER (WHERE state = 'expired') AS expired,
+           count(*) FILTER (WHERE state = 'cancelled') AS cancelled
+    FROM archive
+    GROUP BY queue
+)
+SELECT coalesce(l.queue, e.queue) AS queue,
+       coalesce(l.pending, 0), coalesce(l.scheduled, 0), coalesce(l.processing, 0),
+       coalesce(e.completed, 0), coalesce(e.dead, 0), coalesce(e.expired, 0),
+       coalesce(e.cancelled, 0),
+       extract(epoch FROM (%(now)s - l.oldest_ready))::float8
+FROM live AS l
+FULL JOIN ended AS e ON e.queue = l.queue
+ORDER BY 1
+
+-- name: dead_list
+-- The DLQ, newest first, through the partial index of unreplayed dead letters.
+SELECT id, queue, task, payload::text, headers::text, state, priority, run_at, enqueued_at,
+       expires_at, attempts, deliveries, max_attempts, max_deliveries, idempotency_key,
+       ordering_key, replay_of, first_started_at, started_at, lease_expires_at, worker_id,
+       error_type, error_message, traceback, finished_at, result::text, reason, replayed_by
+FROM archive
+WHERE state = 'dead' AND replayed_by IS NULL
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+  AND (%(task)s::text IS NULL OR task = %(task)s::text)
+  AND (%(error_type)s::text IS NULL OR error_type = %(error_type)s::text)
+ORDER BY finished_at DESC, id DESC
+LIMIT %(limit)s OFFSET %(offset)s
+
+-- name: dead_replay_many
+-- One transaction for the whole replay: mark the dead rows (replayed_by), insert their new jobs,
+-- write one audit row, notify. The marking UPDATE re-checks replayed_by IS NULL on the latest
+-- row version, so two operators replaying the same letter at once replay it once. Returns the
+-- (dead id, new id) pairs replayed; at least one row (NULLs when nothing was replayed).
+WITH pairs AS (
+    SELECT * FROM unnest(%(dead_ids)s::uuid[], %(new_ids)s::uuid[]) AS t(dead_id, new_id)
+),
+marked AS (
+    UPDATE archive AS a SET replayed_by = p.new_id
+    FROM pairs AS p
+    WHERE a.id = p.dead_id AND a.state = 'dead' AND a.replayed_by IS NULL
+    RETURNING a.id AS dead_id, p.new_id, a.queue, a.task, a.payload, a.headers, a.priority,
+              a.max_attempts, a.max_deliveries, a.idempotency_key, a.ordering_key
+),
+replayed AS (
+    INSERT INTO jobs (
+        id, queue, task, payload, headers, priority, run_at, enqueued_at, max_attempts,
+        max_deliveries, idempotency_key, ordering_key, replay_of
+    )
+    SELECT m.new_id, m.queue, m.task, m.payload, m.headers, m.priority, %(now)s, %(now)s,
+           m.max_attempts, m.max_deliveries, m.idempotency_key, m.ordering_key, m.dead_id
+    FROM marked AS m
+    RETURNING replay_of AS dead_id, id AS new_id, queue
+),
+audited AS (
+    INSERT INTO audit (at, actor, action, reason, job_ids, details)
+    SELECT %(now)s, %(actor)s, 'replay', %(reason)s,
+           coalesce(array_agg(r.dead_id ORDER BY r.dead_id), '{}'),
+           jsonb_build_object(
+               'requested', cardinality(%(dead_ids)s::uuid[]),
+               'replays', coalesce(jsonb_agg(jsonb_build_array(r.dead_id, r.new_id)), '[]'::jsonb))
+    FROM replayed AS r
+),
+notified AS (
+    SELECT pg_notify('conveyor_jobs', q.queue) FROM (SELECT DISTINCT queue FROM replayed) AS q
+)
+SELECT r.dead_id, r.new_id
+FROM (SELECT count(*) FROM notified) AS n
+LEFT JOIN replayed AS r ON true
+
+-- name: dead_purge_many
+-- Deletes dead letters (replayed or not) for good and writes one audit row naming them.
+WITH purged AS (
+    DELETE FROM archive
+    WHERE id = ANY (%(ids)s::uuid[]) AND state = 'dead'
+    RETURNING id
+),
+audited AS (
+    INSERT INTO audit (at, actor, action, reason, job_ids, details)
+    SELECT %(now)s, %(actor)s, 'purge', %(reason)s,
+           coalesce(array_agg(p.id ORDER BY p.id), '{}'),
+           jsonb_build_object('requested', cardinality(%(ids)s::uuid[]), 'purged', count(*))
+    FROM purged AS p
+)
+SELECT count(*) FROM purged
+
+-- name: audit_list
+SELECT id, at, actor, action, reason, job_ids, details::text
+FROM audit
+ORDER BY id DESC
+LIMIT %(limit)s
+
+-- name: archive_read
+-- Incremental export: a row comparison on the primary key (finished_at, id) is one index range
+-- scan per partition, and partitions wholly before the watermark are pruned at execution time.
+SELECT id, queue, task, payload::text, headers::text, state, priority, run_at, enqueued_at,
+       expires_at, attempts, deliveries, max_attempts, max_deliveries, idempotency_key,
+       ordering_key, replay_of, first_started_at, started_at, lease_expires_at, worker_id,
+       error_type, error_message, traceback, finished_at, result::text, reason, replayed_by
+FROM archive
+WHERE (finished_at, id) > (coalesce(%(after_at)s::timestamptz, '-infinity'),
+                           coalesce(%(after_id)s::uuid, '00000000-0000-0000-0000-000000000000'))
+ORDER BY finished_at, id
+LIMIT %(limit)s
