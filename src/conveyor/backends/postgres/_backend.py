@@ -18,6 +18,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from conveyor._errors import BackendError, BackendUnavailable, ConfigurationError
 from conveyor.backends._sql import load_migrations, load_queries
 from conveyor.backends.base import (
+    ArchivePruneParams,
     ArchiveReadParams,
     AuditEntry,
     AuditListParams,
@@ -34,10 +35,24 @@ from conveyor.backends.base import (
     JobsReleaseParams,
     JobsRescueParams,
     JobsRetryParams,
+    KeysPruneParams,
     LeaseRef,
     LeasesExtendParams,
+    NewJob,
+    ProcessedKeyClaimParams,
+    QueueLoad,
+    QueueLoadParams,
     QueuesStatsParams,
     QueueStats,
+    Schedule,
+    ScheduleFireParams,
+    SchedulesDeleteParams,
+    SchedulesUpdateParams,
+    SchedulesUpsertParams,
+    Subscription,
+    SubscriptionsDeleteParams,
+    SubscriptionsListParams,
+    SubscriptionsUpsertParams,
 )
 from conveyor.backends.postgres._listener import PostgresListener
 
@@ -194,24 +209,6 @@ class PostgresBackend:
         rows = self._fetchall("archive_partitions_ensure", {"first_day": first_day, "days": days_ahead + 1})
         return [str(row[0]) for row in rows]
 
-    def archive_partitions_drop(self, completed_before: datetime, dead_before: datetime) -> list[str]:
-        """Retention: drop daily archive partitions that ended before ``completed_before``.
-
-        A partition still holding dead letters finished at or after ``dead_before`` is kept and
-        only its other rows are deleted (dead letters have their own, longer retention). Returns
-        the names of the partitions dropped. For the pruner."""
-        rows = self._fetchall(
-            "archive_partitions_drop",
-            {"completed_before": completed_before, "dead_before": dead_before},
-        )
-        return [str(row[0]) for row in rows]
-
-    def idempotency_keys_prune(self, now: datetime, limit: int = 10_000) -> int:
-        """Delete up to ``limit`` idempotency keys whose dedup window ended; return how many."""
-        with self._connection("idempotency_keys_prune") as conn:
-            cur = conn.execute(self._q["idempotency_keys_prune"], {"now": now, "limit": limit})
-            return cur.rowcount
-
     # ---------------------------------------------------------------------------------------
     # Producer
     # ---------------------------------------------------------------------------------------
@@ -250,7 +247,7 @@ class PostgresBackend:
     def _insert_chunk(
         self,
         cur: psycopg.Cursor[TupleRow],
-        jobs: Sequence[Any],
+        jobs: Sequence[NewJob],
         now: datetime,
         holders: dict[tuple[str, str], UUID],
     ) -> None:
@@ -478,3 +475,181 @@ class PostgresBackend:
         )
         self._listeners.add(listener)
         return listener
+
+    # ---------------------------------------------------------------------------------------
+    # Delivery features: processed keys, schedules, topics, backpressure, retention
+    # ---------------------------------------------------------------------------------------
+
+    def processed_keys_claim(self, params: ProcessedKeyClaimParams) -> bool:
+        """Claim a side effect's key; True if claimed now, False if an unexpired claim exists.
+
+        With ``params.conn`` (an open psycopg ``Connection``) the claim joins the caller's
+        transaction and is not committed here. A concurrent claim of the same key waits for the
+        caller's transaction to end."""
+        values = {"key": params.key, "expires_at": params.expires_at, "now": params.now}
+        if params.conn is not None:
+            conn = params.conn
+            if not isinstance(conn, psycopg.Connection):
+                raise ConfigurationError(f"conn= must be an open psycopg (sync) Connection, not {type(conn).__name__}")
+            with self._errors("processed_keys_claim"):
+                cur = psycopg.Cursor(conn, row_factory=tuple_row)
+                return cur.execute(self._q["processed_keys_claim"], values, prepare=True).fetchone() is not None
+        return self._fetchone("processed_keys_claim", values) is not None
+
+    def keys_prune(self, params: KeysPruneParams) -> int:
+        """Delete up to ``limit`` expired idempotency and processed keys; return how many."""
+        row = self._fetchone("keys_prune", {"now": params.now, "limit": params.limit})
+        return int(row[0]) if row else 0
+
+    def schedules_upsert(self, params: SchedulesUpsertParams) -> None:
+        """Create or update schedules (an existing one keeps its pause state and, unless its cron
+        changed, its next tick). The last of several schedules with one name wins."""
+        by_name = {s.name: s for s in params.schedules}
+        if not by_name:
+            return
+        items = list(by_name.values())
+        with self._connection("schedules_upsert") as conn:
+            conn.execute(
+                self._q["schedules_upsert"],
+                {
+                    "names": [s.name for s in items],
+                    "crons": [s.cron for s in items],
+                    "tasks": [s.task for s in items],
+                    "queues": [s.queue for s in items],
+                    "payloads": [s.payload for s in items],
+                    "next_run_ats": [s.next_run_at for s in items],
+                    "pauseds": [s.paused for s in items],
+                    "priorities": [s.priority for s in items],
+                    "last_run_ats": [s.last_run_at for s in items],
+                },
+            )
+
+    def schedules_list(self) -> list[Schedule]:
+        """Every schedule, by name."""
+        return [Schedule(*row) for row in self._fetchall("schedules_list", {})]
+
+    def schedules_update(self, params: SchedulesUpdateParams) -> bool:
+        """Pause, resume or re-time one schedule; False if it does not exist."""
+        with self._connection("schedules_update") as conn:
+            cur = conn.execute(
+                self._q["schedules_update"],
+                {
+                    "name": params.name,
+                    "paused": params.paused,
+                    "cron": params.cron,
+                    "next_run_at": params.next_run_at,
+                },
+            )
+            return cur.rowcount > 0
+
+    def schedules_delete(self, params: SchedulesDeleteParams) -> bool:
+        """Delete one schedule; False if it did not exist."""
+        with self._connection("schedules_delete") as conn:
+            return conn.execute(self._q["schedules_delete"], {"name": params.name}).rowcount > 0
+
+    def schedule_fire(self, params: ScheduleFireParams) -> bool:
+        """Fire one tick and insert its job, in one statement; True if this call fired it.
+
+        The job is inserted as given; its idempotency key (if any) is not checked against the
+        dedup window, because the tick itself already fires once."""
+        job = params.job
+        row = self._fetchone(
+            "schedule_fire",
+            {
+                "name": params.name,
+                "due_at": params.due_at,
+                "next_run_at": params.next_run_at_after,
+                "id": job.id,
+                "queue": job.queue,
+                "task": job.task,
+                "payload": job.payload,
+                "headers": job.headers,
+                "priority": job.priority,
+                "run_at": job.run_at,
+                "expires_at": job.expires_at,
+                "max_attempts": job.max_attempts,
+                "max_deliveries": job.max_deliveries,
+                "idempotency_key": job.idempotency_key,
+                "ordering_key": job.ordering_key,
+                "replay_of": job.replay_of,
+                "now": params.now,
+            },
+        )
+        return bool(row and row[0])
+
+    def subscriptions_upsert(self, params: SubscriptionsUpsertParams) -> None:
+        """Create subscriptions or replace the task and filter of existing (topic, queue) pairs."""
+        by_key = {(s.topic, s.queue): s for s in params.subscriptions}
+        if not by_key:
+            return
+        items = list(by_key.values())
+        with self._connection("subscriptions_upsert") as conn:
+            conn.execute(
+                self._q["subscriptions_upsert"],
+                {
+                    "topics": [s.topic for s in items],
+                    "queues": [s.queue for s in items],
+                    "tasks": [s.task for s in items],
+                    "filters": [s.filter for s in items],
+                },
+            )
+
+    def subscriptions_list(self, params: SubscriptionsListParams) -> list[Subscription]:
+        """Subscriptions (of one topic, or all), ordered by topic then queue."""
+        return [Subscription(*row) for row in self._fetchall("subscriptions_list", {"topic": params.topic})]
+
+    def subscriptions_delete(self, params: SubscriptionsDeleteParams) -> bool:
+        """Delete one subscription; False if it did not exist."""
+        with self._connection("subscriptions_delete") as conn:
+            cur = conn.execute(self._q["subscriptions_delete"], {"topic": params.topic, "queue": params.queue})
+            return cur.rowcount > 0
+
+    def queue_load(self, params: QueueLoadParams) -> QueueLoad:
+        """A queue's live depth and how many of its jobs ended in ``[now - window, now]``."""
+        row = self._fetchone(
+            "queue_load",
+            {
+                "queue": params.queue,
+                "since": params.now - timedelta(seconds=params.window),
+                "now": params.now,
+            },
+        )
+        depth, drained = (int(row[0]), int(row[1])) if row else (0, 0)
+        return QueueLoad(queue=params.queue, depth=depth, drained=drained, window=params.window)
+
+    def archive_prune(self, params: ArchivePruneParams) -> int:
+        """Delete archived rows past retention; return how many (call again until 0).
+
+        Daily partitions that hold only rows past retention are dropped whole (their rows count,
+        so one call may return more than ``limit``); then up to ``limit`` rows are deleted one by
+        one from what is left (the DEFAULT partition, partitions that still hold rows to keep).
+        Raises BackendUnavailable when a partition drop waited too long for a lock (a long
+        transaction on the archive); call again later."""
+        queues = sorted(set(params.before) | set(params.dead_before))
+        cutoffs = {
+            "queues": queues,
+            "befores": [params.before.get(q) for q in queues],
+            "dead_befores": [params.dead_before.get(q) for q in queues],
+            "default_before": params.default_before,
+            "default_dead_before": params.default_dead_before,
+        }
+        every = [params.default_before, params.default_dead_before, *params.before.values()]
+        every += params.dead_before.values()
+        deleted = 0
+        with self._connection("archive_prune") as conn:
+            old = conn.execute(self._q["archive_partitions_old"], {"before": max(every)}).fetchall()
+            for part, lo, hi in old:
+                # Below every cutoff nothing can be kept; otherwise look for a row to keep.
+                if hi > min(every):
+                    keeps = conn.execute(self._q["archive_range_keeps"], {**cutoffs, "lo": lo, "hi": hi}).fetchone()
+                    if keeps is None or keeps[0]:
+                        continue
+                dropped = conn.execute(self._q["archive_partition_drop"], {"part": part}).fetchone()
+                deleted += int(dropped[0]) if dropped else 0
+            if deleted < params.limit:
+                cur = conn.execute(
+                    self._q["archive_prune_rows"],
+                    {**cutoffs, "max_cutoff": max(every), "limit": params.limit - deleted},
+                )
+                deleted += cur.rowcount
+        return deleted

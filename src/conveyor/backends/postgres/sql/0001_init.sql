@@ -100,8 +100,10 @@ CREATE INDEX archive_id_idx ON archive (id);
 -- The DLQ: unreplayed dead letters, newest first.
 CREATE INDEX archive_dead_idx ON archive (finished_at DESC, id DESC)
     WHERE state = 'dead' AND replayed_by IS NULL;
--- queues_stats counts archived rows by queue and state; an index-only scan beats the heap.
-CREATE INDEX archive_queue_state_idx ON archive (queue, state) INCLUDE (replayed_by);
+-- queue_load counts a queue's rows finished in a recent window (a range scan), and queues_stats
+-- counts archived rows by queue and state (an index-only scan: state and replayed_by are INCLUDEd
+-- so that the heap is not read). One index serves both, to keep archive inserts cheap.
+CREATE INDEX archive_queue_finished_idx ON archive (queue, finished_at) INCLUDE (state, replayed_by);
 
 -- Producer-side dedup: one row per held (queue, key). expires_at is the end of the key's window
 -- (NULL: held for ever); an expired key may be taken over by a new job.
@@ -159,39 +161,59 @@ BEGIN
 END
 $$;
 
--- Retention for the archive, partition by partition: a daily partition that ended before
--- completed_before is dropped whole when it holds no dead letters younger than dead_before (dead
--- letters keep a longer retention); otherwise only its non-dead rows are deleted. Returns the
--- names of the partitions dropped. The DEFAULT partition is never dropped. Dropping a partition
+-- Retention drops a whole daily partition once nothing in it is to be kept; the caller (the
+-- pruner, through archive_prune) has checked that. Returns the number of rows dropped. Dropping
 -- locks the whole archive for an instant, so a short lock_timeout makes a drop that would queue
--- behind a long reader give up (the pruner retries) instead of stalling the finishing workers.
-CREATE FUNCTION conveyor_archive_partitions_drop(completed_before timestamptz, dead_before timestamptz)
-RETURNS SETOF text
+-- behind a long reader give up (the pruner retries later) instead of stalling finishing workers.
+CREATE FUNCTION conveyor_archive_partition_drop(part text)
+RETURNS bigint
 LANGUAGE plpgsql AS $$
 DECLARE
-    part  record;
-    hi    timestamptz;
-    alive boolean;
+    n bigint;
 BEGIN
+    IF part !~ '^archive_p[0-9]{8}$' OR NOT EXISTS (
+        SELECT 1 FROM pg_inherits
+        WHERE inhparent = 'archive'::regclass AND inhrelid = to_regclass(quote_ident(part))
+    ) THEN
+        RAISE EXCEPTION 'not an archive partition: %', part;
+    END IF;
     PERFORM pg_advisory_xact_lock(hashtextextended('conveyor.archive_partitions', 0));
     PERFORM set_config('lock_timeout', '1s', true);
-    FOR part IN
-        SELECT c.relname
-        FROM pg_inherits AS i JOIN pg_class AS c ON c.oid = i.inhrelid
-        WHERE i.inhparent = 'archive'::regclass AND c.relname ~ '^archive_p[0-9]{8}$'
-        ORDER BY c.relname
-    LOOP
-        hi := (to_date(substr(part.relname, 10), 'YYYYMMDD') + 1)::timestamp AT TIME ZONE 'UTC';
-        CONTINUE WHEN hi > completed_before;
-        EXECUTE format(
-            'SELECT EXISTS (SELECT 1 FROM %I WHERE state = ''dead'' AND finished_at >= %L)',
-            part.relname, dead_before) INTO alive;
-        IF alive THEN
-            EXECUTE format('DELETE FROM %I WHERE state <> ''dead''', part.relname);
-        ELSE
-            EXECUTE format('DROP TABLE %I', part.relname);
-            RETURN NEXT part.relname;
-        END IF;
-    END LOOP;
+    EXECUTE format('SELECT count(*) FROM %I', part) INTO n;
+    EXECUTE format('DROP TABLE %I', part);
+    RETURN n;
 END
 $$;
+
+-- Consumer-side idempotency: a side effect named by key happened (ctx.once). Claimed in the
+-- handler's own transaction when it has one, so the claim commits with the side effect.
+CREATE TABLE processed_keys (
+    key        text        PRIMARY KEY,
+    expires_at timestamptz NOT NULL,
+    claimed_at timestamptz NOT NULL
+);
+
+CREATE INDEX processed_keys_expires_idx ON processed_keys (expires_at);
+
+-- Cron schedules. Firing a tick is a compare-and-set on next_run_at, so however many schedulers
+-- run, each tick fires once.
+CREATE TABLE schedules (
+    name        text        PRIMARY KEY,
+    cron        text        NOT NULL,
+    task        text        NOT NULL,
+    queue       text        NOT NULL,
+    payload     jsonb       NOT NULL,
+    next_run_at timestamptz NOT NULL,
+    paused      boolean     NOT NULL DEFAULT false,
+    priority    integer     NOT NULL DEFAULT 0,
+    last_run_at timestamptz
+);
+
+-- Topic fan-out: each published message whose headers match filter is copied to queue.
+CREATE TABLE subscriptions (
+    topic  text  NOT NULL,
+    queue  text  NOT NULL,
+    task   text  NOT NULL,
+    filter jsonb NOT NULL DEFAULT '{}',
+    PRIMARY KEY (topic, queue)
+);

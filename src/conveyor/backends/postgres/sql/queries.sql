@@ -34,18 +34,181 @@ INSERT INTO conveyor_schema_migrations (version, name) VALUES (%(version)s, %(na
 -- The work is in a function (migration 0001) because it needs dynamic DDL and a loop.
 SELECT conveyor_archive_partitions_ensure(%(first_day)s::date, %(days)s)
 
--- name: archive_partitions_drop
-SELECT conveyor_archive_partitions_drop(%(completed_before)s, %(dead_before)s)
+-- name: keys_prune
+-- Expired keys of both kinds are dead weight (an expired key is taken over on conflict anyway).
+-- Deleted in one bounded batch, idempotency keys first, so the pruner never holds many row locks
+-- at once; ctid lists make each DELETE a TID scan, and the outer expiry test re-checks a row that
+-- a producer took over meanwhile (its new version is not expired and is left alone).
+WITH idem AS (
+    DELETE FROM idempotency_keys
+    WHERE ctid = ANY (ARRAY(
+        SELECT ctid FROM idempotency_keys WHERE expires_at <= %(now)s LIMIT %(limit)s
+    ))
+      AND expires_at <= %(now)s
+    RETURNING 1
+),
+processed AS (
+    DELETE FROM processed_keys
+    WHERE ctid = ANY (ARRAY(
+        SELECT ctid FROM processed_keys
+        WHERE expires_at <= %(now)s
+        LIMIT greatest(0, %(limit)s - (SELECT count(*) FROM idem))
+    ))
+      AND expires_at <= %(now)s
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM idem) + (SELECT count(*) FROM processed)
 
--- name: idempotency_keys_prune
--- Expired keys are dead weight (an expired key is taken over on conflict anyway); delete them in
--- bounded batches so the pruner never holds many row locks at once.
-DELETE FROM idempotency_keys
-WHERE ctid = ANY (ARRAY(
-    SELECT ctid FROM idempotency_keys
-    WHERE expires_at <= %(now)s
+-- name: processed_keys_claim
+-- Claims a key unless an unexpired claim exists. A concurrent claimer of the same key waits for
+-- the first one's transaction; the conflict arm then re-checks expiry on the committed row and
+-- returns nothing, so exactly one of them gets the row back (True).
+INSERT INTO processed_keys AS p (key, expires_at, claimed_at)
+VALUES (%(key)s, %(expires_at)s, %(now)s)
+ON CONFLICT (key) DO UPDATE SET expires_at = excluded.expires_at, claimed_at = excluded.claimed_at
+    WHERE p.expires_at <= %(now)s
+RETURNING true
+
+-- name: archive_partitions_old
+-- Daily partitions wholly before `before` (candidates for dropping), oldest first.
+SELECT c.relname::text,
+       to_date(substr(c.relname, 10), 'YYYYMMDD')::timestamp AT TIME ZONE 'UTC' AS lo,
+       (to_date(substr(c.relname, 10), 'YYYYMMDD') + 1)::timestamp AT TIME ZONE 'UTC' AS hi
+FROM pg_inherits AS i
+JOIN pg_class AS c ON c.oid = i.inhrelid
+WHERE i.inhparent = 'archive'::regclass
+  AND c.relname ~ '^archive_p[0-9]{8}$'
+  AND (to_date(substr(c.relname, 10), 'YYYYMMDD') + 1)::timestamp AT TIME ZONE 'UTC' <= %(before)s
+ORDER BY c.relname
+
+-- name: archive_range_keeps
+-- Does [lo, hi) hold a row still within its retention? The finished_at range prunes the scan to
+-- one partition, and EXISTS stops at the first row to keep. Per-queue cutoffs travel as arrays;
+-- queues not named fall back to the defaults.
+WITH cut AS (
+    SELECT *
+    FROM unnest(%(queues)s::text[], %(befores)s::timestamptz[], %(dead_befores)s::timestamptz[])
+        AS t(queue, before, dead_before)
+)
+SELECT EXISTS (
+    SELECT 1
+    FROM archive AS a
+    LEFT JOIN cut AS c ON c.queue = a.queue
+    WHERE a.finished_at >= %(lo)s AND a.finished_at < %(hi)s
+      AND a.finished_at >= CASE WHEN a.state = 'dead'
+                                THEN coalesce(c.dead_before, %(default_dead_before)s)
+                                ELSE coalesce(c.before, %(default_before)s) END
+)
+
+-- name: archive_partition_drop
+-- The DDL is in a function (migration 0001): it needs a dynamic table name and a lock_timeout.
+SELECT conveyor_archive_partition_drop(%(part)s)
+
+-- name: archive_prune_rows
+-- Row-by-row retention, for what partition drops cannot take (the DEFAULT partition, and
+-- partitions that still hold rows to keep): a bounded batch of victims by primary key. The
+-- `finished_at < max_cutoff` range lets the scan use the primary key and prune partitions.
+WITH cut AS (
+    SELECT *
+    FROM unnest(%(queues)s::text[], %(befores)s::timestamptz[], %(dead_befores)s::timestamptz[])
+        AS t(queue, before, dead_before)
+),
+victims AS (
+    SELECT a.finished_at, a.id
+    FROM archive AS a
+    LEFT JOIN cut AS c ON c.queue = a.queue
+    WHERE a.finished_at < %(max_cutoff)s
+      AND a.finished_at < CASE WHEN a.state = 'dead'
+                               THEN coalesce(c.dead_before, %(default_dead_before)s)
+                               ELSE coalesce(c.before, %(default_before)s) END
     LIMIT %(limit)s
-))
+)
+DELETE FROM archive AS a
+USING victims AS v
+WHERE a.finished_at = v.finished_at AND a.id = v.id
+
+-- name: schedules_upsert
+-- Re-declaring schedules at every worker start must neither skip nor repeat a tick: an existing
+-- schedule keeps paused, last_run_at and (unless its cron changed) next_run_at.
+INSERT INTO schedules AS s (name, cron, task, queue, payload, next_run_at, paused, priority, last_run_at)
+SELECT *
+FROM unnest(
+    %(names)s::text[], %(crons)s::text[], %(tasks)s::text[], %(queues)s::text[],
+    %(payloads)s::jsonb[], %(next_run_ats)s::timestamptz[], %(pauseds)s::boolean[],
+    %(priorities)s::integer[], %(last_run_ats)s::timestamptz[]
+)
+ON CONFLICT (name) DO UPDATE SET
+    cron = excluded.cron,
+    task = excluded.task,
+    queue = excluded.queue,
+    payload = excluded.payload,
+    priority = excluded.priority,
+    next_run_at = CASE WHEN s.cron = excluded.cron THEN s.next_run_at ELSE excluded.next_run_at END
+
+-- name: schedules_list
+SELECT name, cron, task, queue, payload::text, next_run_at, paused, priority, last_run_at
+FROM schedules
+ORDER BY name
+
+-- name: schedules_update
+-- NULL parameters leave their column as it is.
+UPDATE schedules SET
+    paused = coalesce(%(paused)s::boolean, paused),
+    cron = coalesce(%(cron)s::text, cron),
+    next_run_at = coalesce(%(next_run_at)s::timestamptz, next_run_at)
+WHERE name = %(name)s
+
+-- name: schedules_delete
+DELETE FROM schedules WHERE name = %(name)s
+
+-- name: schedule_fire
+-- Compare-and-set on next_run_at: of several schedulers firing the same tick, the first UPDATE
+-- wins; the others wait for its row lock, re-check `next_run_at = due_at` on the new version and
+-- match nothing, so their INSERT has no row to copy. The job is inserted in the same statement,
+-- so a tick is never marked fired without its job (nor the reverse).
+WITH fired AS (
+    UPDATE schedules SET next_run_at = %(next_run_at)s, last_run_at = %(due_at)s
+    WHERE name = %(name)s AND NOT paused AND next_run_at = %(due_at)s
+    RETURNING name
+),
+inserted AS (
+    INSERT INTO jobs (
+        id, queue, task, payload, headers, priority, run_at, enqueued_at, expires_at,
+        max_attempts, max_deliveries, idempotency_key, ordering_key, replay_of
+    )
+    SELECT %(id)s, %(queue)s, %(task)s, %(payload)s::jsonb, %(headers)s::jsonb, %(priority)s,
+           %(run_at)s, %(now)s, %(expires_at)s, %(max_attempts)s, %(max_deliveries)s,
+           %(idempotency_key)s, %(ordering_key)s, %(replay_of)s::uuid
+    FROM fired
+    ON CONFLICT (id) DO NOTHING
+    RETURNING queue
+),
+notified AS (
+    SELECT pg_notify('conveyor_jobs', queue) FROM inserted
+)
+SELECT (SELECT count(*) FROM fired), (SELECT count(*) FROM notified)
+
+-- name: subscriptions_upsert
+INSERT INTO subscriptions AS s (topic, queue, task, filter)
+SELECT * FROM unnest(%(topics)s::text[], %(queues)s::text[], %(tasks)s::text[], %(filters)s::jsonb[])
+ON CONFLICT (topic, queue) DO UPDATE SET task = excluded.task, filter = excluded.filter
+
+-- name: subscriptions_list
+SELECT topic, queue, task, filter::text
+FROM subscriptions
+WHERE %(topic)s::text IS NULL OR topic = %(topic)s::text
+ORDER BY topic, queue
+
+-- name: subscriptions_delete
+DELETE FROM subscriptions WHERE topic = %(topic)s AND queue = %(queue)s
+
+-- name: queue_load
+-- What backpressure reads on every send to a queue with a high-water mark: the live depth (the
+-- jobs table is small) and the recent drain through archive_queue_finished_idx, a range scan.
+SELECT
+    (SELECT count(*) FROM jobs WHERE queue = %(queue)s),
+    (SELECT count(*) FROM archive
+     WHERE queue = %(queue)s AND finished_at >= %(since)s AND finished_at <= %(now)s)
 
 -- name: listen
 -- One channel for every queue: a queue name is free text and may not fit an identifier, so it
