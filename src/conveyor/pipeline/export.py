@@ -1,0 +1,415 @@
+"""Incremental export of the job history to Parquet, the input of every pipeline job.
+
+Layout of an export directory::
+
+    OUT/_watermark.json                      the committed position (see below)
+    OUT/archive/date=YYYY-MM-DD/queue=Q/part-rNNNNNNNN-cNNNNN-0.parquet
+    OUT/live/date=YYYY-MM-DD/queue=Q/part-...parquet   (optional snapshot of live jobs)
+
+The archive is read through the storage seam (``Backend.archive_read``) in ``(finished_at, id)``
+order, strictly after the stored watermark, so it works on every engine. Each run writes its files
+under a staging directory, moves them into place, and only then replaces the watermark; file names
+carry the run number, and a run first deletes files of runs that never committed. A re-run therefore
+never duplicates a row, even after a crash at any point.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+from conveyor.backends.base import ArchiveReadParams, Backend, JobRecord, JobsListParams
+from conveyor.pipeline.errors import PipelineError
+from conveyor.pipeline.schema import (
+    ARCHIVE_DIR,
+    COLUMNS,
+    EXPORT_FORMAT_VERSION,
+    LIVE_DIR,
+    WATERMARK_FILE,
+)
+
+_STAGING_DIR = "_staging"
+_LOCK_FILE = "_export.lock"
+
+
+@dataclass(frozen=True, slots=True)
+class Watermark:
+    """The committed state of an export directory, as stored in ``_watermark.json``."""
+
+    run: int = 0
+    after: tuple[datetime, UUID] | None = None
+    archive_rows: int = 0
+    updated_at: datetime | None = None
+    live_snapshot_at: datetime | None = None
+    live_rows: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": EXPORT_FORMAT_VERSION,
+            "run": self.run,
+            "after": None
+            if self.after is None
+            else {"finished_at": self.after[0].isoformat(), "id": str(self.after[1])},
+            "archive_rows": self.archive_rows,
+            "updated_at": None if self.updated_at is None else self.updated_at.isoformat(),
+            "live_snapshot_at": None if self.live_snapshot_at is None else self.live_snapshot_at.isoformat(),
+            "live_rows": self.live_rows,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Watermark:
+        after = data.get("after")
+        live_at = data.get("live_snapshot_at")
+        updated = data.get("updated_at")
+        return cls(
+            run=int(data["run"]),
+            after=None if after is None else (datetime.fromisoformat(after["finished_at"]), UUID(after["id"])),
+            archive_rows=int(data.get("archive_rows", 0)),
+            updated_at=None if updated is None else datetime.fromisoformat(updated),
+            live_snapshot_at=None if live_at is None else datetime.fromisoformat(live_at),
+            live_rows=int(data.get("live_rows", 0)),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ExportResult:
+    """What one export run did."""
+
+    out_dir: Path
+    run: int
+    archive_rows: int  # rows added to the archive by this run
+    live_rows: int  # rows in the live snapshot (0 without include_live)
+    files: int  # Parquet files written by this run
+    watermark: Watermark
+
+
+def read_watermark(out_dir: str | os.PathLike[str]) -> Watermark:
+    """The committed watermark of an export directory (a fresh one if none was written yet).
+
+    Raises :class:`PipelineError` if the file exists but is not a watermark this version reads."""
+    path = Path(out_dir) / WATERMARK_FILE
+    if not path.exists():
+        return Watermark()
+    try:
+        data = json.loads(path.read_text())
+        if data.get("format") != EXPORT_FORMAT_VERSION:
+            raise PipelineError(
+                f"{path}: export format {data.get('format')!r}, this version reads {EXPORT_FORMAT_VERSION}"
+            )
+        return Watermark.from_json(data)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise PipelineError(f"{path} is not a valid export watermark: {exc}") from None
+
+
+def export(
+    database_url: str,
+    out_dir: str | os.PathLike[str],
+    include_live: bool = False,
+    *,
+    backend: Backend | None = None,
+    page_size: int = 10_000,
+    chunk_rows: int = 250_000,
+    settle_seconds: float = 5.0,
+    now: datetime | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> ExportResult:
+    """Export the archive (and, with ``include_live``, a snapshot of live jobs) to Parquet.
+
+    Incremental: only archive rows after the watermark stored in ``out_dir`` are read, and the
+    watermark advances only once their files are in place, so running it again never duplicates a
+    row. Rows that finished less than ``settle_seconds`` before ``now`` are left for the next run:
+    workers stamp ``finished_at`` with their own clocks, and a row from a slightly slow clock must
+    not land behind a watermark that has already passed it. ``backend`` (an open backend) is used
+    instead of opening ``database_url``; it is not closed. ``progress`` is called with the number
+    of archive rows read so far. Two exports into one directory at once are refused
+    (:class:`PipelineError`)."""
+    if page_size <= 0 or chunk_rows <= 0:
+        raise PipelineError("page_size and chunk_rows must be positive")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    with _locked(out):
+        own = backend is None
+        if backend is None:
+            from conveyor.backends import open_backend
+
+            backend = open_backend(database_url)
+        try:
+            return _Exporter(backend, out, page_size, chunk_rows, progress).run(
+                include_live, now or datetime.now(UTC), settle_seconds
+            )
+        finally:
+            if own:
+                backend.close()
+
+
+def read_archive_tail(backend: Backend, after: tuple[datetime, UUID] | None, page_size: int = 10_000) -> Any:
+    """All archive rows after ``after`` as one Arrow table (export schema plus ``date``, ``queue``).
+
+    Used by reconcile to see the rows an export left for its next run; nothing is written."""
+    rows = _Columns()
+    for record in _archive_pages(backend, after, page_size, cutoff=None):
+        rows.add(record, "archive", None)
+    return rows.table(partition_time="finished_at")
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+class _Columns:
+    """Column buffers for export rows; cheaper than one dict per row for millions of rows."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, list[Any]] = {name: [] for name, _, _ in COLUMNS}
+        self.data["queue"] = []
+
+    def __len__(self) -> int:
+        return len(self.data["job_id"])
+
+    def add(self, r: JobRecord, source: str, exported_at: datetime | None) -> None:
+        d = self.data
+        d["job_id"].append(str(r.id))
+        d["task"].append(r.task)
+        d["state"].append(r.state)
+        d["priority"].append(r.priority)
+        d["attempts"].append(r.attempts)
+        d["deliveries"].append(r.deliveries)
+        d["max_attempts"].append(r.max_attempts)
+        d["max_deliveries"].append(r.max_deliveries)
+        d["enqueued_at"].append(r.enqueued_at)
+        d["run_at"].append(r.run_at)
+        d["expires_at"].append(r.expires_at)
+        d["first_started_at"].append(r.first_started_at)
+        d["started_at"].append(r.started_at)
+        d["finished_at"].append(r.finished_at)
+        d["lease_expires_at"].append(r.lease_expires_at)
+        d["error_type"].append(r.error_type)
+        d["error_message"].append(r.error_message)
+        d["reason"].append(r.reason)
+        d["idempotency_key"].append(r.idempotency_key)
+        d["ordering_key"].append(r.ordering_key)
+        d["replay_of"].append(None if r.replay_of is None else str(r.replay_of))
+        d["replayed_by"].append(None if r.replayed_by is None else str(r.replayed_by))
+        d["worker_id"].append(r.worker_id)
+        d["headers"].append(r.headers)
+        d["source"].append(source)
+        d["exported_at"].append(exported_at)
+        d["queue"].append(r.queue)
+
+    def table(self, partition_time: str) -> Any:
+        """An Arrow table in the export schema plus the ``date`` and ``queue`` partition columns."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        from conveyor.pipeline.schema import arrow_schema
+
+        schema = arrow_schema()
+        arrays = [pa.array(self.data[f.name], type=f.type) for f in schema]
+        table = pa.Table.from_arrays(arrays, schema=schema)
+        date = pc.strftime(table[partition_time], format="%Y-%m-%d")
+        table = table.append_column("date", date.cast(pa.string()))
+        return table.append_column("queue", pa.array(self.data["queue"], type=pa.string()))
+
+
+def _archive_pages(
+    backend: Backend, after: tuple[datetime, UUID] | None, page_size: int, cutoff: datetime | None
+) -> Iterator[JobRecord]:
+    while True:
+        page = backend.archive_read(ArchiveReadParams(after=after, limit=page_size))
+        for record in page:
+            assert record.finished_at is not None, "archive rows always have finished_at"
+            if cutoff is not None and record.finished_at > cutoff:
+                return
+            yield record
+        if len(page) < page_size:
+            return
+        last = page[-1]
+        assert last.finished_at is not None
+        after = (last.finished_at, last.id)
+
+
+class _Exporter:
+    def __init__(
+        self,
+        backend: Backend,
+        out: Path,
+        page_size: int,
+        chunk_rows: int,
+        progress: Callable[[int], None] | None,
+    ) -> None:
+        self.backend = backend
+        self.out = out
+        self.page_size = page_size
+        self.chunk_rows = chunk_rows
+        self.progress = progress
+
+    def run(self, include_live: bool, now: datetime, settle_seconds: float) -> ExportResult:
+        committed = read_watermark(self.out)
+        run = committed.run + 1
+        self._discard_uncommitted(committed.run)
+        staging = self.out / _STAGING_DIR / f"run-{run:08d}"
+        staging.mkdir(parents=True)
+
+        live_rows = 0
+        live_at = committed.live_snapshot_at
+        if include_live:
+            # The live snapshot is taken before the archive is read: a job that ends in between is
+            # then in the archive read, so it is never missing from both (reconcile relies on it).
+            live_at = now
+            live_rows = self._write_live(staging / LIVE_DIR, now)
+
+        cutoff = now - timedelta(seconds=max(0.0, settle_seconds))
+        after = committed.after
+        buf = _Columns()
+        chunk = 0
+        read = 0
+        for record in _archive_pages(self.backend, after, self.page_size, cutoff):
+            buf.add(record, "archive", now)
+            assert record.finished_at is not None
+            after = (record.finished_at, record.id)
+            read += 1
+            if len(buf) >= self.chunk_rows:
+                self._write(buf, staging / ARCHIVE_DIR, f"part-r{run:08d}-c{chunk:05d}", "finished_at")
+                buf, chunk = _Columns(), chunk + 1
+            if self.progress is not None and read % self.page_size == 0:
+                self.progress(read)
+        if len(buf):
+            self._write(buf, staging / ARCHIVE_DIR, f"part-r{run:08d}-c{chunk:05d}", "finished_at")
+        if self.progress is not None:
+            self.progress(read)
+
+        files = self._move_into_place(staging / ARCHIVE_DIR, self.out / ARCHIVE_DIR)
+        if include_live:
+            files += _count_files(staging / LIVE_DIR)
+            self._swap_live(staging / LIVE_DIR, run)
+        watermark = Watermark(
+            run=run,
+            after=after,
+            archive_rows=committed.archive_rows + read,
+            updated_at=now,
+            live_snapshot_at=live_at,
+            live_rows=live_rows if include_live else committed.live_rows,
+        )
+        _write_json_atomic(self.out / WATERMARK_FILE, watermark.to_json())
+        shutil.rmtree(self.out / _STAGING_DIR, ignore_errors=True)
+        return ExportResult(self.out, run, read, live_rows, files, watermark)
+
+    def _write_live(self, target: Path, now: datetime) -> int:
+        buf = _Columns()
+        after: UUID | None = None
+        while True:
+            page = self.backend.jobs_list(JobsListParams(after=after, limit=self.page_size))
+            for record in page:
+                buf.add(record, "live", now)
+            if len(page) < self.page_size:
+                break
+            after = page[-1].id
+        target.mkdir(parents=True, exist_ok=True)
+        if len(buf):
+            self._write(buf, target, "part-live", "enqueued_at")
+        return len(buf)
+
+    def _write(self, buf: _Columns, target: Path, stem: str, partition_time: str) -> None:
+        import pyarrow as pa
+        import pyarrow.dataset as ds
+
+        table = buf.table(partition_time)
+        partitioning = ds.partitioning(
+            pa.schema([pa.field("date", pa.string()), pa.field("queue", pa.string())]), flavor="hive"
+        )
+        ds.write_dataset(
+            table,
+            target,
+            format="parquet",
+            partitioning=partitioning,
+            basename_template=stem + "-{i}.parquet",
+            existing_data_behavior="overwrite_or_ignore",
+            max_rows_per_group=256 * 1024,
+        )
+
+    def _discard_uncommitted(self, committed_run: int) -> None:
+        """Delete what a run that never committed left behind (its staging dir and moved files)."""
+        shutil.rmtree(self.out / _STAGING_DIR, ignore_errors=True)
+        archive = self.out / ARCHIVE_DIR
+        if not archive.exists():
+            return
+        for path in archive.rglob("part-r*.parquet"):
+            try:
+                run = int(path.name[len("part-r") :].split("-", 1)[0])
+            except ValueError:
+                continue
+            if run > committed_run:
+                path.unlink()
+
+    def _move_into_place(self, src: Path, dst: Path) -> int:
+        moved = 0
+        if not src.exists():
+            return 0
+        for path in sorted(src.rglob("*.parquet")):
+            target = dst / path.relative_to(src)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(path, target)
+            moved += 1
+        return moved
+
+    def _swap_live(self, new: Path, run: int) -> None:
+        live = self.out / LIVE_DIR
+        old = self.out / _STAGING_DIR / f"live-old-{run:08d}"
+        if live.exists():
+            os.replace(live, old)
+        os.replace(new, live)
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _count_files(path: Path) -> int:
+    return sum(1 for _ in path.rglob("*.parquet")) if path.exists() else 0
+
+
+def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=2)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+@contextmanager
+def _locked(out: Path) -> Iterator[None]:
+    with open(out / _LOCK_FILE, "w") as f:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise PipelineError(f"another export into {out} is running") from None
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+def input_paths(input_dir: str | os.PathLike[str]) -> tuple[Path, Path | None]:
+    """The archive and (if present) live snapshot directories of an export directory.
+
+    A directory without an ``archive/`` subdirectory is taken to be an archive dataset itself (hive
+    partitions ``date=``/``queue=`` directly below it). Raises :class:`PipelineError` if the
+    directory does not exist or holds no Parquet files."""
+    base = Path(input_dir)
+    if not base.is_dir():
+        raise PipelineError(f"input directory {base} does not exist")
+    archive = base / ARCHIVE_DIR if (base / ARCHIVE_DIR).is_dir() else base
+    live = base / LIVE_DIR if (base / LIVE_DIR).is_dir() and any((base / LIVE_DIR).rglob("*.parquet")) else None
+    if not any(archive.rglob("*.parquet")) and live is None:
+        raise PipelineError(f"{base} holds no exported jobs (run `conveyor export --out {base}` first)")
+    return archive, live
+
+
+__all__: Sequence[str] = ("ExportResult", "Watermark", "export", "input_paths", "read_watermark")

@@ -1,0 +1,316 @@
+"""Reconcile a business table against the queue and its archive.
+
+Every business record is classified by its status and the latest job that matches its key:
+
+==================  =======================================================================
+class               when
+==================  =======================================================================
+ok                  the business status is settled (not pending), or the job is in flight
+                    within the SLA
+lost                business says pending, and no job matches the key
+stuck               business says pending, the job is ``pending`` and ready for longer than
+                    the SLA, or ``processing`` with its current delivery older than the SLA
+dead                business says pending, the job ended without completing (``dead``,
+                    ``expired``, ``cancelled``)
+done_not_recorded   business says pending, the job ``completed``
+==================  =======================================================================
+
+With ``requeue_lost`` the lost records are enqueued again with the business key as idempotency key:
+the next run finds those jobs (so they are no longer lost), and even a run against a stale export
+sends keys the queue already holds, so nothing is enqueued twice.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from conveyor.pipeline.enqueue import jsonable
+from conveyor.pipeline.errors import PipelineError
+from conveyor.pipeline.export import export, read_archive_tail, read_watermark
+from conveyor.pipeline.report import DEFAULT_SLA_SECONDS, load_jobs, parse_sla
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+CLASSES: tuple[str, ...] = ("ok", "lost", "stuck", "dead", "done_not_recorded")
+KeyKind = Literal["idempotency_key", "job_id"]
+_REQUEUE_BATCH = 500
+
+
+@dataclass(frozen=True, slots=True)
+class ReconcileResult:
+    """Counts per class (every class present, zero if none), the snapshot time used for "stuck",
+    and what a requeue did (``requeued`` new jobs, ``already_queued`` keys the queue already held)."""
+
+    counts: dict[str, int]
+    snapshot_at: datetime
+    out_dir: Path | None = None
+    requeued: int = 0
+    already_queued: int = 0
+    lost_keys: list[str] = field(default_factory=list)  # at most 1000, for display
+
+
+def load_business(
+    spark: SparkSession, business: str | os.PathLike[str] | DataFrame, table: str | None = None
+) -> DataFrame:
+    """The business table: a DataFrame, a Parquet or CSV file/directory, or a JDBC URL (with ``table``).
+
+    CSV needs a header row. A JDBC URL needs its driver jar on the session (see
+    :func:`conveyor.pipeline.spark.jdbc_jars`). Raises :class:`PipelineError`."""
+    if not isinstance(business, str | os.PathLike):
+        return business
+    text = os.fspath(business)
+    if text.startswith("jdbc:"):
+        if not table:
+            raise PipelineError("a JDBC business source needs --business-table (a table name or a subquery)")
+        try:
+            return spark.read.format("jdbc").option("url", text).option("dbtable", table).load()
+        except Exception as exc:
+            raise PipelineError(f"cannot read {table!r} over JDBC: {str(exc).splitlines()[0]}") from exc
+    path = Path(text)
+    if not path.exists():
+        raise PipelineError(f"business table {path} does not exist")
+    files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
+    if any(p.suffix == ".csv" for p in files):
+        return spark.read.option("header", True).csv(str(path))
+    if any(p.suffix == ".parquet" for p in files):
+        return spark.read.parquet(str(path))
+    raise PipelineError(f"business table {path}: expected Parquet or CSV files (.parquet, .csv)")
+
+
+def reconcile(
+    business: str | os.PathLike[str] | DataFrame,
+    key_column: str,
+    status_column: str,
+    database_url: str | None = None,
+    *,
+    export_dir: str | os.PathLike[str] | None = None,
+    key_kind: KeyKind = "idempotency_key",
+    pending_statuses: Sequence[str] = ("pending",),
+    queue: str | None = None,
+    sla: Mapping[str, float] | None = None,
+    default_sla: float = DEFAULT_SLA_SECONDS,
+    out_dir: str | os.PathLike[str] | None = None,
+    requeue_lost: bool = False,
+    task: str | None = None,
+    payload_columns: Sequence[str] = (),
+    business_table: str | None = None,
+    spark: SparkSession | None = None,
+    master: str = "local[*]",
+) -> ReconcileResult:
+    """Classify every business record (see the module docstring) and optionally requeue the lost.
+
+    The queue state comes from ``database_url`` (exported first, live jobs included, into
+    ``export_dir`` or a temporary directory) or from ``export_dir`` alone (which must hold a live
+    snapshot; its time is then "now" for stuck). ``key_kind`` says what ``key_column`` holds: an
+    idempotency key (default) or a job id (a job id also matches the idempotency key of a requeued
+    job and the ``replay_of`` of a replay). ``pending_statuses`` (compared case-insensitively) are
+    the business statuses meaning "work not done yet"; every other status is settled. ``queue``
+    limits the jobs considered to one queue. ``out_dir`` gets the per-record table (Parquet).
+    ``requeue_lost`` needs ``database_url``, ``queue`` and ``task``; the payload is
+    ``{key_column: key}`` plus ``payload_columns``. Raises :class:`PipelineError` on bad input."""
+    from pyspark.sql import functions as F
+
+    if database_url is None and export_dir is None:
+        raise PipelineError("give a database URL (--db) or an export directory (--export-dir)")
+    if key_kind not in ("idempotency_key", "job_id"):
+        raise PipelineError(f"key kind must be idempotency_key or job_id, got {key_kind!r}")
+    if requeue_lost and (database_url is None or queue is None or task is None):
+        raise PipelineError("--requeue-lost needs --db, --queue and --task")
+    slas = parse_sla(sla)
+    if spark is None:
+        from conveyor.pipeline.spark import get_session, jdbc_jars
+
+        jars = jdbc_jars(os.fspath(business)) if isinstance(business, str) else []
+        spark = get_session(master, jars=jars)
+
+        # The business table is read before the queue snapshot so that a bad path fails fast.
+    biz = load_business(spark, business, business_table)
+    for column in (key_column, status_column, *payload_columns):
+        if column not in biz.columns:
+            raise PipelineError(f"column {column!r} is not in the business table (columns: {', '.join(biz.columns)})")
+
+    with tempfile.TemporaryDirectory(prefix="conveyor-reconcile-") as tmp:
+        jobs, snapshot_at = _queue_state(spark, database_url, export_dir, Path(tmp))
+        if queue is not None:
+            jobs = jobs.where(F.col("queue") == queue)
+        classified = _classify(
+            spark, biz, jobs, key_column, status_column, key_kind, pending_statuses, slas, default_sla, snapshot_at
+        )
+        classified = classified.cache()
+        try:
+            counts = {c: 0 for c in CLASSES}
+            for row in classified.groupBy("class").count().collect():
+                counts[row["class"]] = int(row["count"])
+            out: Path | None = None
+            if out_dir is not None:
+                out = Path(out_dir)
+                classified.coalesce(1).write.mode("overwrite").parquet(str(out / "reconcile"))
+            lost = classified.where(F.col("class") == "lost").select("key", *payload_columns)
+            lost_keys = [str(r["key"]) for r in lost.orderBy("key").limit(1000).collect()]
+            requeued = already = 0
+            if requeue_lost and counts["lost"]:
+                assert database_url is not None and queue is not None and task is not None
+                requeued, already = _requeue(lost, database_url, queue, task, key_column, payload_columns)
+        finally:
+            classified.unpersist()
+    return ReconcileResult(counts, snapshot_at, out, requeued, already, lost_keys)
+
+
+def _queue_state(
+    spark: SparkSession, database_url: str | None, export_dir: str | os.PathLike[str] | None, tmp: Path
+) -> tuple[DataFrame, datetime]:
+    """All known jobs (live snapshot, archive, and the archive rows an export left for later)."""
+    if database_url is None:
+        assert export_dir is not None
+        mark = read_watermark(export_dir)
+        if mark.live_snapshot_at is None:
+            raise PipelineError(f"{export_dir} has no live snapshot: export it with --include-live, or pass --db")
+        return _dedupe(load_jobs(spark, export_dir)), mark.live_snapshot_at
+    from conveyor.backends import open_backend
+
+    try:
+        backend = open_backend(database_url)
+    except Exception as exc:
+        raise PipelineError(f"cannot open {database_url}: {exc}") from exc
+    try:
+        target = Path(export_dir) if export_dir is not None else tmp / "export"
+        now = datetime.now(UTC)
+        # A throwaway export needs no settling time: no later run resumes from its watermark.
+        settle = 5.0 if export_dir is not None else 0.0
+        result = export(database_url, target, include_live=True, backend=backend, now=now, settle_seconds=settle)
+        jobs = load_jobs(spark, target)
+        tail = read_archive_tail(backend, result.watermark.after)
+        if tail.num_rows:
+            import pyarrow.parquet as pq
+
+            tail_path = tmp / "tail.parquet"
+            pq.write_table(tail, tail_path)
+            from conveyor.pipeline.schema import spark_ddl
+
+            jobs = jobs.unionByName(spark.read.schema(spark_ddl()).parquet(str(tail_path)))
+    finally:
+        backend.close()
+    return _dedupe(jobs), now
+
+
+def _dedupe(jobs: DataFrame) -> DataFrame:
+    """One row per job id; the archive row wins over a live row of a job that ended meanwhile."""
+    return jobs
+
+
+def _classify(
+    spark: SparkSession,
+    biz: DataFrame,
+    jobs: DataFrame,
+    key_column: str,
+    status_column: str,
+    key_kind: KeyKind,
+    pending_statuses: Sequence[str],
+    slas: dict[str, float],
+    default_sla: float,
+    now: datetime,
+) -> DataFrame:
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    records = biz.select(
+        F.col(key_column).cast("string").alias("key"),
+        F.col(status_column).cast("string").alias("business_status"),
+        *[c for c in biz.columns if c not in (key_column, status_column)],
+    )
+    if key_kind == "idempotency_key":
+        keyed = jobs.where(F.col("idempotency_key").isNotNull()).withColumn("key", F.col("idempotency_key"))
+    else:
+        candidates = F.array(*(F.struct(F.col(c).alias("k")) for c in ("job_id", "idempotency_key", "replay_of")))
+        keyed = jobs.withColumn("key", F.explode(candidates)["k"]).where(F.col("key").isNotNull())
+    keyed = keyed.join(records.select("key").distinct(), "key", "left_semi")
+    # Several jobs can match one key (a replay, a requeue, the same job seen live and archived):
+    # the latest job decides, and of one job the archived (ended) row is the newer truth.
+    latest = Window.partitionBy("key").orderBy(
+        F.desc("enqueued_at"), F.desc("job_id"), F.asc(F.when(F.col("source") == "archive", 0).otherwise(1))
+    )
+    best = keyed.withColumn("_rank", F.row_number().over(latest)).where(F.col("_rank") == 1)
+    best = best.select(
+        "key",
+        "job_id",
+        F.col("queue").alias("job_queue"),
+        F.col("state").alias("job_state"),
+        "enqueued_at",
+        "run_at",
+        "started_at",
+        "finished_at",
+    )
+    sla_rows = [(q, s) for q, s in sorted(slas.items())]
+    sla_df = spark.createDataFrame(sla_rows, "job_queue STRING, sla_s DOUBLE")
+    joined = records.join(best, "key", "left").join(F.broadcast(sla_df), "job_queue", "left")
+    now_lit = F.lit(now).cast("timestamp")
+
+    def age(since: Any) -> Any:
+        return (F.unix_micros(now_lit) - F.unix_micros(since)) / 1e6
+
+    sla_s = F.coalesce(F.col("sla_s"), F.lit(default_sla))
+    pending = F.lower(F.trim(F.col("business_status"))).isin([s.strip().lower() for s in pending_statuses])
+    state = F.col("job_state")
+    klass = (
+        F.when(~pending | F.col("business_status").isNull(), "ok")
+        .when(state.isNull(), "lost")
+        .when(state == "completed", "done_not_recorded")
+        .when(state.isin("dead", "expired", "cancelled"), "dead")
+        .when((state == "pending") & (age(F.greatest("enqueued_at", "run_at")) > sla_s), "stuck")
+        .when((state == "processing") & (age(F.col("started_at")) > sla_s), "stuck")
+        .otherwise("ok")
+    )
+    age_s = F.when(state == "processing", age(F.col("started_at"))).when(
+        state == "pending", age(F.greatest("enqueued_at", "run_at"))
+    )
+    return joined.select(
+        "key",
+        "business_status",
+        klass.alias("class"),
+        "job_id",
+        "job_queue",
+        "job_state",
+        "enqueued_at",
+        "finished_at",
+        age_s.alias("age_s"),
+        sla_s.alias("sla_s"),
+        *[c for c in records.columns if c not in ("key", "business_status")],
+    )
+
+
+def _requeue(
+    lost: DataFrame, database_url: str, queue: str, task: str, key_column: str, payload_columns: Sequence[str]
+) -> tuple[int, int]:
+    """Send the lost records from the driver, in batches; return (new jobs, keys already held)."""
+    from conveyor import App, Message
+
+    fresh = held = 0
+    app = App(database_url)
+    try:
+        batch: list[Any] = []
+
+        def flush() -> None:
+            nonlocal fresh, held, batch
+            if batch:
+                jobs = app.send_many(batch)
+                n = sum(1 for m, j in zip(batch, jobs, strict=True) if j.id == m.id)
+                fresh, held, batch = fresh + n, held + len(batch) - n, []
+
+        for row in lost.toLocalIterator():
+            key = str(row["key"])
+            payload: dict[str, Any] = {key_column: key}
+            payload.update({c: jsonable(row[c]) for c in payload_columns})
+            batch.append(Message(task=task, payload=payload, queue=queue, idempotency_key=key))
+            if len(batch) >= _REQUEUE_BATCH:
+                flush()
+        flush()
+    finally:
+        app.close()
+    return fresh, held
