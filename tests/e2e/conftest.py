@@ -1,0 +1,35 @@
+"""Fixtures of the end-to-end tests."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ._support import Db, Procs
+
+
+@pytest.fixture
+def procs(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Procs]:
+    """Starts real subprocesses; kills any left running at teardown and shows their output on failure."""
+    p = Procs(tmp_path)
+    try:
+        yield p
+    finally:
+        p.cleanup()
+        report = getattr(request.node, "rep_call", None)
+        if report is not None and report.failed:
+            print(p.outputs())
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    rep = yield
+    if rep.when == "call":
+        item.rep_call = rep  # type: ignore[attr-defined]
+    return rep
+
+
+def open_db(url: str) -> Db:
+    return Db(url)

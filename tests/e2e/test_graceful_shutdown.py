@@ -1,0 +1,158 @@
+"""Graceful shutdown (DESIGN §2) with a real worker subprocess and real signals.
+
+SIGTERM: fetching stops, buffered-but-unstarted jobs go back to pending at once (undelivered),
+in-flight handlers finish, outcomes are flushed, exit code 0. A second SIGTERM exits at once; the
+running jobs' leases then expire and rescue returns them."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+from uuid import UUID
+
+from conveyor import App, Message
+from conveyor.backends.base import JobGetParams, JobRecord, JobsRescueParams
+
+from . import e2e_app
+from ._support import Db, Proc, Procs, iter_lines, now, wait_until, worker_argv
+
+JOBS = 20
+CONCURRENCY = 2
+GRACEFUL_TIMEOUT = 10.0
+
+
+def _start(url: str, procs: Procs, run_log: Path, seconds: float) -> tuple[App, Db, list[UUID], Proc]:
+    producer = App(url, migrate=True)
+    e2e_app.register(producer)
+    jobs = producer.send_many([Message(task=e2e_app.SLOW, payload={"seconds": seconds}) for _ in range(JOBS)])
+    worker = procs.start(
+        "worker",
+        worker_argv(
+            url,
+            "--queues",
+            e2e_app.SLOW_QUEUE,
+            "--concurrency",
+            str(CONCURRENCY),
+            "--prefetch",
+            "100",
+            "--graceful-timeout",
+            str(GRACEFUL_TIMEOUT),
+        ),
+        env={"E2E_RUN_LOG": str(run_log)},
+    )
+    return producer, Db(url), [j.id for j in jobs], worker
+
+
+def _started(run_log: Path) -> set[UUID]:
+    return {UUID(f[1]) for f in iter_lines(run_log) if f[0] == "start"}
+
+
+def _ended(run_log: Path) -> set[UUID]:
+    return {UUID(f[1]) for f in iter_lines(run_log) if f[0] == "end"}
+
+
+def _get(db: Db, job_id: UUID) -> JobRecord:
+    record = db.backend.job_get(JobGetParams(job_id))
+    assert record is not None, job_id
+    return record
+
+
+def _wait_all_leased_two_running(db: Db, run_log: Path, ids: list[UUID]) -> set[UUID]:
+    """Wait until the worker holds every job (2 running, the rest in its prefetch buffer)."""
+
+    def two_running() -> set[UUID] | None:
+        started = _started(run_log)
+        assert len(started) <= CONCURRENCY, started
+        return started if len(started) == CONCURRENCY else None
+
+    running = wait_until(two_running, 30, "2 running jobs")
+    wait_until(lambda: all(r.state == "processing" for r in db.live()) and len(db.live()) == len(ids), 10, "all leased")
+    return running
+
+
+def _released(db: Db, buffered: set[UUID]) -> bool:
+    rows = {r.id: r for r in db.live() if r.id in buffered}
+    return len(rows) == len(buffered) and all(r.state == "pending" for r in rows.values())
+
+
+def test_sigterm_finishes_in_flight_and_releases_buffered(database_url: str, procs: Procs, tmp_path: Path) -> None:
+    run_log = tmp_path / "runs.log"
+    producer, db, ids, worker = _start(database_url, procs, run_log, seconds=2.0)
+    try:
+        running = _wait_all_leased_two_running(db, run_log, ids)
+        buffered = set(ids) - running
+
+        worker.signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        # Buffered jobs are handed back at once: long before the running handlers (2 s) end.
+        wait_until(lambda: _released(db, buffered), 1.5, "buffered jobs back to pending", interval=0.02)
+        released_after = time.monotonic() - signalled
+        assert all(_get(db, i).state == "processing" for i in running), "handed back only after the handlers ended"
+        assert not _ended(run_log)
+
+        code = worker.wait(timeout=GRACEFUL_TIMEOUT + 5)
+        stopped_after = time.monotonic() - signalled
+        assert code == 0, worker.output()
+        assert released_after < 1.0
+        assert stopped_after < GRACEFUL_TIMEOUT
+
+        # In-flight jobs finished and their outcome was flushed before the exit.
+        assert _ended(run_log) == running == _started(run_log)
+        for job_id in running:
+            r = _get(db, job_id)
+            assert (r.state, r.attempts, r.deliveries) == ("completed", 1, 1), r
+            assert r.result is not None and json.loads(r.result) == {"slept": 2.0}
+        # Buffered jobs: pending, ready, undelivered (deliveries back to 0), no lease, never run.
+        for job_id in buffered:
+            r = _get(db, job_id)
+            assert (r.state, r.attempts, r.deliveries, r.lease_expires_at) == ("pending", 0, 0, None), r
+            assert r.run_at <= now()
+        assert "Traceback" not in worker.output()
+    finally:
+        db.close()
+        producer.close()
+
+
+def test_second_sigterm_exits_at_once_and_leases_expire(database_url: str, procs: Procs, tmp_path: Path) -> None:
+    run_log = tmp_path / "runs.log"
+    producer, db, ids, worker = _start(database_url, procs, run_log, seconds=30.0)
+    try:
+        running = _wait_all_leased_two_running(db, run_log, ids)
+        buffered = set(ids) - running
+
+        worker.signal(signal.SIGTERM)
+        wait_until(lambda: _released(db, buffered), 1.5, "buffered jobs back to pending", interval=0.02)
+        assert worker.popen.poll() is None, "the first SIGTERM must wait for the running handlers"
+        worker.signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        code = worker.wait(timeout=5)
+        assert code != 0
+        assert time.monotonic() - signalled < 2.0
+        assert not _ended(run_log)
+
+        # The running jobs keep the leases of the dead worker until those expire (visibility
+        # timeout 2 s, extended by heartbeats until the exit)...
+        for job_id in running:
+            r = _get(db, job_id)
+            assert r.state == "processing" and r.lease_expires_at is not None and r.lease_expires_at > now(), r
+        assert db.backend.jobs_rescue_expired(JobsRescueParams(now())) == 0
+        # ...then rescue returns them to pending, the lost delivery still counted.
+        rescued = [0]
+
+        def rescue() -> bool:
+            rescued[0] += db.backend.jobs_rescue_expired(JobsRescueParams(now()))
+            return rescued[0] >= len(running)
+
+        wait_until(rescue, e2e_app.VISIBILITY_TIMEOUT + 5, "rescue of the expired leases", interval=0.1)
+        assert rescued[0] == len(running)
+        for job_id in running:
+            r = _get(db, job_id)
+            assert (r.state, r.attempts, r.deliveries, r.lease_expires_at) == ("pending", 0, 1, None), r
+        for job_id in buffered:
+            r = _get(db, job_id)
+            assert (r.state, r.attempts, r.deliveries, r.lease_expires_at) == ("pending", 0, 0, None), r
+    finally:
+        db.close()
+        producer.close()
