@@ -58,10 +58,11 @@ def _run(url: str, producer: App, db: Db, procs: Procs) -> None:
     assert len(kinds) == TOTAL
 
     def start_worker(i: int) -> Proc:
-        # --visibility-timeout: the lease given at acquire, before the task's (2 s) applies;
-        # short too, so that the buffered jobs of a killed worker come back fast.
-        argv = worker_argv(url, "--processes", "1", "--concurrency", "8", "--visibility-timeout", "2", "--burst")
-        return procs.start(f"worker{i}", argv)
+        # --visibility-timeout: the lease given at acquire before the task's own (2 s) applies;
+        # short too, so that the buffered jobs of a killed worker come back fast. Each job sleeps
+        # 15 ms: about 1,000 jobs/s over the 16 slots, so that the kills land mid-run.
+        argv = worker_argv(url, "--processes", "1", "--concurrency", "4", "--visibility-timeout", "2", "--burst")
+        return procs.start(f"worker{i}", argv, env={"E2E_WORK_SLEEP": "0.015"})
 
     workers = [start_worker(i) for i in range(WORKERS)]
     host = socket.gethostname()

@@ -1,0 +1,229 @@
+"""The real ``conveyor`` command, run as a subprocess: outputs, JSON shapes, exit codes, and one-line
+errors (never a traceback) for bad input."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from . import e2e_app
+from ._support import APP_PATH, REPO, child_env
+
+UUID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$")
+
+
+def _command() -> list[str]:
+    """The installed console script next to this interpreter (what a user runs), else ``-m``."""
+    script = Path(sys.executable).with_name("conveyor")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "conveyor"]
+
+
+@dataclass
+class Run:
+    code: int
+    out: str
+    err: str
+
+    def json(self) -> Any:
+        assert self.code == 0, self
+        return json.loads(self.out)
+
+
+def conveyor(db: str | None, *args: str, timeout: float = 60) -> Run:
+    argv = [*_command(), *(["--db", db] if db else []), *args]
+    done = subprocess.run(argv, cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=timeout)
+    return Run(done.returncode, done.stdout, done.stderr)
+
+
+def assert_one_line_error(run: Run, *fragments: str, code: int | None = None) -> str:
+    """Non-zero exit, exactly one line on stderr (``conveyor: error: ...``), no traceback anywhere."""
+    assert run.code != 0, run
+    if code is not None:
+        assert run.code == code, run
+    assert "Traceback" not in run.err + run.out, run
+    lines = run.err.strip().splitlines()
+    assert len(lines) == 1, run.err
+    assert lines[0].startswith("conveyor: error: "), lines[0]
+    for fragment in fragments:
+        assert fragment in lines[0], (fragment, lines[0])
+    return lines[0]
+
+
+def send(db: str, task: str, payload: dict[str, Any], *options: str) -> str:
+    run = conveyor(db, "send", e2e_app.WORK_QUEUE, task, "--payload", json.dumps(payload), *options)
+    assert run.code == 0 and run.err == "", run
+    job_id = run.out.strip()
+    assert UUID_RE.match(job_id), run.out
+    return job_id
+
+
+def stats(db: str) -> dict[str, dict[str, Any]]:
+    return {row["queue"]: row for row in conveyor(db, "stats", "--json").json()}
+
+
+def test_migrate(database_url: str) -> None:
+    first = conveyor(database_url, "migrate")
+    assert first.code == 0 and first.err == "", first
+    assert re.fullmatch(r"applied \d+ migration\(s\)(: .+)?\n", first.out), first.out
+    if database_url.startswith("postgresql"):
+        # PostgreSQL is migrated only on request: the first call applies every migration.
+        assert not first.out.startswith("applied 0 "), first.out
+    again = conveyor(database_url, "migrate")
+    assert (again.code, again.out, again.err) == (0, "applied 0 migration(s)\n", "")
+
+
+def test_send_stats_and_job(database_url: str) -> None:
+    assert conveyor(database_url, "migrate").code == 0
+    first = send(database_url, e2e_app.WORK, {"kind": "ok", "n": 1})
+    as_json = conveyor(
+        database_url, "send", "e2e", e2e_app.WORK, "--payload", '{"kind": "ok", "n": 2}', "--priority", "5", "--json"
+    ).json()
+    assert set(as_json) == {"id"} and UUID_RE.match(as_json["id"])
+    send(database_url, e2e_app.WORK, {"kind": "ok", "n": 3}, "--delay", "3600")
+    keyed = send(database_url, e2e_app.WORK, {"kind": "ok", "n": 4}, "--idempotency-key", "order-4")
+    assert send(database_url, e2e_app.WORK, {"kind": "ok", "n": 5}, "--idempotency-key", "order-4") == keyed
+
+    row = stats(database_url)["e2e"]
+    assert (row["pending"], row["scheduled"], row["processing"], row["completed"], row["dead"]) == (3, 1, 0, 0, 0)
+    assert row["oldest_pending_age"] is not None and row["oldest_pending_age"] >= 0
+    table = conveyor(database_url, "stats")
+    assert table.code == 0 and "e2e" in table.out
+
+    job = conveyor(database_url, "job", first, "--json").json()
+    assert (job["id"], job["queue"], job["task"], job["state"]) == (first, "e2e", e2e_app.WORK, "pending")
+    assert (job["attempts"], job["deliveries"], job["payload"], job["error"]) == (0, 0, {"kind": "ok", "n": 1}, None)
+    assert job["headers"]["schema_version"] == 1 and job["headers"]["correlation_id"] == first
+    prioritised = conveyor(database_url, "job", as_json["id"], "--json").json()
+    assert prioritised["priority"] == 5
+    text = conveyor(database_url, "job", first)
+    assert text.code == 0 and "pending" in text.out and first in text.out
+
+
+def test_bad_input_is_one_line_and_enqueues_nothing(sqlite_url: str) -> None:
+    """Bad input: one line on stderr, a non-zero exit, nothing enqueued."""
+    assert_one_line_error(conveyor(sqlite_url, "send", "e2e", "t", "--payload", "{bad"), "--payload is not valid JSON")
+    assert_one_line_error(conveyor(sqlite_url, "send", "e2e", "t", "--payload", "[1, 2]"), "must be a JSON object")
+    assert_one_line_error(conveyor(sqlite_url, "send", "e2e", "t", "--payload", "{}", "--headers", "x"), "--headers")
+    assert_one_line_error(conveyor(sqlite_url, "send", "e2e", "t", "--payload", '{"x": NaN}'), "not JSON")
+    assert_one_line_error(conveyor(sqlite_url, "send", "e2e", "t", "--delay", "-1"), "--delay", code=2)
+    assert_one_line_error(conveyor(sqlite_url, "send", "e2e"), "TASK", code=2)
+    assert_one_line_error(conveyor(sqlite_url, "job", "not-a-uuid"), "not-a-uuid")
+    assert_one_line_error(conveyor(sqlite_url, "job", "0190f1b4-3a5e-7c3d-9b1e-7f5d2a9c4e81"), "0190f1b4")
+    assert stats(sqlite_url) == {}
+
+
+def test_bad_database_url_is_one_line() -> None:
+    assert_one_line_error(conveyor("mysql://nobody@localhost/x", "stats"), "mysql")
+    assert_one_line_error(conveyor("not a url", "stats"), "not a database URL")
+
+
+def test_dlq_list_show_replay_purge_and_audit(database_url: str) -> None:
+    assert conveyor(database_url, "migrate").code == 0
+    dead = [send(database_url, e2e_app.WORK, {"kind": "permanent", "n": n}) for n in range(3)]
+    done = send(database_url, e2e_app.WORK, {"kind": "ok", "n": 3})
+    unknown = send(database_url, "no.such.task", {"n": 4})
+    worker = conveyor(database_url, "worker", APP_PATH, "--queues", "e2e", "--burst", timeout=120)
+    assert worker.code == 0, worker
+    row = stats(database_url)["e2e"]
+    assert (row["pending"], row["processing"], row["completed"], row["dead"]) == (0, 0, 1, 4)
+
+    # list: newest first, filters, JSON shape.
+    listed = conveyor(database_url, "dlq", "list", "--json").json()
+    assert {r["id"] for r in listed} == {*dead, unknown}
+    by_id = {r["id"]: r for r in listed}
+    assert {(by_id[i]["reason"], by_id[i]["error_type"], by_id[i]["attempts"]) for i in dead} == {
+        ("permanent_error", "ValueError", 1)
+    }
+    assert (by_id[unknown]["reason"], by_id[unknown]["attempts"]) == ("unknown_task", 0)
+    assert [r["failed_at"] for r in listed] == sorted((r["failed_at"] for r in listed), reverse=True)
+    only_value_errors = conveyor(database_url, "dlq", "list", "--error-type", "ValueError", "--json").json()
+    assert {r["id"] for r in only_value_errors} == set(dead)
+    only_unknown = conveyor(database_url, "dlq", "list", "--task", "no.such.task", "--json").json()
+    assert [r["id"] for r in only_unknown] == [unknown]
+    assert conveyor(database_url, "dlq", "list", "--queue", "elsewhere", "--json").json() == []
+    table = conveyor(database_url, "dlq", "list")
+    assert table.code == 0 and "Dead letters" in table.out
+
+    # show: everything needed to replay.
+    shown = conveyor(database_url, "dlq", "show", dead[0], "--json").json()
+    assert (shown["state"], shown["reason"], shown["queue"], shown["task"]) == (
+        "dead",
+        "permanent_error",
+        "e2e",
+        "e2e.work",
+    )
+    assert shown["payload"] == {"kind": "permanent", "n": 0}
+    assert shown["error"]["type"] == "ValueError" and shown["error"]["message"] == "job 0: permanent failure"
+    assert "Traceback" in shown["error"]["traceback"] and "ValueError" in shown["error"]["traceback"]
+    assert shown["finished_at"] is not None
+    assert_one_line_error(conveyor(database_url, "dlq", "show", done), "not a dead letter")
+
+    # replay one by id: a new pending job with fresh attempts and replay_of set; audited.
+    replayed = conveyor(database_url, "dlq", "replay", dead[0], "--reason", "fixed the parser", "--json").json()
+    assert len(replayed) == 1 and replayed[0]["dead_id"] == dead[0]
+    new_id = replayed[0]["new_id"]
+    new_job = conveyor(database_url, "job", new_id, "--json").json()
+    assert (new_job["state"], new_job["attempts"], new_job["replay_of"]) == ("pending", 0, dead[0])
+    assert (new_job["queue"], new_job["task"], new_job["payload"]) == ("e2e", "e2e.work", {"kind": "permanent", "n": 0})
+    assert conveyor(database_url, "job", dead[0], "--json").json()["replayed_by"] == new_id
+    again = conveyor(database_url, "dlq", "replay", dead[0], "--reason", "twice")
+    assert again.code == 0 and again.out.strip() == "replayed 0 of 1 dead letter(s)", again
+    assert "not unreplayed dead letters" in again.err
+    assert_one_line_error(conveyor(database_url, "dlq", "replay", dead[1]), "--reason", code=2)
+    assert_one_line_error(conveyor(database_url, "dlq", "replay", "--all", "--reason", "r"), "--queue")
+    assert_one_line_error(conveyor(database_url, "dlq", "replay", "--reason", "r"), "--all")
+    assert_one_line_error(conveyor(database_url, "dlq", "replay", "xyz", "--reason", "r"), "xyz")
+
+    # purge: gone for good; audited.
+    purged = conveyor(database_url, "dlq", "purge", dead[1], "--reason", "test data", "--actor", "ops@example", "--yes")
+    assert (purged.code, purged.out) == (0, "purged 1 dead letter(s)\n"), purged
+    assert_one_line_error(conveyor(database_url, "job", dead[1]), dead[1])
+
+    # replay --all --queue, narrowed by error type, rate-limited.
+    bulk = conveyor(
+        database_url,
+        "dlq",
+        "replay",
+        "--all",
+        "--queue",
+        "e2e",
+        "--error-type",
+        "ValueError",
+        "--rate",
+        "50",
+        "--reason",
+        "bulk retry",
+        "--json",
+    ).json()
+    assert [p["dead_id"] for p in bulk] == [dead[2]]
+    assert [r["id"] for r in conveyor(database_url, "dlq", "list", "--json").json()] == [unknown]
+
+    audit = conveyor(database_url, "audit", "--json").json()
+    assert [(a["action"], a["reason"], a["job_ids"]) for a in audit] == [
+        ("replay", "bulk retry", [dead[2]]),
+        ("purge", "test data", [dead[1]]),
+        # Every call is audited, even one that found nothing to replay.
+        ("replay", "twice", []),
+        ("replay", "fixed the parser", [dead[0]]),
+    ]
+    assert audit[1]["actor"] == "ops@example"
+    assert audit[0]["actor"].endswith("@cli") or audit[0]["actor"] == "cli"
+    assert all(a["at"] for a in audit)
+    table = conveyor(database_url, "audit")
+    assert table.code == 0 and "purge" in table.out
+
+    row = stats(database_url)["e2e"]
+    assert (row["pending"], row["completed"], row["dead"]) == (2, 1, 1)
+
+
+@pytest.mark.parametrize("args", [["--help"], ["worker", "--help"], ["dlq", "replay", "--help"]])
+def test_help(args: list[str]) -> None:
+    run = conveyor(None, *args)
+    assert run.code == 0 and run.out.startswith("Usage: conveyor") and run.err == "", run
