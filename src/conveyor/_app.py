@@ -236,28 +236,39 @@ class App:
             policy = self.queues.get(queue)
             if policy is None or policy.max_depth is None:
                 continue
-            depth, drained, window = self._load(queue, now)
-            for row in queued:
-                limit = policy.limit_for(row.priority)
-                assert limit is not None
-                if depth + 1 > limit:
-                    rate = drained / window if drained else 0.0
-                    excess = depth + 1 - limit
-                    retry_after = excess / rate if rate > 0 else window
-                    raise QueueFull(queue, depth, limit, max(0.1, min(retry_after, 3600.0)))
-                depth += 1
-            cached = self._loads.get(queue)
-            if cached is not None:
-                self._loads[queue] = (cached[0], cached[1] + len(queued), cached[2])
+            refusal = self._refusal(policy, queued, self._load(queue, now, fresh=False))
+            if refusal is not None:
+                # The cached depth may count jobs that have drained since: refuse only on a fresh reading.
+                refusal = self._refusal(policy, queued, self._load(queue, now, fresh=True))
+            if refusal is not None:
+                raise refusal
+            tick, depth, drained = self._loads[queue]
+            self._loads[queue] = (tick, depth + len(queued), drained)
 
-    def _load(self, queue: str, now: datetime) -> tuple[int, int, float]:
+    @staticmethod
+    def _refusal(policy: QueuePolicy, queued: Sequence[NewJob], load: tuple[int, int]) -> QueueFull | None:
+        depth, drained = load
+        window = 60.0
+        for row in queued:
+            limit = policy.limit_for(row.priority)
+            assert limit is not None
+            if depth + 1 > limit:
+                rate = drained / window
+                excess = depth + 1 - limit
+                retry_after = excess / rate if rate > 0 else window
+                return QueueFull(policy.name, depth, limit, max(0.1, min(retry_after, 3600.0)))
+            depth += 1
+        return None
+
+    def _load(self, queue: str, now: datetime, fresh: bool) -> tuple[int, int]:
+        """(live depth, jobs drained in the last minute), read at most every 100 ms unless ``fresh``."""
         cached = self._loads.get(queue)
         tick = time.monotonic()
-        if cached is None or tick - cached[0] > 0.1:
-            load = self.backend.queue_load(QueueLoadParams(queue, now))
+        if fresh or cached is None or tick - cached[0] > 0.1:
+            load = self.backend.queue_load(QueueLoadParams(queue, now, window=60.0))
             cached = (tick, load.depth, load.drained)
             self._loads[queue] = cached
-        return cached[1], cached[2], 60.0
+        return cached[1], cached[2]
 
     # -- topics ----------------------------------------------------------------------------------
 

@@ -103,6 +103,7 @@ class Worker:
             self.visibility_timeout,
             self.clock,
             poll,
+            self.weights,
         )
         executor = Executor(
             self.app,
