@@ -1,0 +1,1 @@
+"""Conveyor's benchmark suite: ``python -m bench`` (see bench/README.md)."""

@@ -1,0 +1,56 @@
+"""Conveyor's producer side and worker command for the driver."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+
+class Adapter:
+    name = "conveyor"
+    uses_postgres = True
+
+    def __init__(self, db: str, redis: str, options: dict[str, Any]) -> None:
+        os.environ["CONVEYOR_DATABASE_URL"] = db
+        from bench.apps import conveyor_app
+        from conveyor import Message
+
+        self.db = db
+        self.app = conveyor_app.app
+        self.task = conveyor_app.noop_sync if options.get("sync") else conveyor_app.noop
+        self.Message = Message
+        self.processes = int(options.get("processes", 1))
+        self.async_commit = bool(options.get("async_commit"))
+        if db.startswith("postgres"):
+            self.app.backend.migrate()
+
+    def version(self) -> str:
+        from importlib.metadata import version
+
+        return version("conveyor")
+
+    def bulk(self, payloads: list[dict[str, Any]]) -> None:
+        name = self.task.name
+        self.app.send_many([self.Message(task=name, payload=p) for p in payloads])
+
+    def single(self, payload: dict[str, Any]) -> None:
+        self.task.delay(**payload)
+
+    def worker_argv(self) -> list[str]:
+        return [
+            sys.executable, "-m", "conveyor", "--db", self.db, "worker", "bench.apps.conveyor_app:app",
+            "--concurrency", "10", "--processes", str(self.processes),
+        ]  # fmt: skip
+
+    def worker_env(self) -> dict[str, str]:
+        env = {"CONVEYOR_DATABASE_URL": self.db}
+        if self.async_commit:
+            # Not a Conveyor setting: libpq's PGOPTIONS makes every session of the worker process
+            # commit without waiting for the WAL flush (its acquires, acks and heartbeats). The
+            # producer (this process) keeps durable commits.
+            env["PGOPTIONS"] = "-c synchronous_commit=off"
+        return env
+
+    def close(self) -> None:
+        self.app.close()

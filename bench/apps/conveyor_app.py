@@ -1,0 +1,23 @@
+"""Conveyor's bench app: one no-op task whose only work is the side channel.
+
+The worker is Conveyor's own CLI: ``python -m conveyor --db URL worker bench.apps.conveyor_app:app
+--concurrency 10 --processes 1`` (defaults otherwise: prefetch 20, flush every 5 ms)."""
+
+from __future__ import annotations
+
+import os
+
+from bench._common import QUEUE, record
+from conveyor import App
+
+app = App(os.environ.get("CONVEYOR_DATABASE_URL"))
+
+
+@app.task(name="bench.noop", queue=QUEUE)
+async def noop(sent: float = 0.0, i: int = 0) -> None:
+    record(sent)
+
+
+@app.task(name="bench.noop_sync", queue=QUEUE)
+def noop_sync(sent: float = 0.0, i: int = 0) -> None:
+    record(sent)

@@ -1,0 +1,49 @@
+"""The benchmark suite's smoke form runs in CI so that it never rots (bench/README.md)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+EXPECTED = {"batch", "single", "drain", "latency", "sqlite_drain", "raw_sql_b10", "drain_big_tables", "rss"}
+
+
+@pytest.mark.timeout(180)
+def test_bench_smoke_writes_every_figure(tmp_path: Path, postgres_server_url: str) -> None:
+    out = tmp_path / "smoke.jsonl"
+    env = dict(os.environ, BENCH_WORK_DIR=str(tmp_path / "work"))
+    started = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench", "--smoke", "--pg", postgres_server_url, "--out", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=170,
+    )
+    elapsed = time.monotonic() - started
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
+    meta = [r for r in rows if r["figure"] == "meta"]
+    assert len(meta) == 1 and meta[0]["machine"]["nproc"] >= 1
+    figures = {r["figure"]: r for r in rows if r["figure"] != "meta"}
+    assert set(figures) == EXPECTED, sorted(figures)
+    failed = {name: r.get("error") for name, r in figures.items() if not r.get("ok")}
+    assert not failed, failed
+    for name in ("batch", "single", "drain", "sqlite_drain", "raw_sql_b10", "drain_big_tables", "rss"):
+        assert figures[name]["rate"] > 0, name
+    assert figures["drain"]["done"] == figures["drain"]["n"]
+    assert 0 < figures["latency"]["p50_ms"] <= figures["latency"]["p99_ms"]
+    assert [count for count, _ in figures["rss"]["rss_kib"]] == [500, 2000]
+    table = out.with_suffix(".md").read_text()
+    assert "| (3) drain of 300, jobs/s" in table and "| target | measured | met |" in table
+    # The smoke form is meant to take seconds (issue 4: under a minute).
+    assert elapsed < 60, f"bench smoke took {elapsed:.0f}s"
