@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import heapq
 import json
@@ -89,6 +90,43 @@ class _Key:
     expires_at: datetime | None
 
 
+class _KeyLine:
+    """The live rows of one ordering key of one queue, in id (enqueue) order."""
+
+    def __init__(self) -> None:
+        self.ids: list[int] = []  # sorted; ints compare far faster than UUIDs
+        self.rows: dict[int, _Row] = {}
+        self.in_flight = 0  # how many of the rows are processing
+
+    def add(self, row: _Row) -> None:
+        # Ids are UUIDv7, so a new row is nearly always the largest and insort appends.
+        bisect.insort(self.ids, row.id.int)
+        self.rows[row.id.int] = row
+
+    def remove(self, row: _Row) -> None:
+        del self.ids[bisect.bisect_left(self.ids, row.id.int)]
+        del self.rows[row.id.int]
+
+    def eligible(self) -> _Row | None:
+        """The key's head (its smallest live id) if no job of the key is in flight, else None.
+
+        The in-flight test is not implied by the head test: ids are minted before commit, so a
+        smaller id may be inserted after a larger one of its key was already handed out."""
+        if self.in_flight or not self.ids:
+            return None
+        return self.rows[self.ids[0]]
+
+
+class _Queue:
+    """The live rows of one queue, indexed for acquire."""
+
+    def __init__(self) -> None:
+        self.rows: dict[UUID, _Row] = {}
+        # Pending rows without an ordering key: what acquire scans, with the head of each key.
+        self.unkeyed_pending: dict[UUID, _Row] = {}
+        self.keys: dict[str, _KeyLine] = {}
+
+
 class MemoryBackend:
     """The storage contract in process memory: for tests and for the testing kit (``memory://``).
 
@@ -113,12 +151,10 @@ class MemoryBackend:
 
     def __init__(self) -> None:
         self._lock = threading.Condition(threading.Lock())
+        # Live rows, by id and by queue; processing rows apart, for rescue.
         self._jobs: dict[UUID, _Row] = {}
-        # Ids of pending rows per queue: what acquire scans, so it never walks other queues.
-        self._pending: dict[str, set[UUID]] = {}
-        self._processing: set[UUID] = set()
-        # Live ids per (queue, ordering key): the head of a key is the smallest of them.
-        self._keyed: dict[tuple[str, str], set[UUID]] = {}
+        self._queues: dict[str, _Queue] = {}
+        self._processing: dict[UUID, _Row] = {}
         self._archive: dict[UUID, base.JobRecord] = {}
         self._idempotency: dict[tuple[str, str], _Key] = {}
         self._processed: dict[str, datetime] = {}
@@ -203,10 +239,7 @@ class MemoryBackend:
     def _apply_insert(self, rows: list[_Row], claims: dict[tuple[str, str], _Key]) -> None:
         self._idempotency.update(claims)
         for row in rows:
-            self._jobs[row.id] = row
-            self._pending.setdefault(row.queue, set()).add(row.id)
-            if row.ordering_key is not None:
-                self._keyed.setdefault((row.queue, row.ordering_key), set()).add(row.id)
+            self._add_live(row)
         self._notify(row.queue for row in rows)
 
     # ------------------------------------------------------------------ consuming
@@ -218,26 +251,18 @@ class MemoryBackend:
         now = _utc(params.now)
         lease = now + timedelta(seconds=params.visibility_timeout)
         with self._lock:
-            # The one job of each ordering key that may be handed out now, or None for a key
-            # that has a job in flight; computed once per key and call.
-            eligible: dict[str, UUID | None] = {}
-            ready: list[_Row] = []
-            for job_id in self._pending.get(params.queue, ()):
-                row = self._jobs[job_id]
-                if row.run_at > now:
-                    continue
-                if row.ordering_key is not None:
-                    if row.ordering_key not in eligible:
-                        eligible[row.ordering_key] = self._key_head(row.queue, row.ordering_key)
-                    if eligible[row.ordering_key] != row.id:
-                        continue
-                ready.append(row)
-            chosen = heapq.nsmallest(params.limit, ready, key=lambda r: (-r.priority, r.run_at, r.id))
+            queue = self._queues.get(params.queue)
+            if queue is None:
+                return []
+            ready = [row for row in queue.unkeyed_pending.values() if row.run_at <= now]
+            for line in queue.keys.values():
+                head = line.eligible()
+                if head is not None and head.state == "pending" and head.run_at <= now:
+                    ready.append(head)
+            chosen = heapq.nsmallest(params.limit, ready, key=_hand_out_order)
             deliveries: list[base.Delivery] = []
             for row in chosen:
-                self._pending[row.queue].discard(row.id)
-                self._processing.add(row.id)
-                row.state = "processing"
+                self._to_processing(row)
                 row.deliveries += 1
                 row.receipt = secrets.token_hex(16)
                 row.lease_expires_at = lease
@@ -247,17 +272,6 @@ class MemoryBackend:
                     row.first_started_at = now
                 deliveries.append(_delivery(row, row.receipt, lease))
             return deliveries
-
-    def _key_head(self, queue: str, ordering_key: str) -> UUID | None:
-        """The id of the key's head (its smallest live id), or None while a job of the key is in
-        flight.
-
-        The in-flight test is not implied by the head test: ids are minted before commit, so a
-        smaller id may be inserted after a larger one of its key was already handed out."""
-        keyed = self._keyed[(queue, ordering_key)]
-        if any(self._jobs[job_id].state == "processing" for job_id in keyed):
-            return None
-        return min(keyed)
 
     def _held(self, job_id: UUID, receipt: str) -> _Row | None:
         """The processing row this delivery still holds, or None (the receipt is stale)."""
@@ -276,27 +290,16 @@ class MemoryBackend:
                 raise BackendError(f"not a terminal state: {item.state!r}")
         now = _utc(params.now)
         with self._lock:
-            held = [(item, row) for item in items if (row := self._held(item.id, item.receipt)) is not None]
-            for _, row in held:
-                if row.id in self._archive:
-                    raise BackendError(f"an archived job with id {row.id} already exists")
-            for item, row in held:
+            applied = 0
+            for item in items:
+                row = self._held(item.id, item.receipt)
+                if row is None:
+                    continue
                 self._remove_live(row)
-                error = item.error
-                record = dataclasses.replace(
-                    row.record(),
-                    state=item.state,
-                    attempts=row.attempts + (1 if item.ran else 0),
-                    lease_expires_at=None,
-                    error_type=row.error_type if error is None else error.type,
-                    error_message=row.error_message if error is None else error.message,
-                    traceback=row.traceback if error is None else error.traceback,
-                    finished_at=now,
-                    result=item.result,
-                    reason=item.reason,
-                )
-                self._archive[row.id] = record
-            return len(held)
+                # Inserts and replays never reuse a stored id, so the archive has no row of this id.
+                self._archive[row.id] = _archived(row, item, now)
+                applied += 1
+            return applied
 
     def jobs_retry_many(self, params: base.JobsRetryParams) -> int:
         """Return deliveries to pending at their run_at with the attempt counted; return how many applied."""
@@ -361,34 +364,64 @@ class MemoryBackend:
         with self._lock:
             expired = [
                 row
-                for job_id in self._processing
-                if (row := self._jobs[job_id]).lease_expires_at is not None and row.lease_expires_at < now
+                for row in self._processing.values()
+                if row.lease_expires_at is not None and row.lease_expires_at < now
             ]
             chosen = heapq.nsmallest(max(0, params.limit), expired, key=lambda r: (r.lease_expires_at, r.id))
             for row in chosen:
                 self._to_pending(row)
             return len(chosen)
 
+    # Every change of a live row's state goes through the four methods below, which keep the
+    # indexes (by queue, by ordering key, processing) in step with the rows.
+
+    def _add_live(self, row: _Row) -> None:
+        """Store a new pending row."""
+        queue = self._queues.setdefault(row.queue, _Queue())
+        self._jobs[row.id] = row
+        queue.rows[row.id] = row
+        if row.ordering_key is None:
+            queue.unkeyed_pending[row.id] = row
+        else:
+            queue.keys.setdefault(row.ordering_key, _KeyLine()).add(row)
+
+    def _to_processing(self, row: _Row) -> None:
+        queue = self._queues[row.queue]
+        row.state = "processing"
+        self._processing[row.id] = row
+        if row.ordering_key is None:
+            del queue.unkeyed_pending[row.id]
+        else:
+            queue.keys[row.ordering_key].in_flight += 1
+
     def _to_pending(self, row: _Row) -> None:
+        """Return a processing row to pending, clearing its receipt and lease."""
+        queue = self._queues[row.queue]
         # Clearing the receipt fences the delivery that held the row: its later calls are stale.
         row.state = "pending"
         row.receipt = None
         row.lease_expires_at = None
-        self._processing.discard(row.id)
-        self._pending.setdefault(row.queue, set()).add(row.id)
+        del self._processing[row.id]
+        if row.ordering_key is None:
+            queue.unkeyed_pending[row.id] = row
+        else:
+            queue.keys[row.ordering_key].in_flight -= 1
 
     def _remove_live(self, row: _Row) -> None:
+        queue = self._queues[row.queue]
         del self._jobs[row.id]
-        self._processing.discard(row.id)
-        pending = self._pending.get(row.queue)
-        if pending is not None:
-            pending.discard(row.id)
-        if row.ordering_key is not None:
-            slot = (row.queue, row.ordering_key)
-            keyed = self._keyed[slot]
-            keyed.discard(row.id)
-            if not keyed:
-                del self._keyed[slot]
+        del queue.rows[row.id]
+        if row.state == "processing":
+            del self._processing[row.id]
+        if row.ordering_key is None:
+            queue.unkeyed_pending.pop(row.id, None)
+        else:
+            line = queue.keys[row.ordering_key]
+            line.remove(row)
+            if row.state == "processing":
+                line.in_flight -= 1
+            if not line.ids:
+                del queue.keys[row.ordering_key]
 
     # ------------------------------------------------------------------ reading
 
@@ -403,13 +436,15 @@ class MemoryBackend:
     def jobs_list(self, params: base.JobsListParams) -> list[base.JobRecord]:
         """Live rows in id order after ``params.after``, optionally of one queue."""
         with self._lock:
-            rows = [
-                row
-                for row in self._jobs.values()
-                if (params.queue is None or row.queue == params.queue)
-                and (params.after is None or row.id > params.after)
-            ]
-            return [row.record() for row in heapq.nsmallest(max(0, params.limit), rows, key=lambda r: r.id)]
+            if params.queue is None:
+                live: Iterable[_Row] = self._jobs.values()
+            else:
+                queue = self._queues.get(params.queue)
+                live = () if queue is None else queue.rows.values()
+            after = None if params.after is None else params.after.int
+            rows = [row for row in live if after is None or row.id.int > after]
+            chosen = heapq.nsmallest(max(0, params.limit), rows, key=lambda r: r.id.int)
+            return [row.record() for row in chosen]
 
     def queues_stats(self, params: base.QueuesStatsParams) -> list[base.QueueStats]:
         """Counts for every queue that has live or archived rows, by queue name."""
@@ -490,8 +525,8 @@ class MemoryBackend:
                 if dead_id in seen or record is None or record.state != "dead" or record.replayed_by is not None:
                     continue
                 seen.add(dead_id)
-                if new_id in self._jobs or new_id in new_ids:
-                    raise BackendError(f"a live job with id {new_id} already exists")
+                if new_id in self._jobs or new_id in self._archive or new_id in new_ids:
+                    raise BackendError(f"cannot replay {dead_id} as {new_id}: a job with that id already exists")
                 new_ids.add(new_id)
                 pairs.append((dead_id, new_id))
             rows: list[_Row] = []
@@ -682,9 +717,8 @@ class MemoryBackend:
         now = _utc(params.now)
         since = now - timedelta(seconds=params.window)
         with self._lock:
-            depth = len(self._pending.get(params.queue, ())) + sum(
-                1 for job_id in self._processing if self._jobs[job_id].queue == params.queue
-            )
+            queue = self._queues.get(params.queue)
+            depth = 0 if queue is None else len(queue.rows)
             drained = sum(
                 1
                 for r in self._archive.values()
@@ -781,6 +815,46 @@ def _delivery(row: _Row, receipt: str, lease_expires_at: datetime) -> base.Deliv
         ordering_key=row.ordering_key,
         receipt=receipt,
         lease_expires_at=lease_expires_at,
+    )
+
+
+def _hand_out_order(row: _Row) -> tuple[int, datetime, int]:
+    """Acquire's order: priority DESC, run_at, id."""
+    return (-row.priority, row.run_at, row.id.int)
+
+
+def _archived(row: _Row, item: base.Finish, now: datetime) -> base.JobRecord:
+    """The archive row for a live row ended by ``item`` at ``now``: an error given by the item
+    replaces the row's last one, a run counts an attempt."""
+    error = item.error
+    return base.JobRecord(
+        id=row.id,
+        queue=row.queue,
+        task=row.task,
+        payload=row.payload,
+        headers=row.headers,
+        state=item.state,
+        priority=row.priority,
+        run_at=row.run_at,
+        enqueued_at=row.enqueued_at,
+        expires_at=row.expires_at,
+        attempts=row.attempts + (1 if item.ran else 0),
+        deliveries=row.deliveries,
+        max_attempts=row.max_attempts,
+        max_deliveries=row.max_deliveries,
+        idempotency_key=row.idempotency_key,
+        ordering_key=row.ordering_key,
+        replay_of=row.replay_of,
+        first_started_at=row.first_started_at,
+        started_at=row.started_at,
+        lease_expires_at=None,
+        worker_id=row.worker_id,
+        error_type=row.error_type if error is None else error.type,
+        error_message=row.error_message if error is None else error.message,
+        traceback=row.traceback if error is None else error.traceback,
+        finished_at=now,
+        result=item.result,
+        reason=item.reason,
     )
 
 
