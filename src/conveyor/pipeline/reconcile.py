@@ -129,8 +129,7 @@ def reconcile(
 
         jars = jdbc_jars(os.fspath(business)) if isinstance(business, str) else []
         spark = get_session(master, jars=jars)
-
-        # The business table is read before the queue snapshot so that a bad path fails fast.
+    # The business table is read before the queue snapshot so that a bad path fails fast.
     biz = load_business(spark, business, business_table)
     for column in (key_column, status_column, *payload_columns):
         if column not in biz.columns:
@@ -172,7 +171,7 @@ def _queue_state(
         mark = read_watermark(export_dir)
         if mark.live_snapshot_at is None:
             raise PipelineError(f"{export_dir} has no live snapshot: export it with --include-live, or pass --db")
-        return _dedupe(load_jobs(spark, export_dir)), mark.live_snapshot_at
+        return load_jobs(spark, export_dir), mark.live_snapshot_at
     from conveyor.backends import open_backend
 
     try:
@@ -197,12 +196,7 @@ def _queue_state(
             jobs = jobs.unionByName(spark.read.schema(spark_ddl()).parquet(str(tail_path)))
     finally:
         backend.close()
-    return _dedupe(jobs), now
-
-
-def _dedupe(jobs: DataFrame) -> DataFrame:
-    """One row per job id; the archive row wins over a live row of a job that ended meanwhile."""
-    return jobs
+    return jobs, now
 
 
 def _classify(
@@ -228,8 +222,8 @@ def _classify(
     if key_kind == "idempotency_key":
         keyed = jobs.where(F.col("idempotency_key").isNotNull()).withColumn("key", F.col("idempotency_key"))
     else:
-        candidates = F.array(*(F.struct(F.col(c).alias("k")) for c in ("job_id", "idempotency_key", "replay_of")))
-        keyed = jobs.withColumn("key", F.explode(candidates)["k"]).where(F.col("key").isNotNull())
+        candidates = F.array_distinct(F.array("job_id", "idempotency_key", "replay_of"))
+        keyed = jobs.withColumn("key", F.explode(candidates)).where(F.col("key").isNotNull())
     keyed = keyed.join(records.select("key").distinct(), "key", "left_semi")
     # Several jobs can match one key (a replay, a requeue, the same job seen live and archived):
     # the latest job decides, and of one job the archived (ended) row is the newer truth.

@@ -1,0 +1,84 @@
+"""Bulk enqueue from a DataFrame: batched sends, deterministic keys, and a Spark task retry."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from pyspark.sql import SparkSession
+
+from conveyor.backends import open_backend
+from conveyor.backends.base import JobRecord, JobsListParams
+from conveyor.pipeline import PipelineError, enqueue_dataframe
+from conveyor.pipeline.enqueue import row_key
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:pyspark")
+
+
+def live_jobs(url: str) -> list[JobRecord]:
+    backend = open_backend(url)
+    try:
+        return backend.jobs_list(JobsListParams(limit=100_000))
+    finally:
+        backend.close()
+
+
+def test_a_task_retried_after_a_partial_send_enqueues_nothing_twice(spark: SparkSession, sqlite_url: str) -> None:
+    # Defined inside the test so that Spark pickles it by value: the executors cannot import
+    # test modules.
+    def fail_first_attempt_of_partition_0(sent: int) -> None:
+        """After each batch in the executor: the first attempt of partition 0 dies after one batch."""
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        assert ctx is not None
+        if ctx.partitionId() == 0 and ctx.attemptNumber() == 0 and sent >= 10:
+            raise RuntimeError("injected executor failure after the first batch")
+
+    df = spark.createDataFrame([(f"order-{i}", i * 10) for i in range(40)], "order_id STRING, amount INT").repartition(
+        2
+    )
+    result = enqueue_dataframe(
+        df,
+        sqlite_url,
+        "billing",
+        "charge",
+        key_column="order_id",
+        batch_size=10,
+        after_batch=fail_first_attempt_of_partition_0,
+    )
+    jobs = live_jobs(sqlite_url)
+    assert len(jobs) == 40
+    assert sorted(j.idempotency_key or "" for j in jobs) == sorted(f"order-{i}" for i in range(40))
+    assert {j.queue for j in jobs} == {"billing"} and {j.task for j in jobs} == {"charge"}
+    # The failed attempt's accumulator updates are dropped; its retry found the first batch held.
+    assert (result.rows, result.enqueued, result.duplicates) == (40, 30, 10)
+    payloads = [json.loads(j.payload) for j in jobs if j.idempotency_key == "order-3"]
+    assert payloads == [{"order_id": "order-3", "amount": 30}]
+
+
+def test_running_twice_enqueues_nothing_the_second_time_with_hashed_keys(spark: SparkSession, sqlite_url: str) -> None:
+    df = spark.createDataFrame([(i, f"user{i}@example.com") for i in range(25)], "user_id INT, email STRING")
+    first = enqueue_dataframe(df, sqlite_url, "emails", "welcome", batch_size=7, payload_columns=["email"])
+    second = enqueue_dataframe(df, sqlite_url, "emails", "welcome", batch_size=7, payload_columns=["email"])
+    assert (first.rows, first.enqueued, first.duplicates) == (25, 25, 0)
+    assert (second.rows, second.enqueued, second.duplicates) == (25, 0, 25)
+    jobs = live_jobs(sqlite_url)
+    assert len(jobs) == 25
+    expected = row_key("welcome", {"user_id": 0, "email": "user0@example.com"})
+    assert expected in {j.idempotency_key for j in jobs}
+    # The key depends on the row's content, not its column order.
+    assert row_key("t", {"a": 1, "b": 2}) == row_key("t", {"b": 2, "a": 1}) != row_key("u", {"a": 1, "b": 2})
+
+
+def test_bad_columns_are_refused_before_anything_is_sent(spark: SparkSession, sqlite_url: str, tmp_path: Path) -> None:
+    df = spark.createDataFrame([("a", 1), (None, 2)], "k STRING, v INT")
+    with pytest.raises(PipelineError, match="not in the input"):
+        enqueue_dataframe(df, sqlite_url, "q", "t", key_column="nope")
+    with pytest.raises(PipelineError, match="null values"):
+        enqueue_dataframe(df, sqlite_url, "q", "t", key_column="k")
+    with pytest.raises(PipelineError, match="payload columns"):
+        enqueue_dataframe(df, sqlite_url, "q", "t", payload_columns=["x"])
+    with pytest.raises(PipelineError, match="batch_size"):
+        enqueue_dataframe(df, sqlite_url, "q", "t", batch_size=0)

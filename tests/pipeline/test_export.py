@@ -1,0 +1,174 @@
+"""Export against real backends: partitioning, the schema, incremental runs, crash recovery, live snapshot."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pytest
+
+from conveyor._ids import uuid7
+from conveyor.backends import open_backend
+from conveyor.backends.base import (
+    Backend,
+    ErrorInfo,
+    Finish,
+    JobsAcquireParams,
+    JobsFinishParams,
+    JobsInsertParams,
+    NewJob,
+)
+from conveyor.pipeline import PipelineError, export, read_watermark
+from conveyor.pipeline.schema import arrow_schema_with_partitions
+
+DAY1 = datetime(2026, 3, 1, 23, 0, tzinfo=UTC)
+DAY2 = datetime(2026, 3, 2, 1, 0, tzinfo=UTC)
+
+
+@pytest.fixture
+def backend(database_url: str) -> Iterator[Backend]:
+    b = open_backend(database_url)
+    b.migrate()
+    try:
+        yield b
+    finally:
+        b.close()
+
+
+def insert(backend: Backend, queue: str, n: int, now: datetime, **kw: object) -> list[str]:
+    jobs = [
+        NewJob(
+            id=uuid7(),
+            queue=queue,
+            task="send",
+            payload="{}",
+            headers='{"tenant": "acme"}',
+            priority=0,
+            run_at=now,
+            max_attempts=5,
+            max_deliveries=10,
+            **kw,  # type: ignore[arg-type]
+        )
+        for _ in range(n)
+    ]
+    backend.jobs_insert_many(JobsInsertParams(jobs=jobs, now=now))
+    return [str(j.id) for j in jobs]
+
+
+def finish(backend: Backend, queue: str, n: int, now: datetime, state: str = "completed") -> None:
+    deliveries = backend.jobs_acquire(
+        JobsAcquireParams(queue=queue, limit=n, visibility_timeout=60, worker_id="w1", now=now)
+    )
+    assert len(deliveries) == n
+    error = ErrorInfo("ValueError", "bad input") if state == "dead" else None
+    items = [
+        Finish(id=d.id, receipt=d.receipt, state=state, error=error, reason="dead_on" if error else None)  # type: ignore[arg-type]
+        for d in deliveries
+    ]
+    assert backend.jobs_finish_many(JobsFinishParams(items=items, now=now)) == n
+
+
+def exported(out: Path, sub: str = "archive") -> pa.Table:
+    return ds.dataset(
+        out / sub, format="parquet", partitioning="hive", schema=arrow_schema_with_partitions()
+    ).to_table()
+
+
+def test_export_partitions_by_date_and_queue_and_resumes_without_duplicates(
+    backend: Backend, database_url: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "export"
+    insert(backend, "emails", 6, DAY1 - timedelta(minutes=5))
+    insert(backend, "billing", 3, DAY1 - timedelta(minutes=5))
+    finish(backend, "emails", 4, DAY1)
+    finish(backend, "billing", 2, DAY1, state="dead")
+    finish(backend, "emails", 2, DAY2)
+
+    first = export(database_url, out, now=DAY2 + timedelta(minutes=1))
+    assert (first.run, first.archive_rows, first.live_rows) == (1, 8, 0)
+    dirs = sorted(str(p.relative_to(out / "archive")) for p in (out / "archive").glob("*/*"))
+    assert dirs == ["date=2026-03-01/queue=billing", "date=2026-03-01/queue=emails", "date=2026-03-02/queue=emails"]
+    table = exported(out)
+    assert table.schema.equals(arrow_schema_with_partitions())
+    rows = table.to_pylist()
+    assert len({r["job_id"] for r in rows}) == 8
+    dead = [r for r in rows if r["state"] == "dead"]
+    assert len(dead) == 2 and {r["queue"] for r in dead} == {"billing"}
+    assert dead[0]["error_type"] == "ValueError" and dead[0]["attempts"] == 1 and dead[0]["deliveries"] == 1
+    assert json.loads(rows[0]["headers"])["tenant"] == "acme"
+    assert all(r["source"] == "archive" and r["finished_at"] is not None for r in rows)
+
+    # Nothing new: a second run adds nothing.
+    second = export(database_url, out, now=DAY2 + timedelta(minutes=2))
+    assert (second.run, second.archive_rows) == (2, 0)
+    # One more job ends: only it is added.
+    finish(backend, "billing", 1, DAY2 + timedelta(minutes=3))
+    third = export(database_url, out, now=DAY2 + timedelta(minutes=10))
+    assert third.archive_rows == 1 and third.watermark.archive_rows == 9
+    ids = exported(out).column("job_id").to_pylist()
+    assert len(ids) == len(set(ids)) == 9
+
+
+def test_rows_inside_the_settle_window_wait_for_the_next_run(
+    backend: Backend, database_url: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "export"
+    insert(backend, "q", 3, DAY1)
+    finish(backend, "q", 2, DAY1 + timedelta(seconds=10))
+    finish(backend, "q", 1, DAY1 + timedelta(seconds=20))
+    # At 22 s with 5 s of settling, the job that ended at 20 s is too fresh.
+    assert export(database_url, out, now=DAY1 + timedelta(seconds=22)).archive_rows == 2
+    assert export(database_url, out, now=DAY1 + timedelta(seconds=30)).archive_rows == 1
+    assert exported(out).num_rows == 3
+
+
+def test_a_run_that_crashed_before_committing_leaves_no_duplicates(
+    backend: Backend, database_url: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "export"
+    insert(backend, "q", 4, DAY1)
+    finish(backend, "q", 4, DAY1 + timedelta(seconds=1))
+    export(database_url, out, now=DAY1 + timedelta(minutes=1))
+    # Simulate run 2 dying after moving its files into place but before writing the watermark.
+    committed = next((out / "archive").rglob("part-r00000001-*.parquet"))
+    shutil.copy(committed, committed.with_name("part-r00000002-c00000-0.parquet"))
+    (out / "_staging" / "run-00000002").mkdir(parents=True)
+    assert exported(out).num_rows == 8
+    again = export(database_url, out, now=DAY1 + timedelta(minutes=2))
+    assert again.run == 2 and again.archive_rows == 0
+    assert exported(out).num_rows == 4
+    assert not (out / "_staging").exists()
+
+
+def test_include_live_writes_a_snapshot_that_replaces_the_previous_one(
+    backend: Backend, database_url: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "export"
+    insert(backend, "q", 3, DAY1, idempotency_key=None)
+    backend.jobs_acquire(JobsAcquireParams(queue="q", limit=1, visibility_timeout=60, worker_id="w9", now=DAY1))
+    result = export(database_url, out, include_live=True, now=DAY1 + timedelta(minutes=1))
+    assert result.live_rows == 3 and result.archive_rows == 0
+    live = exported(out, "live").to_pylist()
+    assert sorted(r["state"] for r in live) == ["pending", "pending", "processing"]
+    assert all(r["source"] == "live" and r["finished_at"] is None for r in live)
+    assert [r["worker_id"] for r in live if r["state"] == "processing"] == ["w9"]
+    assert read_watermark(out).live_snapshot_at == DAY1 + timedelta(minutes=1)
+
+    finish(backend, "q", 2, DAY1 + timedelta(minutes=2))
+    result = export(database_url, out, include_live=True, now=DAY1 + timedelta(minutes=3))
+    assert (result.live_rows, result.archive_rows) == (1, 2)
+    assert exported(out, "live").num_rows == 1
+
+
+def test_bad_arguments(tmp_path: Path, sqlite_url: str) -> None:
+    with pytest.raises(PipelineError, match="positive"):
+        export(sqlite_url, tmp_path / "x", page_size=0)
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "_watermark.json").write_text("{not json")
+    with pytest.raises(PipelineError, match="not a valid export watermark"):
+        read_watermark(tmp_path / "bad")

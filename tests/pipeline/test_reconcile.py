@@ -1,0 +1,153 @@
+"""Reconcile: every class on a hand-made history, then requeueing the lost against real databases."""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from pyspark.sql import SparkSession
+
+from conveyor import App, Message
+from conveyor.backends import open_backend
+from conveyor.backends.base import Finish, JobsAcquireParams, JobsFinishParams, JobsListParams
+from conveyor.pipeline import PipelineError, reconcile
+
+from .history import at, job_row
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:pyspark")
+
+SNAPSHOT = at(3600)
+
+
+def history() -> list[dict[str, object]]:
+    live = {"source": "live", "queue": "q"}
+    done = {"source": "archive", "queue": "q"}
+    return [
+        job_row(job_id="j2", idempotency_key="k2", state="pending", enqueued_at=at(3000), **live),
+        job_row(job_id="j3", idempotency_key="k3", state="pending", enqueued_at=at(3590), **live),
+        job_row(job_id="j4", idempotency_key="k4", state="processing", enqueued_at=at(0), started_at=at(3480), **live),
+        job_row(job_id="j5", idempotency_key="k5", enqueued_at=at(10), finished_at=at(20), **done),
+        job_row(job_id="j6", idempotency_key="k6", state="dead", enqueued_at=at(10), finished_at=at(20), **done),
+        job_row(job_id="j7", idempotency_key="k7", enqueued_at=at(10), finished_at=at(20), **done),
+        # k9: a dead letter replayed a minute before the snapshot; the replay decides.
+        job_row(job_id="j9", idempotency_key="k9", state="dead", enqueued_at=at(100), finished_at=at(200), **done),
+        job_row(job_id="j9b", idempotency_key="k9", replay_of="j9", state="pending", enqueued_at=at(3540), **live),
+        # k10: waiting for a retry due after the snapshot is not stuck, however old.
+        job_row(job_id="j10", idempotency_key="k10", state="pending", enqueued_at=at(0), run_at=at(3700), **live),
+        job_row(job_id="j11", idempotency_key="k11", state="expired", enqueued_at=at(0), finished_at=at(60), **done),
+        job_row(
+            job_id="j12", idempotency_key="k12", enqueued_at=at(0), finished_at=at(60), source="archive", queue="other"
+        ),
+        # k14 ended between the live snapshot and the archive read: seen in both, the archive wins.
+        job_row(
+            job_id="j14", idempotency_key="k14", state="processing", enqueued_at=at(0), started_at=at(3590), **live
+        ),
+        job_row(job_id="j14", idempotency_key="k14", enqueued_at=at(0), finished_at=at(3595), **done),
+    ]
+
+
+BUSINESS = [
+    ("k1", "pending", "lost"),
+    ("k2", "pending", "stuck"),
+    ("k3", "pending", "ok"),
+    ("k4", "pending", "stuck"),
+    ("k5", "pending", "done_not_recorded"),
+    ("k6", "pending", "dead"),
+    ("k7", "done", "ok"),
+    ("k8", "done", "ok"),
+    ("k9", "pending", "ok"),
+    ("k10", "pending", "ok"),
+    ("k11", "PENDING ", "dead"),
+    ("k12", "pending", "lost"),
+    ("k14", "pending", "done_not_recorded"),
+]
+
+
+def write_csv(path: Path, rows: list[tuple[str, str]]) -> Path:
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["order_id", "status", "amount"])
+        for i, (key, status) in enumerate(rows):
+            w.writerow([key, status, i])
+    return path
+
+
+def test_every_class_from_an_export_snapshot(
+    spark: SparkSession, write_history: Callable[..., Path], tmp_path: Path
+) -> None:
+    export_dir = write_history(history(), snapshot_at=SNAPSHOT)
+    biz = write_csv(tmp_path / "orders.csv", [(k, s) for k, s, _ in BUSINESS])
+    out = tmp_path / "out"
+    result = reconcile(
+        biz, "order_id", "status", export_dir=export_dir, queue="q", default_sla=60.0, out_dir=out, spark=spark
+    )
+    got = {r["key"]: r["class"] for r in spark.read.parquet(str(out / "reconcile")).collect()}
+    assert got == {k: c for k, _, c in BUSINESS}
+    assert result.counts == {"ok": 5, "lost": 2, "stuck": 2, "dead": 2, "done_not_recorded": 2}
+    assert result.lost_keys == ["k1", "k12"] and result.snapshot_at == SNAPSHOT
+    ages = {r["key"]: r["age_s"] for r in spark.read.parquet(str(out / "reconcile")).collect()}
+    assert (ages["k2"], ages["k4"]) == (600, 120)
+    # A per-queue SLA longer than both ages makes nothing stuck.
+    longer = reconcile(biz, "order_id", "status", export_dir=export_dir, queue="q", sla={"q": 900}, spark=spark)
+    assert longer.counts["stuck"] == 0 and longer.counts["ok"] == 7
+
+
+def test_job_id_keys_follow_replays(spark: SparkSession, write_history: Callable[..., Path], tmp_path: Path) -> None:
+    export_dir = write_history(history(), snapshot_at=SNAPSHOT)
+    biz = tmp_path / "orders.parquet"
+    pq.write_table(pa.table({"job": ["j5", "j9", "gone"], "state": ["pending", "pending", "pending"]}), biz)
+    result = reconcile(biz, "job", "state", export_dir=export_dir, key_kind="job_id", spark=spark)
+    assert result.counts == {"ok": 1, "lost": 1, "stuck": 0, "dead": 0, "done_not_recorded": 1}
+    assert result.lost_keys == ["gone"]
+
+
+def test_requeue_lost_twice_enqueues_once(spark: SparkSession, database_url: str, tmp_path: Path) -> None:
+    backend = open_backend(database_url)
+    backend.migrate()
+    app = App(database_url)
+    try:
+        app.send_many([Message(task="fulfil", payload={}, queue="orders", idempotency_key=k) for k in ("a1", "a2")])
+        now = datetime.now(UTC)
+        (d,) = backend.jobs_acquire(
+            JobsAcquireParams(queue="orders", limit=1, visibility_timeout=60, worker_id="w", now=now)
+        )
+        backend.jobs_finish_many(JobsFinishParams(items=[Finish(d.id, d.receipt, "completed")], now=now))
+        biz = write_csv(
+            tmp_path / "orders.csv",
+            [("a1", "pending"), ("a2", "pending"), ("a3", "pending"), ("a4", "pending"), ("a5", "shipped")],
+        )
+        kwargs = dict(queue="orders", task="fulfil", requeue_lost=True, payload_columns=["amount"], spark=spark)
+        first = reconcile(biz, "order_id", "status", database_url, **kwargs)  # type: ignore[arg-type]
+        assert first.counts == {"ok": 2, "lost": 2, "stuck": 0, "dead": 0, "done_not_recorded": 1}
+        assert (first.requeued, first.already_queued) == (2, 0)
+        second = reconcile(biz, "order_id", "status", database_url, **kwargs)  # type: ignore[arg-type]
+        assert second.counts == {"ok": 4, "lost": 0, "stuck": 0, "dead": 0, "done_not_recorded": 1}
+        assert (second.requeued, second.already_queued) == (0, 0)
+        live = backend.jobs_list(JobsListParams(queue="orders"))
+        assert sorted(j.idempotency_key or "" for j in live) == ["a2", "a3", "a4"]
+        requeued = [j for j in live if j.idempotency_key == "a3"]
+        assert requeued[0].task == "fulfil" and json.loads(requeued[0].payload) == {"order_id": "a3", "amount": "2"}
+    finally:
+        app.close()
+        backend.close()
+
+
+def test_bad_input(spark: SparkSession, tmp_path: Path, write_history: Callable[..., Path]) -> None:
+    biz = write_csv(tmp_path / "orders.csv", [("k1", "pending")])
+    with pytest.raises(PipelineError, match="--db"):
+        reconcile(biz, "order_id", "status", spark=spark)
+    no_live = write_history(history())
+    with pytest.raises(PipelineError, match="no live snapshot"):
+        reconcile(biz, "order_id", "status", export_dir=no_live, spark=spark)
+    with pytest.raises(PipelineError, match="column 'nope'"):
+        reconcile(biz, "nope", "status", export_dir=no_live, spark=spark)
+    with pytest.raises(PipelineError, match="does not exist"):
+        reconcile(tmp_path / "missing.csv", "order_id", "status", export_dir=no_live, spark=spark)
+    with pytest.raises(PipelineError, match="requeue"):
+        reconcile(biz, "order_id", "status", export_dir=no_live, requeue_lost=True, spark=spark)
