@@ -156,3 +156,40 @@ def test_second_sigterm_exits_at_once_and_leases_expire(database_url: str, procs
     finally:
         db.close()
         producer.close()
+
+
+def test_graceful_timeout_bounds_the_exit(database_url: str, procs: Procs, tmp_path: Path) -> None:
+    """Handlers still running after ``--graceful-timeout`` are abandoned: the process exits then (a
+    handler thread must not hold the exit), and their leases later expire and are rescued."""
+    run_log = tmp_path / "runs.log"
+    producer = App(database_url, migrate=True)
+    e2e_app.register(producer)
+    db = Db(database_url)
+    try:
+        ids = [
+            j.id for j in producer.send_many([Message(task=e2e_app.SLOW, payload={"seconds": 60.0}) for _ in range(4)])
+        ]
+        worker = procs.start(
+            "worker",
+            worker_argv(database_url, "--queues", e2e_app.SLOW_QUEUE, "--concurrency", "2", "--graceful-timeout", "1"),
+            env={"E2E_RUN_LOG": str(run_log)},
+        )
+        running = _wait_all_leased_two_running(db, run_log, ids)
+        worker.signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        assert worker.wait(timeout=15) == 0, worker.output()
+        assert time.monotonic() - signalled < 5.0
+        assert "2 handler(s) still running after 1.0s" in worker.output()
+        assert not _ended(run_log)
+        for job_id in set(ids) - running:
+            assert (_get(db, job_id).state, _get(db, job_id).deliveries) == ("pending", 0)
+
+        def rescued() -> bool:
+            db.backend.jobs_rescue_expired(JobsRescueParams(now()))
+            return all(_get(db, i).state == "pending" for i in running)
+
+        wait_until(rescued, e2e_app.VISIBILITY_TIMEOUT + 5, "rescue of the abandoned jobs", interval=0.1)
+        assert {(_get(db, i).attempts, _get(db, i).deliveries) for i in running} == {(0, 1)}
+    finally:
+        db.close()
+        producer.close()

@@ -5,10 +5,13 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import queue
+import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor as _PoolExecutor
+from concurrent.futures import Future
 from datetime import datetime
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 from conveyor._app import App
 from conveyor._context import JobContext
@@ -21,6 +24,71 @@ from conveyor.worker.completer import Completer
 
 class HandlerTimeout(Exception):
     """A handler ran past its task's ``timeout`` (a transient failure: it retries)."""
+
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+class HandlerThreads(_PoolExecutor):
+    """A thread pool for ``def`` handlers whose threads are daemons.
+
+    ``ThreadPoolExecutor`` joins its threads when the interpreter exits, so a handler still running
+    after the graceful timeout would keep the worker process alive until it returned (for ever, if
+    it hangs), although the worker had given it up. Abandoned handlers must not hold the exit:
+    their leases expire and rescue hands the jobs to another worker. Threads start on demand, up
+    to ``max_workers``, and are reused."""
+
+    def __init__(self, max_workers: int, name: str = "conveyor-handler") -> None:
+        self._max_workers = max_workers
+        self._name = name
+        self._work: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]] | None] = queue.SimpleQueue()
+        self._idle = threading.Semaphore(0)
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        self._shut = False
+
+    def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Future[T]:
+        with self._lock:
+            if self._shut:
+                raise RuntimeError("cannot run handlers after shutdown")
+            future: Future[T] = Future()
+            self._work.put((future, functools.partial(fn, *args, **kwargs)))
+            if not self._idle.acquire(blocking=False) and len(self._threads) < self._max_workers:
+                thread = threading.Thread(target=self._run, name=f"{self._name}-{len(self._threads)}", daemon=True)
+                thread.start()
+                self._threads.append(thread)
+            return future
+
+    def _run(self) -> None:
+        while (item := self._work.get()) is not None:
+            future, call = item
+            if future.set_running_or_notify_cancel():
+                try:
+                    result = call()
+                except BaseException as exc:
+                    future.set_exception(exc)
+                else:
+                    future.set_result(result)
+            del item, future, call
+            self._idle.release()
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        with self._lock:
+            self._shut = True
+            if cancel_futures:
+                while True:
+                    try:
+                        item = self._work.get_nowait()
+                    except queue.Empty:
+                        break
+                    if item is not None:
+                        item[0].cancel()
+            for _ in self._threads:
+                self._work.put(None)
+        if wait:
+            for thread in self._threads:
+                thread.join()
 
 
 class Executor:
@@ -46,7 +114,7 @@ class Executor:
         self.clock = clock
         self.on_take = on_take
         self.running = 0
-        self._threads = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="conveyor-handler")
+        self._threads = HandlerThreads(concurrency)
         self._slots: list[asyncio.Task[None]] = []
 
     # The worker passes itself as the lease keeper so that ``ctx.extend`` reaches the database.
@@ -145,6 +213,7 @@ class Executor:
             slot.cancel()
         if pending:
             await asyncio.wait(pending, timeout=1.0)
-        # Threads still running a handler are abandoned: their leases expire and rescue returns them.
+        # Threads still running a handler are abandoned (daemons: they do not hold the process's
+        # exit); their leases expire and rescue returns the jobs.
         self._threads.shutdown(wait=False, cancel_futures=True)
         return len(pending)
