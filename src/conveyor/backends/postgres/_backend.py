@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import select
 import threading
 import time
 import weakref
@@ -58,11 +59,12 @@ from conveyor.backends.postgres._listener import PostgresListener
 
 _PACKAGE = "conveyor.backends.postgres"
 
-# A pooled connection idle for longer than this is checked (one empty round trip) before it is
-# handed out, so that connections broken by a server restart are discarded instead of failing
-# the caller. A connection in constant use is not checked: if the server dies under it, that one
-# call fails with BackendUnavailable, the broken connection is discarded, and the retry gets a
-# fresh one.
+# Before a pooled connection is handed out it is checked (one empty round trip) if it was idle
+# for longer than this, or if its socket is readable although no query is running: that is how
+# a server restart or pg_terminate_backend shows (the server sends a FATAL message and closes
+# the socket). Checked connections that are broken are discarded instead of failing the caller.
+# A busy, healthy connection is thus never charged an extra round trip; a server that vanishes
+# without closing its sockets fails one call per pooled connection with BackendUnavailable.
 _CHECK_IDLE_AFTER = 1.0
 
 # Very large inserts are split into statements of this many jobs, all in one transaction, to
@@ -78,6 +80,15 @@ def _receipt(value: str) -> UUID | None:
         return UUID(value)
     except (ValueError, TypeError, AttributeError):
         return None
+
+
+def _has_input(conn: Conn) -> bool:
+    """Whether an idle connection's socket has something to read (a FATAL message, EOF)."""
+    try:
+        readable, _, _ = select.select([conn.fileno()], [], [], 0)
+    except (OSError, ValueError, psycopg.Error):
+        return True
+    return bool(readable)
 
 
 class PostgresBackend:
@@ -136,7 +147,8 @@ class PostgresBackend:
         self._last_used[conn] = time.monotonic()
 
     def _check(self, conn: Conn) -> None:
-        if time.monotonic() - self._last_used.get(conn, 0.0) > _CHECK_IDLE_AFTER:
+        idle = time.monotonic() - self._last_used.get(conn, 0.0)
+        if idle > _CHECK_IDLE_AFTER or _has_input(conn):
             ConnectionPool.check_connection(conn)
 
     def _reset(self, conn: Conn) -> None:

@@ -32,7 +32,10 @@ CREATE TABLE jobs (
     receipt          uuid,
     error_type       text,
     error_message    text,
-    traceback        text
+    traceback        text,
+    -- A receipt names the current delivery, so it exists exactly while the row is processing;
+    -- outcome statements rely on it to find a delivery by (id, receipt) alone.
+    CONSTRAINT jobs_receipt_iff_processing CHECK ((receipt IS NOT NULL) = (state = 'processing'))
 ) WITH (
     fillfactor = 70,
     autovacuum_vacuum_scale_factor = 0,

@@ -1,0 +1,132 @@
+"""Migrations, the hot table's storage settings and indexes, and the archive's daily partitions."""
+
+from __future__ import annotations
+
+import threading
+from datetime import UTC, date, datetime, timedelta
+
+import psycopg
+from _pg import T0, acquire, complete, insert, make_job
+
+from conveyor.backends.base import ArchivePruneParams, ErrorInfo, Finish, JobsFinishParams
+from conveyor.backends.postgres import PostgresBackend
+
+Conn = psycopg.Connection[tuple[object, ...]]
+
+
+def _partitions(conn: Conn) -> list[str]:
+    rows = conn.execute(
+        "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
+        " WHERE i.inhparent = 'archive'::regclass ORDER BY c.relname"
+    ).fetchall()
+    return [str(row[0]) for row in rows]
+
+
+def _name(day: date) -> str:
+    return f"archive_p{day:%Y%m%d}"
+
+
+def test_migrate_twice_is_a_no_op(pg: PostgresBackend, admin: Conn) -> None:
+    assert pg.migrate() == []
+    assert admin.execute("SELECT version, name FROM conveyor_schema_migrations").fetchall() == [(1, "0001_init.sql")]
+
+
+def test_concurrent_migrators_apply_each_migration_once(postgres_database: str, admin: Conn) -> None:
+    backends = [PostgresBackend(postgres_database) for _ in range(4)]
+    barrier = threading.Barrier(len(backends))
+    applied: list[list[str]] = []
+    errors: list[BaseException] = []
+
+    def migrate(backend: PostgresBackend) -> None:
+        barrier.wait(timeout=30)
+        try:
+            applied.append(backend.migrate())
+        except BaseException as exc:  # collected and re-raised by the test
+            errors.append(exc)
+
+    threads = [threading.Thread(target=migrate, args=(b,)) for b in backends]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+    finally:
+        for backend in backends:
+            backend.close()
+
+    assert errors == []
+    assert sorted(applied) == [[], [], [], ["0001_init.sql"]]
+    assert admin.execute("SELECT count(*) FROM conveyor_schema_migrations").fetchone() == (1,)
+
+
+def test_the_jobs_table_is_tuned_for_churn(pg: PostgresBackend, admin: Conn) -> None:
+    row = admin.execute("SELECT reloptions FROM pg_class WHERE relname = 'jobs'").fetchone()
+    assert row is not None
+    options = set(row[0])  # type: ignore[call-overload]
+    assert {"fillfactor=70", "autovacuum_vacuum_scale_factor=0"} <= options
+    indexes = dict(
+        admin.execute(  # type: ignore[arg-type]
+            "SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'jobs'"
+        ).fetchall()
+    )
+    assert "WHERE (state = 'pending'::text)" in indexes["jobs_ready_idx"]
+    assert "(queue, priority DESC, run_at, id)" in indexes["jobs_ready_idx"]
+    assert "WHERE (state = 'processing'::text)" in indexes["jobs_lease_idx"]
+    assert "WHERE (ordering_key IS NOT NULL)" in indexes["jobs_ordering_idx"]
+
+
+def test_migrate_creates_daily_partitions_ahead(pg: PostgresBackend, admin: Conn) -> None:
+    today = datetime.now(UTC).date()
+    parts = _partitions(admin)
+    assert "archive_default" in parts
+    for offset in range(-1, 8):
+        assert _name(today + timedelta(days=offset)) in parts
+
+
+def test_partitions_ensure_is_idempotent_and_rows_land_in_their_day(pg: PostgresBackend, admin: Conn) -> None:
+    now = datetime(2031, 3, 10, 8, 0, tzinfo=UTC)
+    created = pg.archive_partitions_ensure(now, days_ahead=2)
+    assert created == [_name(date(2031, 3, d)) for d in (9, 10, 11, 12)]
+    assert pg.archive_partitions_ensure(now, days_ahead=2) == []
+
+    insert(pg, make_job(run_at=now), now=now)
+    complete(pg, *acquire(pg, now=now), now=now)
+    row = admin.execute("SELECT tableoid::regclass::text FROM archive").fetchone()
+    assert row == (_name(date(2031, 3, 10)),)
+
+
+def test_a_day_already_in_the_default_partition_is_left_there(pg: PostgresBackend, admin: Conn) -> None:
+    insert(pg, make_job())
+    complete(pg, *acquire(pg), now=T0)  # 2030-01-01 has no partition: the row goes to DEFAULT
+    assert pg.archive_partitions_ensure(T0, days_ahead=1) == [_name(date(2029, 12, 31)), _name(date(2030, 1, 2))]
+    row = admin.execute("SELECT tableoid::regclass::text FROM archive").fetchone()
+    assert row == ("archive_default",)
+
+
+def test_archive_prune_drops_whole_partitions_and_keeps_young_dead_letters(pg: PostgresBackend, admin: Conn) -> None:
+    day1, day2 = datetime(2031, 5, 1, 12, tzinfo=UTC), datetime(2031, 5, 2, 12, tzinfo=UTC)
+    pg.archive_partitions_ensure(day1, days_ahead=1)
+    insert(pg, *[make_job(run_at=day1) for _ in range(3)], now=day1)
+    complete(pg, *acquire(pg, now=day1), now=day1)  # day 1: three completed rows
+    insert(pg, make_job(run_at=day2), make_job(run_at=day2), now=day2)
+    done, failed = acquire(pg, now=day2)
+    complete(pg, done, now=day2)
+    error = ErrorInfo("RuntimeError", "boom")
+    pg.jobs_finish_many(
+        JobsFinishParams([Finish(failed.id, failed.receipt, "dead", reason="r", error=error)], now=day2)
+    )  # day 2: one completed row and one dead letter
+
+    params = ArchivePruneParams(
+        now=datetime(2031, 6, 1, tzinfo=UTC),
+        default_before=datetime(2031, 5, 20, tzinfo=UTC),
+        default_dead_before=datetime(2031, 5, 2, tzinfo=UTC),
+    )
+    # Day 1's partition goes whole (its three rows count); day 2 keeps its dead letter, so only
+    # its completed row is deleted, row by row.
+    assert pg.archive_prune(params) == 4
+    parts = _partitions(admin)
+    assert _name(date(2031, 5, 1)) not in parts and _name(date(2031, 5, 2)) in parts
+    assert admin.execute("SELECT id, state FROM archive WHERE finished_at > '2031-01-01'").fetchall() == [
+        (failed.id, "dead")
+    ]
+    assert pg.archive_prune(params) == 0
