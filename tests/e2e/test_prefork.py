@@ -3,6 +3,8 @@ processes, every job completed exactly once, exit code 0."""
 
 from __future__ import annotations
 
+import os
+import signal
 from collections import Counter
 from pathlib import Path
 from uuid import UUID
@@ -10,7 +12,7 @@ from uuid import UUID
 from conveyor import App, Message
 
 from . import e2e_app
-from ._support import Db, Procs, iter_lines, worker_argv
+from ._support import Db, Procs, iter_lines, wait_until, worker_argv
 
 JOBS = 600
 PROCESSES = 2
@@ -46,6 +48,83 @@ def test_prefork_drains_sqlite_exactly_once(sqlite_url: str, procs: Procs, tmp_p
         assert {(r.state, r.attempts, r.deliveries) for r in archived} == {("completed", 1, 1)}
         assert len({r.worker_id for r in archived}) == PROCESSES
         assert "Traceback" not in supervisor.output()
+    finally:
+        db.close()
+        producer.close()
+
+
+def _pids(run_log: Path, event: str) -> list[int]:
+    """Distinct pids that logged ``event``, in order of first appearance."""
+    seen: dict[int, None] = {}
+    for fields in iter_lines(run_log):
+        if fields[0] == event:
+            seen.setdefault(int(fields[4]), None)
+    return list(seen)
+
+
+def test_prefork_sigterm_is_graceful(database_url: str, procs: Procs, tmp_path: Path) -> None:
+    """SIGTERM to the supervisor reaches every worker process: each finishes its running job,
+    hands its buffered ones back, and the supervisor exits 0."""
+    producer = App(database_url, migrate=True)
+    e2e_app.register(producer)
+    run_log = tmp_path / "runs.log"
+    db = Db(database_url)
+    try:
+        jobs = producer.send_many([Message(task=e2e_app.SLOW, payload={"seconds": 4.0}) for _ in range(10)])
+        ids = {j.id for j in jobs}
+        supervisor = procs.start(
+            "prefork",
+            worker_argv(database_url, "--queues", "slow", "--processes", "2", "--concurrency", "1", "--prefetch", "1"),
+            env={"E2E_RUN_LOG": str(run_log)},
+        )
+        pids = wait_until(lambda: (p := _pids(run_log, "start")) and len(p) == 2 and p, 60, "a job running in each")
+        assert supervisor.pid not in pids
+        running = {UUID(f[1]) for f in iter_lines(run_log) if f[0] == "start"}
+        assert len(running) == 2
+        supervisor.signal(signal.SIGTERM)
+        assert supervisor.wait(timeout=30) == 0, supervisor.output()
+
+        assert {UUID(f[1]) for f in iter_lines(run_log) if f[0] == "end"} == running
+        archived = db.archived()
+        assert {r.id for r in archived} == running
+        assert {(r.state, r.attempts, r.deliveries) for r in archived} == {("completed", 1, 1)}
+        live = db.live()
+        assert {r.id for r in live} == ids - running
+        assert {(r.state, r.attempts, r.deliveries, r.lease_expires_at) for r in live} == {("pending", 0, 0, None)}
+    finally:
+        db.close()
+        producer.close()
+
+
+def test_prefork_restarts_a_killed_worker_process(sqlite_url: str, procs: Procs, tmp_path: Path) -> None:
+    """A worker process that dies (SIGKILL) is replaced by the supervisor; its jobs come back
+    through rescue; nothing is lost."""
+    producer = App(sqlite_url)
+    e2e_app.register(producer)
+    run_log = tmp_path / "runs.log"
+    db = Db(sqlite_url)
+    try:
+        messages = [Message(task=e2e_app.WORK, payload={"kind": e2e_app.OK, "n": n}) for n in range(400)]
+        ids = {j.id for j in producer.send_many(messages)}
+        supervisor = procs.start(
+            "prefork",
+            worker_argv(sqlite_url, "--queues", "e2e", "--processes", "2", "--concurrency", "2"),
+            env={"E2E_RUN_LOG": str(run_log), "E2E_WORK_SLEEP": "0.02"},
+        )
+        first, _second = wait_until(lambda: (p := _pids(run_log, "run")) and len(p) >= 2 and p, 60, "two workers")[:2]
+        os.kill(first, signal.SIGKILL)
+        wait_until(lambda: len(_pids(run_log, "run")) >= 3, 60, "a replacement worker process at work")
+        assert supervisor.popen.poll() is None
+        wait_until(lambda: len(db.archived()) == len(ids), 90, "every job completed", interval=0.2)
+        supervisor.signal(signal.SIGTERM)
+        assert supervisor.wait(timeout=30) == 0, supervisor.output()
+        assert f"worker process {first} exited with -9; restarting it" in supervisor.output()
+
+        assert db.live() == []
+        archived = db.archived()
+        assert {r.id for r in archived} == ids
+        assert {(r.state, r.attempts) for r in archived} == {("completed", 1)}
+        assert any(r.deliveries == 2 for r in archived), "the killed process held no job"
     finally:
         db.close()
         producer.close()
