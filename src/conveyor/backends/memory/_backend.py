@@ -619,9 +619,12 @@ class MemoryBackend:
         with self._lock:
             idempotency = heapq.nsmallest(
                 limit,
-                ((k.expires_at, slot) for slot, k in self._idempotency.items() if k.expires_at is not None),
+                (
+                    (key.expires_at, slot)
+                    for slot, key in self._idempotency.items()
+                    if key.expires_at is not None and key.expires_at < now
+                ),
             )
-            idempotency = [(at, slot) for at, slot in idempotency if at < now]
             for _, slot in idempotency:
                 del self._idempotency[slot]
             remaining = limit - len(idempotency)
