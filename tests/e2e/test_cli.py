@@ -36,9 +36,9 @@ class Run:
         return json.loads(self.out)
 
 
-def conveyor(db: str | None, *args: str, timeout: float = 60) -> Run:
+def conveyor(db: str | None, *args: str, timeout: float = 60, env: dict[str, str] | None = None) -> Run:
     argv = [*_command(), *(["--db", db] if db else []), *args]
-    done = subprocess.run(argv, cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=timeout)
+    done = subprocess.run(argv, cwd=REPO, env=child_env(env), capture_output=True, text=True, timeout=timeout)
     return Run(done.returncode, done.stdout, done.stderr)
 
 
@@ -95,6 +95,9 @@ def test_send_stats_and_job(database_url: str) -> None:
     assert row["oldest_pending_age"] is not None and row["oldest_pending_age"] >= 0
     table = conveyor(database_url, "stats")
     assert table.code == 0 and "e2e" in table.out
+    # $CONVEYOR_DATABASE_URL stands in for --db.
+    from_env = conveyor(None, "stats", "--json", env={"CONVEYOR_DATABASE_URL": database_url}).json()
+    assert [r["pending"] for r in from_env if r["queue"] == "e2e"] == [3]
 
     job = conveyor(database_url, "job", first, "--json").json()
     assert (job["id"], job["queue"], job["task"], job["state"]) == (first, "e2e", e2e_app.WORK, "pending")

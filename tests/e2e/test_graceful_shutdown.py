@@ -78,13 +78,21 @@ def _released(db: Db, buffered: set[UUID]) -> bool:
 
 
 def test_sigterm_finishes_in_flight_and_releases_buffered(database_url: str, procs: Procs, tmp_path: Path) -> None:
+    _graceful(database_url, procs, tmp_path, signal.SIGTERM)
+
+
+def test_sigint_is_graceful_too(sqlite_url: str, procs: Procs, tmp_path: Path) -> None:
+    _graceful(sqlite_url, procs, tmp_path, signal.SIGINT)
+
+
+def _graceful(database_url: str, procs: Procs, tmp_path: Path, sig: signal.Signals) -> None:
     run_log = tmp_path / "runs.log"
     producer, db, ids, worker = _start(database_url, procs, run_log, seconds=2.0)
     try:
         running = _wait_all_leased_two_running(db, run_log, ids)
         buffered = set(ids) - running
 
-        worker.signal(signal.SIGTERM)
+        worker.signal(sig)
         signalled = time.monotonic()
         # Buffered jobs are handed back at once: long before the running handlers (2 s) end.
         wait_until(lambda: _released(db, buffered), 1.5, "buffered jobs back to pending", interval=0.02)
