@@ -7,7 +7,7 @@ import threading
 import time
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager, nullcontext, suppress
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
@@ -213,10 +213,10 @@ class PostgresBackend:
     def archive_partitions_ensure(self, now: datetime, days_ahead: int = 7) -> list[str]:
         """Create the daily archive partitions from the day before ``now`` to ``days_ahead`` after.
 
-        Called by :meth:`migrate`; the pruner calls it on every run so partitions always exist
-        ahead of the rows that land in them (rows with no partition go to the DEFAULT one).
-        Returns the names of the partitions created. Raises BackendUnavailable if the archive is
-        locked for more than a few seconds (a long transaction elsewhere); try again later."""
+        Called by :meth:`migrate` and at the start of every :meth:`archive_prune` (so the pruner
+        keeps partitions ahead of the rows that land in them; rows with no partition go to the
+        DEFAULT one). Returns the names of the partitions created. Raises BackendUnavailable if
+        the archive stays locked for a second (a long transaction reading it); try again later."""
         first_day = (now.astimezone(UTC) - timedelta(days=1)).date()
         rows = self._fetchall("archive_partitions_ensure", {"first_day": first_day, "days": days_ahead + 1})
         return [str(row[0]) for row in rows]
@@ -647,6 +647,10 @@ class PostgresBackend:
         }
         every = [params.default_before, params.default_dead_before, *params.before.values()]
         every += params.dead_before.values()
+        # If a long reader holds the archive, creating partitions ahead can wait for the next run
+        # (rows meanwhile land in the DEFAULT partition); retention need not wait for it.
+        with suppress(BackendUnavailable):
+            self.archive_partitions_ensure(params.now)
         deleted = 0
         with self._connection("archive_prune") as conn:
             old = conn.execute(self._q["archive_partitions_old"], {"before": max(every)}).fetchall()

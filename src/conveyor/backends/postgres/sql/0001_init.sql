@@ -149,7 +149,7 @@ DECLARE
     part text;
 BEGIN
     PERFORM pg_advisory_xact_lock(hashtextextended('conveyor.archive_partitions', 0));
-    PERFORM set_config('lock_timeout', '5s', true);
+    PERFORM set_config('lock_timeout', '1s', true);
     FOR i IN 0..days LOOP
         day := first_day + i;
         part := 'archive_p' || to_char(day, 'YYYYMMDD');
