@@ -263,27 +263,28 @@ class PostgresBackend:
         now: datetime,
         holders: dict[tuple[str, str], UUID],
     ) -> None:
-        cur.execute(
-            self._q["jobs_insert_many"],
-            {
-                "ids": [j.id for j in jobs],
-                "queues": [j.queue for j in jobs],
-                "tasks": [j.task for j in jobs],
-                "payloads": [j.payload for j in jobs],
-                "headers": [j.headers for j in jobs],
-                "priorities": [j.priority for j in jobs],
-                "run_ats": [j.run_at for j in jobs],
-                "expires_ats": [j.expires_at for j in jobs],
-                "max_attempts": [j.max_attempts for j in jobs],
-                "max_deliveries": [j.max_deliveries for j in jobs],
-                "idempotency_keys": [j.idempotency_key for j in jobs],
-                "ordering_keys": [j.ordering_key for j in jobs],
-                "replay_ofs": [j.replay_of for j in jobs],
-                "dedup_untils": [j.dedup_until for j in jobs],
-                "now": now,
-            },
-            prepare=True,
-        )
+        keyed = any(j.idempotency_key is not None for j in jobs)
+        params: dict[str, Any] = {
+            "ids": [j.id for j in jobs],
+            "queues": [j.queue for j in jobs],
+            "tasks": [j.task for j in jobs],
+            "payloads": [j.payload for j in jobs],
+            "headers": [j.headers for j in jobs],
+            "priorities": [j.priority for j in jobs],
+            "run_ats": [j.run_at for j in jobs],
+            "expires_ats": [j.expires_at for j in jobs],
+            "max_attempts": [j.max_attempts for j in jobs],
+            "max_deliveries": [j.max_deliveries for j in jobs],
+            "ordering_keys": [j.ordering_key for j in jobs],
+            "replay_ofs": [j.replay_of for j in jobs],
+            "now": now,
+        }
+        if not keyed:
+            cur.execute(self._q["jobs_insert_many_unkeyed"], params, prepare=True)
+            return
+        params["idempotency_keys"] = [j.idempotency_key for j in jobs]
+        params["dedup_untils"] = [j.dedup_until for j in jobs]
+        cur.execute(self._q["jobs_insert_many"], params, prepare=True)
         for queue, key, job_id in cur.fetchall():
             if queue is not None:
                 holders[(queue, key)] = job_id

