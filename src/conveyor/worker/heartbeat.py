@@ -63,12 +63,22 @@ class Heartbeat:
                     log.warning("lease of job %s was lost (expired and rescued)", ref.id)
         return extended
 
+    #: How often the loop re-reads the registry. The interval depends on what is held, and a
+    #: short-lease delivery acquired while the loop slept on a long interval (e.g. the 10 s of an
+    #: empty registry) must be extended before its lease runs out, not after the old sleep ends.
+    TICK = 0.1
+
     async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        last = loop.time()
         while not self._stop.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), timeout=self.next_interval())
+                await asyncio.wait_for(self._stop.wait(), timeout=min(self.TICK, self.next_interval()))
             if self._stop.is_set():
                 return
+            if loop.time() - last < self.next_interval():
+                continue
+            last = loop.time()
             try:
                 await self.run_once()
             except Exception:
