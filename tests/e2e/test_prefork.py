@@ -4,6 +4,7 @@ processes, every job completed exactly once, exit code 0."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 from collections import Counter
 from pathlib import Path
@@ -48,6 +49,10 @@ def test_prefork_drains_sqlite_exactly_once(sqlite_url: str, procs: Procs, tmp_p
         assert {(r.state, r.attempts, r.deliveries) for r in archived} == {("completed", 1, 1)}
         assert len({r.worker_id for r in archived}) == PROCESSES
         assert "Traceback" not in supervisor.output()
+        # The worker processes log as the supervisor was told to (-v: INFO, with the CLI's format).
+        for pid in pids:
+            assert re.search(rf"^\S+ \S+ INFO conveyor.worker: worker [^:]+:{pid}: queues ", supervisor.output(), re.M)
+            assert re.search(rf"^\S+ \S+ INFO conveyor.worker: worker [^:]+:{pid} stopped: ", supervisor.output(), re.M)
     finally:
         db.close()
         producer.close()

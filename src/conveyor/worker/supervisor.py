@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import logging
 import multiprocessing
 import multiprocessing.process
 import os
@@ -50,7 +51,19 @@ def run_worker(app_path: str, database_url: str | None, options: dict[str, Any],
         app.close()
 
 
-def _child_main(app_path: str, database_url: str | None, options: dict[str, Any]) -> None:
+def _log_config() -> tuple[int, str | None]:
+    """The parent's root log level and format, for its children (spawned children start with
+    logging unconfigured: only bare WARNING messages, whatever ``-v`` said)."""
+    root = logging.getLogger()
+    formatter = root.handlers[0].formatter if root.handlers else None
+    return root.level, formatter._fmt if formatter is not None else None
+
+
+def _child_main(
+    app_path: str, database_url: str | None, options: dict[str, Any], log_config: tuple[int, str | None]
+) -> None:
+    level, fmt = log_config
+    logging.basicConfig(level=level, format=fmt or logging.BASIC_FORMAT)
     sys.exit(run_worker(app_path, database_url, options, child=True))
 
 
@@ -66,7 +79,7 @@ def run_processes(app_path: str, database_url: str | None, processes: int, optio
     stopping = [0]
 
     def spawn() -> multiprocessing.process.BaseProcess:
-        p = ctx.Process(target=_child_main, args=(app_path, database_url, options), daemon=False)
+        p = ctx.Process(target=_child_main, args=(app_path, database_url, options, _log_config()), daemon=False)
         p.start()
         return p
 
