@@ -64,11 +64,8 @@ def test_the_jobs_table_is_tuned_for_churn(pg: PostgresBackend, admin: Conn) -> 
     assert row is not None
     options = set(row[0])  # type: ignore[call-overload]
     assert {"fillfactor=70", "autovacuum_vacuum_scale_factor=0"} <= options
-    indexes = dict(
-        admin.execute(  # type: ignore[arg-type]
-            "SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'jobs'"
-        ).fetchall()
-    )
+    rows = admin.execute("SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'jobs'").fetchall()
+    indexes = {str(name): str(definition) for name, definition in rows}
     assert "WHERE (state = 'pending'::text)" in indexes["jobs_ready_idx"]
     assert "(queue, priority DESC, run_at, id)" in indexes["jobs_ready_idx"]
     assert "WHERE (state = 'processing'::text)" in indexes["jobs_lease_idx"]
