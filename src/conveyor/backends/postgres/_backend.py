@@ -111,6 +111,7 @@ class PostgresBackend:
         min_size: int = 1,
         max_size: int = 8,
         connect_timeout: float = 5.0,
+        durable_acks: bool = False,
     ) -> None:
         if not url.startswith(("postgresql://", "postgres://")):
             raise ConfigurationError(f"not a PostgreSQL URL: {url!r}")
@@ -120,27 +121,44 @@ class PostgresBackend:
         self._last_used: weakref.WeakKeyDictionary[Conn, float] = weakref.WeakKeyDictionary()
         self._listeners: weakref.WeakSet[PostgresListener] = weakref.WeakSet()
         self._lock = threading.Lock()
-        self._pool: ConnectionPool[Conn] = ConnectionPool(
-            url,
-            min_size=min_size,
-            max_size=max_size,
-            timeout=connect_timeout,
-            open=False,
-            name="conveyor",
-            kwargs={
-                "autocommit": True,
-                # libpq wants whole seconds and at least 2.
-                "connect_timeout": max(2, int(connect_timeout)),
-            },
-            configure=self._configure,
-            check=self._check,
-            reset=self._reset,
+        self._pool = self._new_pool("conveyor", min_size, max_size, synchronous_commit=True)
+        # Outcomes (acquire, finish, retry, release, extend, rescue) commit without waiting for the
+        # WAL flush: the flush is the largest cost of a drain on most disks. A server crash can then
+        # forget the last few hundred milliseconds of outcomes; those jobs come back as expired
+        # leases and run again, which at-least-once allows. Inserts always wait for the flush, so an
+        # accepted job is never lost. ``durable_acks=True`` makes outcomes wait too.
+        self._acks = (
+            self._pool
+            if durable_acks
+            else self._new_pool("conveyor-acks", min_size, max_size, synchronous_commit=False)
         )
-        self._pool.open(wait=False)
 
     # ---------------------------------------------------------------------------------------
     # Connections
     # ---------------------------------------------------------------------------------------
+
+    def _new_pool(self, name: str, min_size: int, max_size: int, synchronous_commit: bool) -> ConnectionPool[Conn]:
+        kwargs: dict[str, Any] = {
+            "autocommit": True,
+            # libpq wants whole seconds and at least 2.
+            "connect_timeout": max(2, int(self._connect_timeout)),
+        }
+        if not synchronous_commit:
+            kwargs["options"] = "-c synchronous_commit=off"
+        pool: ConnectionPool[Conn] = ConnectionPool(
+            self._url,
+            min_size=min_size,
+            max_size=max_size,
+            timeout=self._connect_timeout,
+            open=False,
+            name=name,
+            kwargs=kwargs,
+            configure=self._configure,
+            check=self._check,
+            reset=self._reset,
+        )
+        pool.open(wait=False)
+        return pool
 
     def _configure(self, conn: Conn) -> None:
         conn.execute(self._q["session_setup"])
@@ -169,22 +187,25 @@ class PostgresBackend:
             raise BackendError(f"PostgreSQL failed {action}: {exc}") from exc
 
     @contextmanager
-    def _connection(self, action: str) -> Iterator[Conn]:
-        with self._errors(action), self._pool.connection() as conn:
+    def _connection(self, action: str, ack: bool = False) -> Iterator[Conn]:
+        """A pooled connection; ``ack`` picks the outcome pool (see ``durable_acks``)."""
+        with self._errors(action), (self._acks if ack else self._pool).connection() as conn:
             yield conn
 
-    def _fetchall(self, name: str, params: Mapping[str, Any]) -> list[TupleRow]:
-        with self._connection(name) as conn:
+    def _fetchall(self, name: str, params: Mapping[str, Any], ack: bool = False) -> list[TupleRow]:
+        with self._connection(name, ack) as conn:
             return conn.execute(self._q[name], params, prepare=True).fetchall()
 
-    def _fetchone(self, name: str, params: Mapping[str, Any]) -> TupleRow | None:
-        with self._connection(name) as conn:
+    def _fetchone(self, name: str, params: Mapping[str, Any], ack: bool = False) -> TupleRow | None:
+        with self._connection(name, ack) as conn:
             return conn.execute(self._q[name], params, prepare=True).fetchone()
 
     def close(self) -> None:
         """Close the pool and every listener this backend opened."""
         for listener in list(self._listeners):
             listener.close()
+        if self._acks is not self._pool:
+            self._acks.close()
         self._pool.close()
 
     # ---------------------------------------------------------------------------------------
@@ -306,6 +327,7 @@ class PostgresBackend:
                 "worker_id": params.worker_id,
                 "now": params.now,
             },
+            ack=True,
         )
         return [Delivery(*row) for row in rows]
 
@@ -315,7 +337,7 @@ class PostgresBackend:
         items = [(item, receipt) for item, receipt in items if receipt is not None]
         if not items:
             return 0
-        with self._connection("jobs_finish_many") as conn:
+        with self._connection("jobs_finish_many", ack=True) as conn:
             cur = conn.execute(
                 self._q["jobs_finish_many"],
                 {
@@ -351,6 +373,7 @@ class PostgresBackend:
                 "tracebacks": [item.error.traceback for item, _ in items],
                 "now": params.now,
             },
+            ack=True,
         )
         return int(row[0]) if row else 0
 
@@ -369,7 +392,7 @@ class PostgresBackend:
         ids, receipts = self._leases(params.items)
         if not ids:
             return 0
-        row = self._fetchone("jobs_release_many", {"ids": ids, "receipts": receipts})
+        row = self._fetchone("jobs_release_many", {"ids": ids, "receipts": receipts}, ack=True)
         return int(row[0]) if row else 0
 
     def leases_extend_many(self, params: LeasesExtendParams) -> list[UUID]:
@@ -385,12 +408,13 @@ class PostgresBackend:
                 "visibility_timeout": float(params.visibility_timeout),
                 "now": params.now,
             },
+            ack=True,
         )
         return [row[0] for row in rows]
 
     def jobs_rescue_expired(self, params: JobsRescueParams) -> int:
         """Return up to ``limit`` expired leases to pending; return how many."""
-        row = self._fetchone("jobs_rescue_expired", {"now": params.now, "limit": params.limit})
+        row = self._fetchone("jobs_rescue_expired", {"now": params.now, "limit": params.limit}, ack=True)
         return int(row[0]) if row else 0
 
     # ---------------------------------------------------------------------------------------
