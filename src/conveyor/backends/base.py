@@ -48,7 +48,9 @@ class NewJob:
     is held (its window has not passed) inserting the same ``(queue, idempotency_key)`` again
     inserts nothing and returns the id of the job that holds the key. After the window the key
     may be taken again by a new job. With a key but no ``dedup_until`` the key is held with no end.
-    Inserting a job whose id is already stored changes nothing (a producer's resend)."""
+    Inserting a job whose id is live (pending or processing) changes nothing (a producer's resend
+    while the first copy is queued). A resend after the job ended is not detected by id (checking
+    the whole archive per insert is too dear): producers that resend must use idempotency keys."""
 
     id: UUID
     queue: str
