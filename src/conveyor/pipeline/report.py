@@ -217,21 +217,25 @@ class _Report:
     # -- run -------------------------------------------------------------------------------------
 
     def run(self, input_dir: str | os.PathLike[str]) -> ReportResult:
-        from pyspark.sql import functions as F
-
         # Each table below is one scan of the input (only the columns it needs), and each scan
         # aggregates at once: 10 million jobs never travel through a shuffle or to the driver.
+        from pyspark import StorageLevel
+        from pyspark.sql import functions as F
+
         with self.stages.stage("reading export"):
             jobs = self._jobs(input_dir)
+            # The three big aggregations read one slim projection (durations already computed),
+            # cached once, instead of decoding the Parquet files three times.
+            slim = self._slim(jobs).persist(StorageLevel.MEMORY_AND_DISK)
         with self.stages.stage("rates and depth per minute"):
-            per_minute = self._per_minute(jobs).cache()
+            per_minute = self._per_minute(slim).cache()
             self._write("rates", per_minute.drop("depth"), ["queue", "minute"])
             self._write("depth", per_minute.select("queue", "minute", "depth"), ["queue", "minute"])
         with self.stages.stage("latency percentiles and SLA"):
-            self._write("latency", self._latency(jobs), ["queue", F.asc_nulls_first("priority")])
+            self._write("latency", self._latency(slim), ["queue", F.asc_nulls_first("priority")])
             self._write("sla", self._sla(), ["queue"])
         with self.stages.stage("retries, dead letters, duplicate deliveries"):
-            self._write("outcomes", self._outcomes(jobs), ["queue", F.asc_nulls_first("task")])
+            self._write("outcomes", self._outcomes(slim), ["queue", F.asc_nulls_first("task")])
         with self.stages.stage("failure taxonomy and poison candidates"):
             self._write("failures", self._failures(jobs), [F.desc("jobs"), "task", "error_type"])
             self._write("poison", self._poison(jobs), [F.desc("lost_deliveries"), "job_id"])
@@ -250,6 +254,7 @@ class _Report:
 
             (self.out / "report.html").write_text(render_report(summary, tables, charts))
         per_minute.unpersist()
+        slim.unpersist()
         summary["elapsed_s"] = round(time.monotonic() - self.started, 3)
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
         return ReportResult(self.out, summary, dict(self.rows))
@@ -260,18 +265,52 @@ class _Report:
         return int(jobs.where(F.col("source") == "live").count())
 
     def _write(self, name: str, df: DataFrame, order: list[Any]) -> None:
-        """Write a (small) result table as one sorted Parquet file; count its rows."""
+        """Write a (small) result table as one sorted Parquet file and note its row count."""
+        import pyarrow.parquet as pq
+
         path = self.out / name
         # repartition(1) rather than coalesce(1): coalesce would pull the whole upstream stage
         # (a scan of the input, for poison) into one task.
         df.repartition(1).sortWithinPartitions(*order).write.mode("overwrite").parquet(str(path))
-        self.rows[name] = int(self.spark.read.parquet(str(path)).count())
+        self.rows[name] = sum(pq.ParquetFile(f).metadata.num_rows for f in path.glob("*.parquet"))
 
     def _read(self, name: str, limit: int = 200) -> list[dict[str, Any]]:
-        """The first rows of a written table, in its stored order (for the HTML page and summary)."""
-        return [r.asDict() for r in self.spark.read.parquet(str(self.out / name)).limit(limit).collect()]
+        """The first rows of a written table, in its stored order (for the HTML page and summary).
+
+        Read with pyarrow: the tables are small, and a Spark job per table would cost more than
+        reading them."""
+        import pyarrow.dataset as ds
+
+        table = ds.dataset(self.out / name, format="parquet").head(limit)
+        rows: list[dict[str, Any]] = table.to_pylist()
+        return rows
 
     # -- tables ----------------------------------------------------------------------------------
+
+    def _slim(self, jobs: DataFrame) -> DataFrame:
+        """The columns the aggregations need, with minutes and durations (whole ms) computed."""
+        from pyspark.sql import functions as F
+
+        def ms(later: str, earlier: str) -> Any:
+            micros = F.unix_micros(F.col(later)) - F.unix_micros(F.col(earlier))
+            # greatest() skips nulls, so a job that never started must be excluded explicitly.
+            return F.when(micros.isNotNull(), F.greatest(F.lit(0), F.round(micros / F.lit(1000.0)).cast("long")))
+
+        ran = F.col("state").isin("completed", "dead") & F.col("started_at").isNotNull()
+        return jobs.select(
+            "queue",
+            "priority",
+            "task",
+            "state",
+            "attempts",
+            "deliveries",
+            "source",
+            F.date_trunc("minute", "enqueued_at").alias("enq_minute"),
+            F.date_trunc("minute", "finished_at").alias("fin_minute"),
+            ms("first_started_at", "ready_at").alias("wait"),
+            F.when(ran & F.col("finished_at").isNotNull(), ms("finished_at", "started_at")).alias("run"),
+            F.when(F.col("state") == "completed", ms("finished_at", "ready_at")).alias("e2e"),
+        )
 
     def _per_minute(self, jobs: DataFrame) -> DataFrame:
         from pyspark.sql import Window
@@ -280,11 +319,7 @@ class _Report:
         # One scan: jobs grouped by (queue, enqueue minute, finish minute) are few (most jobs end
         # within a minute or two of their enqueue), and both per-minute series come from that.
         pairs = (
-            jobs.groupBy(
-                "queue",
-                F.date_trunc("minute", "enqueued_at").alias("enq_minute"),
-                F.date_trunc("minute", "finished_at").alias("fin_minute"),
-            )
+            jobs.groupBy("queue", "enq_minute", "fin_minute")
             .agg(
                 F.count(F.lit(1)).cast("long").alias("n"),
                 F.sum(F.when(F.col("state") == "completed", 1).otherwise(0)).cast("long").alias("completed"),
@@ -323,20 +358,9 @@ class _Report:
         percentile's buffers (a map from distinct value to count) small."""
         from pyspark.sql import functions as F
 
-        def ms(later: str, earlier: str) -> Any:
-            micros = F.unix_micros(F.col(later)) - F.unix_micros(F.col(earlier))
-            # greatest() skips nulls, so a job that never started must be excluded explicitly.
-            return F.when(micros.isNotNull(), F.greatest(F.lit(0), F.round(micros / F.lit(1000.0)).cast("long")))
-
-        ran = F.col("state").isin("completed", "dead") & F.col("started_at").isNotNull()
         sla_ms = F.coalesce(F.col("sla_s"), F.lit(self.default_sla)) * 1000.0
         durations = jobs.join(F.broadcast(self._sla_frame()), "queue", "left").select(
-            "queue",
-            "priority",
-            ms("first_started_at", "ready_at").alias("wait"),
-            F.when(ran & F.col("finished_at").isNotNull(), ms("finished_at", "started_at")).alias("run"),
-            F.when(F.col("state") == "completed", ms("finished_at", "ready_at")).alias("e2e"),
-            sla_ms.alias("sla_ms"),
+            "queue", "priority", *METRICS, sla_ms.alias("sla_ms")
         )
         percentages = F.array(*[F.lit(p) for p in PERCENTILES])
         aggs: list[Any] = []

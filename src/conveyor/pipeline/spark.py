@@ -20,6 +20,29 @@ JDBC_JAR_NAMES: Mapping[str, str] = {"postgresql": "postgresql.jar", "sqlite": "
 
 DEFAULT_MASTER = "local[*]"
 
+# Spark's default log4j profile prints INFO banners and per-stage WARN lines into the terminal,
+# which buries the pipeline's own progress; errors still get through.
+_LOG4J2 = """\
+rootLogger.level = error
+rootLogger.appenderRef.stderr.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n%ex
+"""
+
+
+def _log4j_config() -> str:
+    import tempfile
+
+    path = Path(tempfile.gettempdir()) / "conveyor-spark-log4j2.properties"
+    if not path.exists() or path.read_text() != _LOG4J2:
+        tmp = path.with_name(f"{path.name}.{os.getpid()}")
+        tmp.write_text(_LOG4J2)
+        os.replace(tmp, path)
+    return str(path)
+
 
 def ensure_java() -> str:
     """Make sure Spark can start a JVM; return the JAVA_HOME (or ``"PATH"``) it will use.
@@ -97,6 +120,7 @@ def get_session(
         # Parquet timestamps are instants; without this Spark 4 would still read them correctly,
         # but writes INT96 for old readers. Microsecond INT64 keeps pyarrow and Spark in agreement.
         "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{_log4j_config()}",
     }
     if jars:
         settings["spark.jars"] = ",".join(jars)

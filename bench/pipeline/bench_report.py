@@ -1,0 +1,108 @@
+"""Benchmark: the whole `pipeline report` on synthetic archives of 1M and 10M jobs, with peak memory.
+
+Each size is generated once with numpy/pyarrow (cached under --data-dir), then the report runs as
+a separate process, exactly as a user runs it (`python -m conveyor.pipeline report ...`), so the
+wall time includes starting Spark. Peak memory is the largest sum of RSS over the report's process
+tree (the Python driver, the JVM, any Python workers), sampled from /proc every 100 ms. Prints one
+JSON line per size.
+
+    .venv/bin/python bench/pipeline/bench_report.py --rows 1000000 --rows 10000000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from synth import generate  # noqa: E402
+
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def _children() -> dict[int, list[int]]:
+    tree: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        tree.setdefault(int(fields[1]), []).append(int(entry))
+    return tree
+
+
+def tree_rss(root: int) -> int:
+    """Resident bytes of ``root`` and all its descendants."""
+    tree = _children()
+    total, stack = 0, [root]
+    while stack:
+        pid = stack.pop()
+        try:
+            with open(f"/proc/{pid}/statm") as f:
+                total += int(f.read().split()[1]) * PAGE
+        except OSError:
+            pass
+        stack.extend(tree.get(pid, []))
+    return total
+
+
+def run_report(input_dir: Path, out_dir: Path, master: str, driver_memory: str) -> dict[str, float]:
+    env = dict(os.environ, CONVEYOR_SPARK_DRIVER_MEMORY=driver_memory)
+    cmd = [sys.executable, "-m", "conveyor.pipeline", "report", "--input", str(input_dir), "--out", str(out_dir)]
+    cmd += ["--master", master]
+    start = time.monotonic()
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    peak = 0
+    done = threading.Event()
+
+    def sample() -> None:
+        nonlocal peak
+        while not done.is_set():
+            peak = max(peak, tree_rss(proc.pid))
+            done.wait(0.1)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    _, err = proc.communicate()
+    wall = time.monotonic() - start
+    done.set()
+    sampler.join()
+    if proc.returncode != 0:
+        raise SystemExit(f"report failed ({proc.returncode}):\n{err}")
+    summary = json.loads((out_dir / "summary.json").read_text())
+    return {"wall_s": round(wall, 1), "report_s": summary["elapsed_s"], "peak_rss_mib": round(peak / 2**20)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, action="append", help="archive size (repeatable)")
+    parser.add_argument("--data-dir", type=Path, default=Path(tempfile.gettempdir()) / "conveyor-bench")
+    parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--driver-memory", default="1600m")
+    args = parser.parse_args()
+    for rows in args.rows or [1_000_000, 10_000_000]:
+        data = args.data_dir / f"archive-{rows}"
+        t0 = time.monotonic()
+        generate(rows, data)
+        gen_s = time.monotonic() - t0
+        result = run_report(data, args.data_dir / f"report-{rows}", args.master, args.driver_memory)
+        line = {"rows": rows, "master": args.master, "driver_memory": args.driver_memory, **result}
+        line["generate_s"] = round(gen_s, 1)
+        line["cpus"] = os.cpu_count()
+        line["load_avg_1m"] = round(os.getloadavg()[0], 2)
+        print(json.dumps(line), flush=True)
+
+
+if __name__ == "__main__":
+    main()

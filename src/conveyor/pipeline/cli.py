@@ -1,0 +1,378 @@
+"""Command line of the pipeline: ``conveyor export`` and ``conveyor pipeline report|reconcile|enqueue``.
+
+Mounted into the main ``conveyor`` CLI, and runnable alone as ``python -m conveyor.pipeline``. Bad
+input ends in one line on stderr and a non-zero exit, never a traceback. Importing this module does
+not import Spark: the commands do, when they run.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from conveyor._errors import ConveyorError
+from conveyor.backends import DEFAULT_DATABASE_URL
+from conveyor.pipeline.spark import DEFAULT_MASTER
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+console = Console(stderr=True)
+out = Console()
+
+_db_option = click.option(
+    "--db",
+    "db",
+    default=None,
+    help="Database URL (default: the --db of `conveyor`, else $CONVEYOR_DATABASE_URL, else sqlite:///conveyor.db).",
+)
+_master_option = click.option(
+    "--master",
+    default=DEFAULT_MASTER,
+    show_default=True,
+    help="Spark master URL: local[N], spark://host:7077, yarn, ...",
+)
+_sla_options = [
+    click.option(
+        "--sla",
+        "sla",
+        multiple=True,
+        metavar="QUEUE=SECONDS",
+        help="A queue's SLA: the longest acceptable wait before a job starts (repeatable).",
+    ),
+    click.option(
+        "--default-sla",
+        type=float,
+        default=300.0,
+        show_default=True,
+        help="SLA in seconds for queues without --sla.",
+    ),
+]
+
+
+def _with_sla(fn: F) -> F:
+    for option in reversed(_sla_options):
+        fn = option(fn)
+    return fn
+
+
+def _resolve_db(ctx: click.Context, db: str | None) -> tuple[str, bool]:
+    """The database URL to use and whether the user named one (own --db, the parent's --db, or env)."""
+    if db:
+        return db, True
+    parent = ctx.find_root()
+    if parent is not ctx and isinstance(parent.obj, dict) and parent.obj.get("database_url"):
+        source = parent.get_parameter_source("database_url")
+        explicit = source is not None and source.name in ("COMMANDLINE", "ENVIRONMENT")
+        return str(parent.obj["database_url"]), explicit
+    env = os.environ.get("CONVEYOR_DATABASE_URL")
+    if env:
+        return env, True
+    return DEFAULT_DATABASE_URL, False
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _user_errors(fn: F) -> F:
+    """Turn pipeline and Spark input errors into one-line click errors."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except click.ClickException:
+            raise
+        except ConveyorError as exc:
+            raise click.ClickException(_one_line(exc)) from None
+        except Exception as exc:
+            # Spark reports bad input (an unreadable file, a type it cannot cast) as its own
+            # exceptions; those are user errors too. Anything else is a bug and keeps its traceback.
+            module = type(exc).__module__
+            if module.startswith(("pyspark", "py4j")):
+                raise click.ClickException(f"Spark: {_one_line(exc)}") from None
+            raise
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _session(master: str, jars: list[str] | None = None) -> SparkSession:
+    from conveyor.pipeline._progress import RichStages
+    from conveyor.pipeline.spark import get_session
+
+    with RichStages(console=console).stage(f"starting Spark ({master})"):
+        return get_session(master, jars=jars or [])
+
+
+@click.command("export")
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Export directory.")
+@click.option("--include-live", is_flag=True, help="Also write a snapshot of live (pending, processing) jobs.")
+@click.option(
+    "--settle",
+    type=float,
+    default=5.0,
+    show_default=True,
+    help="Leave jobs that ended less than this many seconds ago for the next run.",
+)
+@_db_option
+@click.pass_context
+@_user_errors
+def export(ctx: click.Context, out_dir: str, include_live: bool, settle: float, db: str | None) -> None:
+    """Export the job archive incrementally to Parquet, partitioned by date and queue.
+
+    Re-running resumes from the watermark stored in the directory and never duplicates a row."""
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from conveyor.pipeline.export import export as run_export
+
+    url, _ = _resolve_db(ctx, db)
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console) as bar:
+        task = bar.add_task("exporting archive: 0 rows", total=None)
+        result = run_export(
+            url,
+            out_dir,
+            include_live=include_live,
+            settle_seconds=settle,
+            progress=lambda n: bar.update(task, description=f"exporting archive: {n:,} rows"),
+        )
+    live = f", live snapshot {result.live_rows:,} jobs" if include_live else ""
+    out.print(
+        f"export run {result.run}: {result.archive_rows:,} new archive rows "
+        f"({result.watermark.archive_rows:,} in total){live}, {result.files} files -> {result.out_dir}"
+    )
+
+
+@click.group("pipeline")
+def pipeline() -> None:
+    """Spark jobs over the job history: report, reconcile, bulk enqueue."""
+
+
+@pipeline.command("report")
+@click.option("--input", "input_dir", required=True, type=click.Path(), help="An export directory.")
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Output directory.")
+@click.option("--since", default=None, help="Only jobs that ended since: 2026-01-31, 2026-01-31T12:00, 24h, 7d.")
+@_with_sla
+@_master_option
+@_user_errors
+def report(
+    input_dir: str, out_dir: str, since: str | None, sla: tuple[str, ...], default_sla: float, master: str
+) -> None:
+    """Throughput, depth, latency, SLA, failures and a capacity plan, as Parquet tables and report.html."""
+    from conveyor.pipeline._progress import RichStages
+    from conveyor.pipeline.export import input_paths
+    from conveyor.pipeline.report import parse_since, parse_sla
+    from conveyor.pipeline.report import report as run_report
+
+    # Everything that can be checked without Spark is checked first: starting it takes seconds.
+    input_paths(input_dir)
+    slas = parse_sla(list(sla))
+    since_at = parse_since(since) if since else None
+    spark = _session(master)
+    result = run_report(
+        input_dir,
+        out_dir,
+        since=since_at,
+        sla=slas,
+        default_sla=default_sla,
+        spark=spark,
+        stages=RichStages(spark, console),
+    )
+    table = Table("queue", "jobs", "dead", "wait p95 s", "e2e p95 s", "SLA s", "breaches", "workers", "HWM")
+    for queue, q in result.summary["queues"].items():
+        table.add_row(
+            queue,
+            f"{q.get('jobs', 0):,}",
+            f"{q.get('dead', 0):,}",
+            _num(q.get("wait_p95_s")),
+            _num(q.get("e2e_p95_s")),
+            _num(q.get("sla_s")),
+            f"{q.get('sla_breaches', 0):,}",
+            str(q.get("suggested_workers", "-")),
+            str(q.get("high_water_mark", "-")),
+        )
+    out.print(table)
+    out.print(f"report: {Path(out_dir) / 'report.html'} (tables and summary.json beside it)")
+
+
+@pipeline.command("reconcile")
+@click.option("--business", required=True, help="Business table: Parquet/CSV path, or a jdbc: URL.")
+@click.option("--business-table", default=None, help="Table (or subquery) to read from a jdbc: URL.")
+@click.option("--key-column", required=True, help="Column holding the idempotency key (or job id).")
+@click.option("--status-column", required=True, help="Column holding the business status.")
+@click.option(
+    "--key-kind",
+    type=click.Choice(["idempotency_key", "job_id"]),
+    default="idempotency_key",
+    show_default=True,
+    help="What the key column holds.",
+)
+@click.option(
+    "--pending-status",
+    "pending_statuses",
+    multiple=True,
+    default=("pending",),
+    show_default=True,
+    help="A business status meaning 'not done yet' (repeatable, case-insensitive).",
+)
+@click.option("--export-dir", default=None, type=click.Path(file_okay=False), help="Export to read (and refresh).")
+@click.option("--queue", default=None, help="Only jobs of this queue; the queue lost records are requeued to.")
+@click.option("--task", default=None, help="Task of requeued jobs.")
+@click.option("--payload-column", "payload_columns", multiple=True, help="Business column to add to the payload.")
+@click.option("--requeue-lost", is_flag=True, help="Re-enqueue lost records with their key as idempotency key.")
+@click.option("--out", "out_dir", default=None, type=click.Path(file_okay=False), help="Write the per-record table.")
+@_with_sla
+@_db_option
+@_master_option
+@click.pass_context
+@_user_errors
+def reconcile(
+    ctx: click.Context,
+    business: str,
+    business_table: str | None,
+    key_column: str,
+    status_column: str,
+    key_kind: str,
+    pending_statuses: tuple[str, ...],
+    export_dir: str | None,
+    queue: str | None,
+    task: str | None,
+    payload_columns: tuple[str, ...],
+    requeue_lost: bool,
+    out_dir: str | None,
+    sla: tuple[str, ...],
+    default_sla: float,
+    db: str | None,
+    master: str,
+) -> None:
+    """Classify every business record: ok, lost, stuck, dead, done_not_recorded."""
+    from conveyor.pipeline.reconcile import reconcile as run_reconcile
+    from conveyor.pipeline.report import parse_sla
+    from conveyor.pipeline.spark import jdbc_jars
+
+    url, explicit = _resolve_db(ctx, db)
+    # With only --export-dir the export is read as it is; a named database is exported first.
+    database_url = url if (explicit or export_dir is None or requeue_lost) else None
+    slas = parse_sla(list(sla))
+    if not business.startswith("jdbc:") and not Path(business).exists():
+        raise click.UsageError(f"--business {business}: no such file or directory")
+    if export_dir is not None and database_url is None and not Path(export_dir).is_dir():
+        raise click.UsageError(f"--export-dir {export_dir}: no such directory")
+    spark = _session(master, jdbc_jars(business) if business.startswith("jdbc:") else [])
+    from conveyor.pipeline._progress import RichStages
+
+    with RichStages(spark, console).stage("reconciling"):
+        result = run_reconcile(
+            business,
+            key_column,
+            status_column,
+            database_url,
+            export_dir=export_dir,
+            key_kind=key_kind,  # type: ignore[arg-type]
+            pending_statuses=pending_statuses,
+            queue=queue,
+            sla=slas,
+            default_sla=default_sla,
+            out_dir=out_dir,
+            requeue_lost=requeue_lost,
+            task=task,
+            payload_columns=payload_columns,
+            business_table=business_table,
+            spark=spark,
+        )
+    table = Table("class", "records")
+    for name, count in result.counts.items():
+        table.add_row(name, f"{count:,}")
+    out.print(table)
+    out.print(f"queue state as of {result.snapshot_at.isoformat()}")
+    if result.lost_keys:
+        shown = ", ".join(result.lost_keys[:10]) + (" ..." if len(result.lost_keys) > 10 else "")
+        out.print(f"lost: {shown}")
+    if requeue_lost:
+        out.print(f"requeued {result.requeued:,} lost records ({result.already_queued:,} keys were already queued)")
+    if out_dir:
+        out.print(f"per-record table: {Path(out_dir) / 'reconcile'}")
+
+
+@pipeline.command("enqueue")
+@click.option("--input", "input_path", required=True, type=click.Path(), help="Parquet or CSV file or directory.")
+@click.option("--queue", required=True, help="Queue to enqueue onto.")
+@click.option("--task", required=True, help="Task name of the jobs.")
+@click.option("--key-column", default=None, help="Column to use as idempotency key (default: a hash of the row).")
+@click.option("--payload-column", "payload_columns", multiple=True, help="Payload column (default: all).")
+@click.option("--batch-size", type=click.IntRange(1, 100_000), default=500, show_default=True)
+@click.option("--priority", type=int, default=None, help="Job priority (default: the task's).")
+@_db_option
+@_master_option
+@click.pass_context
+@_user_errors
+def enqueue(
+    ctx: click.Context,
+    input_path: str,
+    queue: str,
+    task: str,
+    key_column: str | None,
+    payload_columns: tuple[str, ...],
+    batch_size: int,
+    priority: int | None,
+    db: str | None,
+    master: str,
+) -> None:
+    """Enqueue one job per input row from the Spark executors; re-runs and task retries enqueue nothing twice."""
+    from conveyor.pipeline._progress import RichStages
+    from conveyor.pipeline.enqueue import enqueue_dataframe
+    from conveyor.pipeline.reconcile import load_business
+
+    url, _ = _resolve_db(ctx, db)
+    if url.startswith("memory:"):
+        raise click.UsageError("--db memory:// cannot be reached from Spark executors; use sqlite or postgresql")
+    if not Path(input_path).exists():
+        raise click.UsageError(f"--input {input_path}: no such file or directory")
+    spark = _session(master)
+    df = load_business(spark, input_path)
+    with RichStages(spark, console).stage(f"enqueueing onto {queue}"):
+        result = enqueue_dataframe(
+            df,
+            url,
+            queue,
+            task,
+            key_column=key_column,
+            batch_size=batch_size,
+            payload_columns=list(payload_columns) or None,
+            priority=priority,
+        )
+    out.print(
+        f"{result.rows:,} rows: {result.enqueued:,} jobs enqueued, "
+        f"{result.duplicates:,} already queued (same idempotency key)"
+    )
+
+
+def _num(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    if isinstance(value, datetime):
+        return value.isoformat()
+    return str(value)
+
+
+@click.group("conveyor-pipeline")
+def main() -> None:
+    """Conveyor's data pipeline (also mounted as `conveyor export` and `conveyor pipeline ...`)."""
+
+
+main.add_command(export)
+for _name, _command in pipeline.commands.items():
+    main.add_command(_command, _name)
