@@ -27,7 +27,9 @@ _LEFT, _RIGHT, _TOP, _BOTTOM = 64, 150, 28, 36
 
 
 def nice_ticks(lo: float, hi: float, count: int = 5) -> list[float]:
-    """About ``count`` round tick values covering ``[lo, hi]`` (1, 2 or 5 times a power of ten)."""
+    """About ``count`` round tick values from at or below ``lo`` to at or above ``hi``.
+
+    Steps are 1, 2 or 5 times a power of ten."""
     if not math.isfinite(lo) or not math.isfinite(hi):
         return [0.0]
     if hi <= lo:
@@ -36,11 +38,10 @@ def nice_ticks(lo: float, hi: float, count: int = 5) -> list[float]:
     power = 10 ** math.floor(math.log10(raw))
     step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
     first = math.floor(lo / step) * step
-    ticks = []
-    value = first
-    while value <= hi + step * 1e-9:
-        ticks.append(round(value, 10))
-        value += step
+    # The last tick is at or above ``hi``: it is the top of the axis, and no value may overflow it.
+    ticks = [round(first, 10)]
+    while ticks[-1] < hi - step * 1e-9:
+        ticks.append(round(first + step * len(ticks), 10))
     return ticks
 
 
@@ -125,8 +126,8 @@ def line_chart(
         ordered = sorted(values, key=lambda p: p[0])
         coords: list[str] = []
         prev_y: float | None = None
-        for ts, v in ordered:
-            x, y = x_of(ts.timestamp()), y_of(v)
+        for when, v in ordered:
+            x, y = x_of(when.timestamp()), y_of(v)
             if step and prev_y is not None:
                 coords.append(f"{x:.1f},{prev_y:.1f}")
             coords.append(f"{x:.1f},{y:.1f}")

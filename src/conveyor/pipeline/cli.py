@@ -8,6 +8,7 @@ not import Spark: the commands do, when they run.
 from __future__ import annotations
 
 import functools
+import logging
 import os
 from collections.abc import Callable
 from datetime import datetime
@@ -112,6 +113,9 @@ def _session(master: str, jars: list[str] | None = None) -> SparkSession:
     from conveyor.pipeline._progress import RichStages
     from conveyor.pipeline.spark import get_session
 
+    # PySpark logs every failed query as a JSON blob with a Java stack trace; the command already
+    # reports the error in one line.
+    logging.getLogger("DataFrameQueryContextLogger").setLevel(logging.CRITICAL)
     with RichStages(console=console).stage(f"starting Spark ({master})"):
         return get_session(master, jars=jars or [])
 

@@ -392,7 +392,7 @@ class _Report:
             "sla_s",
             F.col("wait_count").alias("started"),
             F.col("sla_breaches").alias("breaches"),
-            (F.col("sla_breaches") / F.col("wait_count")).alias("breach_rate"),
+            F.try_divide(F.col("sla_breaches"), F.col("wait_count")).alias("breach_rate"),
             F.col("wait_max_s").alias("worst_wait_s"),
         )
 
@@ -424,9 +424,9 @@ class _Report:
             "queue",
             "task",
             *[c for c in out.columns if c not in ("queue", "task")],
-            (F.col("retried_jobs") / F.col("jobs")).alias("retry_rate"),
-            (F.col("dead") / F.col("jobs")).alias("dlq_rate"),
-            (F.col("duplicate_jobs") / F.col("jobs")).alias("duplicate_rate"),
+            F.try_divide(F.col("retried_jobs"), F.col("jobs")).alias("retry_rate"),
+            F.try_divide(F.col("dead"), F.col("jobs")).alias("dlq_rate"),
+            F.try_divide(F.col("duplicate_jobs"), F.col("jobs")).alias("duplicate_rate"),
         )
 
     def _failures(self, jobs: DataFrame) -> DataFrame:
@@ -482,7 +482,7 @@ class _Report:
             .join(service, "queue", "left")
             .join(F.broadcast(sla), "queue", "left")
             .withColumn("sla_s", F.coalesce("sla_s", F.lit(self.default_sla)))
-            .withColumn("arrival_rate", F.col("enqueued") / F.col("window_s"))
+            .withColumn("arrival_rate", F.try_divide(F.col("enqueued"), F.col("window_s")))
         )
         hwm = F.floor(F.col("drain_rate") * F.col("sla_s"))
         cap = (
