@@ -19,6 +19,7 @@ with exactly the policy the workers run them under.
 from __future__ import annotations
 
 import os
+import signal
 import time
 from typing import Any
 
@@ -26,11 +27,15 @@ from conveyor import App, JobContext
 
 WORK = "e2e.work"
 SLOW = "e2e.slow"
+CRASH = "e2e.crash"
 WORK_QUEUE = "e2e"
 SLOW_QUEUE = "slow"
+CRASH_QUEUE = "crash"
 
 #: Attempts before a transient failure is dead-lettered.
 MAX_ATTEMPTS = 3
+#: Deliveries of an ``e2e.crash`` job before it counts as poison.
+CRASH_MAX_DELIVERIES = 2
 #: Retries wait this long (a fixed schedule), so that a run is not dominated by backoff.
 BACKOFF = [0.05]
 
@@ -104,6 +109,19 @@ def register(app: App) -> None:
         time.sleep(seconds)
         record("end", ctx)
         return {"slept": seconds}
+
+    @app.task(
+        name=CRASH,
+        queue=CRASH_QUEUE,
+        max_attempts=MAX_ATTEMPTS,
+        max_deliveries=CRASH_MAX_DELIVERIES,
+        backoff=BACKOFF,
+        visibility_timeout=VISIBILITY_TIMEOUT,
+    )
+    def crash(ctx: JobContext) -> None:
+        """A poison job: it kills the process running it (think OOM kill or segfault)."""
+        record("run", ctx)
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 app = App()

@@ -11,6 +11,7 @@ from pathlib import Path
 from uuid import UUID
 
 from conveyor import App, Message
+from conveyor.backends.base import JobGetParams
 
 from . import e2e_app
 from ._support import Db, Procs, iter_lines, wait_until, worker_argv
@@ -133,3 +134,67 @@ def test_prefork_restarts_a_killed_worker_process(sqlite_url: str, procs: Procs,
     finally:
         db.close()
         producer.close()
+
+
+def test_poison_job_that_kills_its_worker_is_dead_lettered(sqlite_url: str, procs: Procs, tmp_path: Path) -> None:
+    """A job whose handler kills the worker process (OOM, segfault) cannot cycle for ever: once it
+    has been delivered more than its max_deliveries it is dead-lettered without running, and the
+    worker processes (restarted by the supervisor) carry on with the other work."""
+    producer = App(sqlite_url)
+    e2e_app.register(producer)
+    run_log = tmp_path / "runs.log"
+    db = Db(sqlite_url)
+    try:
+        poison = producer.send_many([Message(task=e2e_app.CRASH)])[0].id
+        supervisor = procs.start(
+            "prefork",
+            worker_argv(sqlite_url, "--queues", "crash,e2e", "--processes", "2", "--concurrency", "1"),
+            env={"E2E_RUN_LOG": str(run_log)},
+        )
+
+        def dead() -> bool:
+            record = db.backend.job_get(JobGetParams(poison))
+            return record is not None and record.state == "dead"
+
+        wait_until(dead, 90, "the poison job dead-lettered", interval=0.2)
+        record = db.backend.job_get(JobGetParams(poison))
+        assert record is not None
+        assert (record.reason, record.error_type, record.attempts) == ("max_deliveries_exceeded", "PoisonJob", 0)
+        assert record.deliveries == e2e_app.CRASH_MAX_DELIVERIES + 1
+        runs = [f for f in iter_lines(run_log) if f[0] == "run" and UUID(f[1]) == poison]
+        assert [int(f[2]) for f in runs] == list(range(1, e2e_app.CRASH_MAX_DELIVERIES + 1)), runs
+
+        # The supervisor replaced the killed processes and the workers still work.
+        assert supervisor.popen.poll() is None
+        assert supervisor.output().count("exited with -9; restarting it") == e2e_app.CRASH_MAX_DELIVERIES
+        after = producer.send_many([Message(task=e2e_app.WORK, payload={"kind": e2e_app.OK, "n": 1})])[0]
+        assert after.wait(timeout=30).state == "completed"
+        supervisor.signal(signal.SIGTERM)
+        assert supervisor.wait(timeout=30) == 0, supervisor.output()
+    finally:
+        db.close()
+        producer.close()
+
+
+def _worker_children(pid: int) -> list[int]:
+    """The supervisor's worker processes (not multiprocessing's resource tracker)."""
+    out = []
+    try:
+        children = [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+        for child in children:
+            if b"spawn_main" in Path(f"/proc/{child}/cmdline").read_bytes():
+                out.append(child)
+    except OSError:
+        pass
+    return out
+
+
+def test_prefork_sigterm_while_worker_processes_start(sqlite_url: str, procs: Procs) -> None:
+    """SIGTERM to the supervisor just after it spawned its worker processes (still importing, no
+    signal handler yet): they die of that SIGTERM holding nothing, and that is a clean stop."""
+    App(sqlite_url).close()
+    supervisor = procs.start("prefork", worker_argv(sqlite_url, "--processes", "2"))
+    wait_until(lambda: len(_worker_children(supervisor.pid)) >= 2, 60, "two worker processes spawned", interval=0.005)
+    supervisor.signal(signal.SIGTERM)
+    assert supervisor.wait(timeout=30) == 0, supervisor.output()
+    assert "Traceback" not in supervisor.output()

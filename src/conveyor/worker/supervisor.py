@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import multiprocessing
@@ -83,16 +84,28 @@ def run_processes(app_path: str, database_url: str | None, processes: int, optio
         p.start()
         return p
 
+    forwarded: dict[int, int] = {}
+
+    def forward(p: multiprocessing.process.BaseProcess) -> None:
+        """Send the child one SIGTERM per signal the supervisor got (a second one: exit at once)."""
+        while p.pid and forwarded.get(p.pid, 0) < stopping[0]:
+            forwarded[p.pid] = forwarded.get(p.pid, 0) + 1
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p.pid, signal.SIGTERM)
+
     def on_signal(signum: int, _frame: object) -> None:
         stopping[0] += 1
         for p in children:
-            if p.is_alive() and p.pid:
-                # A second signal is forwarded too: a child that is already stopping exits at once.
-                os.kill(p.pid, signal.SIGTERM)
+            if p.is_alive():
+                forward(p)
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    children.extend(spawn() for _ in range(processes))
+    for _ in range(processes):
+        if stopping[0]:
+            break
+        children.append(spawn())
+        forward(children[-1])  # a signal that came while it was being started
     burst = bool(options.get("burst"))
     failed = False
     while True:
@@ -103,16 +116,26 @@ def run_processes(app_path: str, database_url: str | None, processes: int, optio
                 continue
             code = p.exitcode
             if stopping[0] or (burst and code == 0):
-                failed = failed or (code not in (0, None))
+                failed = failed or not _stopped_cleanly(code, bool(stopping[0]))
                 continue
             log.warning("worker process %s exited with %s; restarting it", p.pid, code)
             time.sleep(0.5)
+            if stopping[0]:
+                continue
             children[i] = spawn()
+            forward(children[i])  # a signal that came while it was being started
             alive = True
         if not alive:
             break
         time.sleep(0.1)
     for p in children:
         p.join()
-        failed = failed or p.exitcode != 0
+        failed = failed or not _stopped_cleanly(p.exitcode, bool(stopping[0]))
     return 1 if failed else 0
+
+
+def _stopped_cleanly(code: int | None, stopping: bool) -> bool:
+    """Exit 0; or, once stopping, killed by the forwarded SIGTERM itself: a child installs its
+    handler before its worker leases anything, so one that died of SIGTERM was still starting
+    (or had already stopped) and held no job."""
+    return code == 0 or (stopping and code == -signal.SIGTERM)
