@@ -56,13 +56,14 @@ def test_worker_survives_postgres_restart(cluster: PgCluster, procs: Procs) -> N
     try:
         send(0)
         send(BATCH)
-        # 20 ms per job, 4 slots: about 200 jobs/s, so the outage lands mid-run.
+        # 40 ms per job, 4 slots: about 100 jobs/s, so the outage lands mid-run.
         worker = procs.start(
             "worker",
             worker_argv(url, "--queues", e2e_app.WORK_QUEUE, "--concurrency", "4"),
-            env={"E2E_WORK_SLEEP": "0.02"},
+            env={"E2E_WORK_SLEEP": "0.04"},
         )
-        wait_until(lambda: db.terminal_counts()["completed"] >= BATCH // 2, 60, "the worker under way")
+        before = wait_until(lambda: (n := db.terminal_counts()["completed"]) >= BATCH // 2 and n, 60, "work under way")
+        assert before < BATCH, "the outage must come mid-run"
 
         cluster.stop("fast")  # disconnects every session, the worker's included
         stopped = time.monotonic()
