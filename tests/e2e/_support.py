@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TypeVar
+from uuid import UUID
 
 from conveyor.backends import open_backend
 from conveyor.backends.base import (
@@ -21,6 +22,7 @@ from conveyor.backends.base import (
     Backend,
     JobRecord,
     JobsListParams,
+    QueuesStatsParams,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -104,8 +106,8 @@ class Procs:
         )
 
 
-def wait_until(check: Callable[[], T], timeout: float, what: str, interval: float = 0.05) -> T:
-    """Poll ``check`` until it returns something truthy; fail after ``timeout`` seconds."""
+def wait_until(check: Callable[[], T | None], timeout: float, what: str, interval: float = 0.05) -> T:
+    """Poll ``check`` until it returns something truthy (and return that); fail after ``timeout`` s."""
     deadline = time.monotonic() + timeout
     while True:
         value = check()
@@ -146,9 +148,9 @@ class Db:
 
     def archived(self) -> list[JobRecord]:
         rows: list[JobRecord] = []
-        after: tuple[datetime, object] | None = None
+        after: tuple[datetime, UUID] | None = None
         while True:
-            page = self.backend.archive_read(ArchiveReadParams(after, limit=5000))  # type: ignore[arg-type]
+            page = self.backend.archive_read(ArchiveReadParams(after, limit=5000))
             rows.extend(page)
             if len(page) < 5000:
                 return rows
@@ -156,16 +158,8 @@ class Db:
             assert last.finished_at is not None
             after = (last.finished_at, last.id)
 
-    def archived_count(self) -> int:
-        return len(self.archived())
-
-    def live_states(self) -> Counter[str]:
-        return Counter(r.state for r in self.live())
-
     def terminal_counts(self) -> Counter[str]:
-        """Archive counts by state, from queues_stats (cheap enough to poll)."""
-        from conveyor.backends.base import QueuesStatsParams
-
+        """Counts by state over every queue, from queues_stats (cheap enough to poll)."""
         out: Counter[str] = Counter()
         for s in self.backend.queues_stats(QueuesStatsParams(now())):
             out["completed"] += s.completed

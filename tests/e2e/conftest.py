@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
 
-from ._support import Db, Procs
+from ._support import Procs
 
 
 @pytest.fixture
@@ -24,12 +24,10 @@ def procs(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Procs]:
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     rep = yield
     if rep.when == "call":
         item.rep_call = rep  # type: ignore[attr-defined]
     return rep
-
-
-def open_db(url: str) -> Db:
-    return Db(url)

@@ -7,6 +7,7 @@ import signal
 import socket
 import time
 from collections import Counter
+from functools import partial
 
 import pytest
 
@@ -20,6 +21,14 @@ TOTAL = 10_000
 WORKERS = 4
 #: Completed jobs (counted in the database) at which the first and the second worker are killed.
 KILL_AT = (2_500, 5_000)
+
+
+def _completed_at_least(db: Db, n: int) -> bool:
+    return db.terminal_counts()["completed"] >= n
+
+
+def _holds(db: Db, worker_id: str, n: int) -> bool:
+    return db.held_by(worker_id) >= n
 
 
 def kind_of(n: int) -> str:
@@ -68,12 +77,12 @@ def _run(url: str, producer: App, db: Db, procs: Procs) -> None:
     host = socket.gethostname()
     orphaned: list[int] = []
     for victim, threshold in enumerate(KILL_AT):
-        wait_until(lambda t=threshold: db.terminal_counts()["completed"] >= t, 60, f"{threshold} completed jobs")
+        wait_until(partial(_completed_at_least, db, threshold), 60, f"{threshold} completed jobs")
         proc = workers[victim]
         worker_id = f"{host}:{proc.pid}"
         assert proc.popen.poll() is None, f"worker {victim} exited early:\n{proc.output()}"
         # Kill it while it holds leases (its buffer is refilled in batches, so it nearly always does).
-        wait_until(lambda w=worker_id: db.held_by(w) >= 8, 10, f"{worker_id} holding leases", interval=0.01)
+        wait_until(partial(_holds, db, worker_id, 8), 10, f"{worker_id} holding leases", interval=0.01)
         proc.signal(signal.SIGKILL)
         assert proc.wait(timeout=10) == -signal.SIGKILL
         # The leases the dead worker held (buffered and running jobs): rescue must bring them back.

@@ -68,6 +68,10 @@ def _pids(run_log: Path, event: str) -> list[int]:
     return list(seen)
 
 
+def _at_least(pids: list[int], n: int) -> list[int] | None:
+    return pids if len(pids) >= n else None
+
+
 def test_prefork_sigterm_is_graceful(database_url: str, procs: Procs, tmp_path: Path) -> None:
     """SIGTERM to the supervisor reaches every worker process: each finishes its running job,
     hands its buffered ones back, and the supervisor exits 0."""
@@ -83,7 +87,7 @@ def test_prefork_sigterm_is_graceful(database_url: str, procs: Procs, tmp_path: 
             worker_argv(database_url, "--queues", "slow", "--processes", "2", "--concurrency", "1", "--prefetch", "1"),
             env={"E2E_RUN_LOG": str(run_log)},
         )
-        pids = wait_until(lambda: (p := _pids(run_log, "start")) and len(p) == 2 and p, 60, "a job running in each")
+        pids = wait_until(lambda: _at_least(_pids(run_log, "start"), 2), 60, "a job running in each")
         assert supervisor.pid not in pids
         running = {UUID(f[1]) for f in iter_lines(run_log) if f[0] == "start"}
         assert len(running) == 2
@@ -117,7 +121,7 @@ def test_prefork_restarts_a_killed_worker_process(sqlite_url: str, procs: Procs,
             worker_argv(sqlite_url, "--queues", "e2e", "--processes", "2", "--concurrency", "2"),
             env={"E2E_RUN_LOG": str(run_log), "E2E_WORK_SLEEP": "0.02"},
         )
-        first, _second = wait_until(lambda: (p := _pids(run_log, "run")) and len(p) >= 2 and p, 60, "two workers")[:2]
+        first = wait_until(lambda: _at_least(_pids(run_log, "run"), 2), 60, "two worker processes at work")[0]
         os.kill(first, signal.SIGKILL)
         wait_until(lambda: len(_pids(run_log, "run")) >= 3, 60, "a replacement worker process at work")
         assert supervisor.popen.poll() is None
