@@ -768,7 +768,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         click.echo(f"conveyor: error: {exc.format_message()}", err=True)
         return exc.exit_code
     except ConveyorError as exc:
-        click.echo(f"conveyor: error: {exc}", err=True)
+        first, *_ = str(exc).strip().splitlines() or [type(exc).__name__]
+        click.echo(f"conveyor: error: {first}", err=True)
         return 1
     except KeyboardInterrupt:
         return 130

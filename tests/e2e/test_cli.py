@@ -127,10 +127,6 @@ def test_bad_input_is_one_line_and_enqueues_nothing(sqlite_url: str) -> None:
     assert stats(sqlite_url) == {}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="backend errors carry psycopg's multi-line text (LINE n: ... and a caret line); reported to the backend",
-)
 def test_unmigrated_postgres_is_one_line(postgres_database: str) -> None:
     assert_one_line_error(conveyor(postgres_database, "stats"), "jobs")
 

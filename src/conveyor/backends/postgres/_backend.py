@@ -74,6 +74,11 @@ _INSERT_CHUNK = 50_000
 Conn = psycopg.Connection[TupleRow]
 
 
+def _first_line(exc: BaseException) -> str:
+    """psycopg's message without the ``LINE n:`` / caret / HINT lines that follow the first."""
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
 def _receipt(value: str) -> UUID | None:
     """A receipt as the database stores it; None for text that cannot be one (it is stale)."""
     try:
@@ -182,9 +187,13 @@ class PostgresBackend:
                 f"PostgreSQL unreachable ({action}): no connection within {self._connect_timeout:g}s"
             ) from exc
         except psycopg.OperationalError as exc:
-            raise BackendUnavailable(f"PostgreSQL unavailable ({action}): {exc}") from exc
+            raise BackendUnavailable(f"PostgreSQL unavailable ({action}): {_first_line(exc)}") from exc
+        except psycopg.errors.UndefinedTable as exc:
+            raise BackendError(
+                f"the Conveyor schema is missing in this database ({_first_line(exc)}): run `conveyor migrate`"
+            ) from exc
         except psycopg.Error as exc:
-            raise BackendError(f"PostgreSQL failed {action}: {exc}") from exc
+            raise BackendError(f"PostgreSQL failed {action}: {_first_line(exc)}") from exc
 
     @contextmanager
     def _connection(self, action: str, ack: bool = False) -> Iterator[Conn]:
