@@ -46,18 +46,25 @@ class Message:
     id: UUID = field(default_factory=uuid7)
 
 
+# One encoder for every call: json.dumps with options builds a new JSONEncoder each time, which
+# was a third of the encoding cost of a 20,000-job send_many. Same output as
+# json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False).
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
 def encode_json_object(value: Mapping[str, Any], what: str, limit: int | None = None) -> str:
     """Encode a JSON object compactly; raise PayloadError if it is not one or is over ``limit``."""
     if not isinstance(value, Mapping):
         raise PayloadError(f"{what} must be a JSON object (a dict), got {type(value).__name__}")
     try:
-        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        text = _ENCODER.encode(value)
     except (TypeError, ValueError) as exc:
         raise PayloadError(
             f"{what} is not JSON-serialisable ({exc}); Conveyor stores JSON only, never pickle: "
             "send plain data, or a reference (an object key, a row id) to the data"
         ) from None
-    if limit is not None:
+    # A character is at most 4 bytes in UTF-8, so short texts need no encoding to be measured.
+    if limit is not None and 4 * len(text) > limit:
         size = len(text.encode("utf-8"))
         if size > limit:
             raise PayloadError(
