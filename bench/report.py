@@ -43,6 +43,18 @@ def fmt(value: float | None, unit: str = "") -> str:
     return f"{value:,.0f}"
 
 
+def cell(rows: list[dict[str, Any]], figure: str, lib: str, key: str, unit: str) -> str:
+    """The median of the successful runs; else what a timed-out run did before its time box."""
+    value = median(rows, figure, lib, key)
+    if value is not None:
+        return fmt(value, unit)
+    partial = [r for r in rows if r.get("figure") == figure and r.get("lib") == lib and r.get(key)]
+    if partial:
+        r = partial[-1]
+        return f"{fmt(r[key], unit)} (timed out: {r.get('done', 0):,} of {r.get('n', 0):,} done)"
+    return "—"
+
+
 def render(path: Path) -> str:
     meta, rows = load(path)
     libs = [lib for lib in LIBS if any(r.get("lib") == lib for r in rows)]
@@ -60,6 +72,13 @@ def render(path: Path) -> str:
         "",
         "Versions: " + ", ".join(f"{k} {val}" for k, val in sorted(v.items())),
         "",
+        f"Tree: commit {meta.get('git', {}).get('commit')}"
+        + (
+            f", with uncommitted changes in {', '.join(meta['git']['modified'])}"
+            if meta.get("git", {}).get("modified")
+            else ""
+        ),
+        "",
     ]
     if libs and any(r.get("figure") in ("batch", "single", "drain", "latency") for r in rows):
         s = meta.get("sizes", {})
@@ -76,7 +95,7 @@ def render(path: Path) -> str:
             ("(4) pickup latency p99, ms", "latency", "p99_ms", "ms"),
         ]
         for title, figure, key, unit in lines:
-            cells = [fmt(median(rows, figure, lib, key), unit) for lib in libs]
+            cells = [cell(rows, figure, lib, key, unit) for lib in libs]
             out.append(f"| {title} | " + " | ".join(cells) + " |")
         out.append("")
 
@@ -113,6 +132,7 @@ def conveyor_alone(rows: list[dict[str, Any]], meta: dict[str, Any]) -> list[tup
         "drain_big_tables",
     )
     add("SQLite drain, 1 process × 10 slots", "sqlite_drain")
+    add("not default: drain with `--prefetch 40`", "drain_prefetch40")
     add("not default: drain, worker sessions with synchronous_commit=off", "drain_async_commit")
     p50 = median(rows, "latency_async_commit", "conveyor", "p50_ms")
     p99 = median(rows, "latency_async_commit", "conveyor", "p99_ms")

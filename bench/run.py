@@ -103,6 +103,7 @@ class Runner:
     def run(self, lib: str, workload: str, n: int, label: str | None = None, **extra: Any) -> dict[str, Any] | None:
         """Run one driver on a fresh database (or flushed Redis db); record and return its result."""
         options = extra.pop("options", {})
+        timeout = float(extra.pop("timeout", self.sizes.timeout))
         db_name = extra.pop("db_name", None)
         sqlite = options.get("sqlite", False)
         fresh = None
@@ -119,11 +120,13 @@ class Runner:
         argv = [
             self.python_for(lib), "-m", "bench.driver", lib, workload, "--n", str(n), "--db", db,
             "--redis", REDIS_DB, "--side", str(self.work / f"{tag}.side"), "--log", str(self.work / f"{tag}.log"),
-            "--timeout", str(self.sizes.timeout), "--options", json.dumps(options),
+            "--timeout", str(timeout), "--options", json.dumps(options),
         ]  # fmt: skip
         for key, value in extra.items():
             argv += [f"--{key.replace('_', '-')}", str(value)]
-        return self._call(argv, label or workload, lib, fresh_db=db_name if fresh else None, sqlite_path=db)
+        return self._call(
+            argv, label or workload, lib, fresh_db=db_name if fresh else None, sqlite_path=db, timeout=timeout
+        )
 
     def raw_sql(self, n: int, batch: int) -> dict[str, Any] | None:
         name = self.fresh_db()
@@ -131,14 +134,20 @@ class Runner:
         return self._call(argv, f"raw_sql_b{batch}", "raw-sql", fresh_db=name)
 
     def _call(
-        self, argv: list[str], label: str, lib: str, fresh_db: str | None = None, sqlite_path: str = ""
+        self,
+        argv: list[str],
+        label: str,
+        lib: str,
+        fresh_db: str | None = None,
+        sqlite_path: str = "",
+        timeout: float | None = None,
     ) -> dict[str, Any] | None:
         env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
         print(f"  {label:<16} {lib:<14}", end=" ", flush=True)
         t0 = time.monotonic()
         try:
             proc = subprocess.run(
-                argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=self.sizes.timeout + 120
+                argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=(timeout or self.sizes.timeout) + 120
             )
             lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("BENCH-RESULT ")]
             if proc.returncode != 0 or not lines:
@@ -162,6 +171,8 @@ class Runner:
 
 
 def describe(r: dict[str, Any]) -> str:
+    if not r.get("ok") and r.get("done"):
+        return f"TIMED OUT after {r['done']:,} of {r['n']:,} jobs ({r.get('rate') or 0:,.0f} jobs/s until then)"
     if not r.get("ok"):
         return "FAILED: " + str(r.get("error", ""))[-300:].replace("\n", " | ")
     if "p50_ms" in r:
@@ -195,16 +206,23 @@ def ensure_peers(offline: bool) -> dict[str, str]:
     return dict(json.loads(out))
 
 
-def machine() -> dict[str, Any]:
+def machine(pg: str) -> dict[str, Any]:
     import psycopg
 
-    with psycopg.connect(DEFAULT_PG, autocommit=True) as conn:
-        # What one durable commit costs here (the WAL flush): every PostgreSQL figure is bounded by it.
-        conn.execute("CREATE TEMP TABLE bench_commit_probe (x int)")
-        t0 = time.perf_counter()
-        for _ in range(50):
-            conn.execute("INSERT INTO bench_commit_probe VALUES (1)")
-        commit_ms = (time.perf_counter() - t0) / 50 * 1000
+    with psycopg.connect(pg, autocommit=True) as conn:
+        # What one durable commit costs here (the WAL flush): every PostgreSQL figure is bounded by
+        # it. An unlogged or temporary table would not flush, hence a throwaway database.
+        probe = f"bench_probe_{os.getpid()}"
+        conn.execute(f'CREATE DATABASE "{probe}"')  # type: ignore[arg-type]
+        try:
+            with psycopg.connect(pg.rpartition("/")[0] + "/" + probe, autocommit=True) as p:
+                p.execute("CREATE TABLE probe (x int)")
+                t0 = time.perf_counter()
+                for _ in range(100):
+                    p.execute("INSERT INTO probe VALUES (1)")
+                commit_ms = (time.perf_counter() - t0) / 100 * 1000
+        finally:
+            conn.execute(f'DROP DATABASE IF EXISTS "{probe}" WITH (FORCE)')  # type: ignore[arg-type]
         row = conn.execute("SHOW server_version").fetchone()
         sync = conn.execute("SHOW synchronous_commit").fetchone()
         shared = conn.execute("SHOW shared_buffers").fetchone()
@@ -232,6 +250,15 @@ def machine() -> dict[str, Any]:
         "redis": redis_version,
         "loadavg_start": load,
     }
+
+
+def git_state() -> dict[str, Any]:
+    """The commit measured, and which tracked files differed from it (other people's work in progress)."""
+
+    def git(*a: str) -> str:
+        return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+    return {"commit": git("rev-parse", "--short", "HEAD"), "modified": git("diff", "--name-only").split()}
 
 
 # -- the plan -----------------------------------------------------------------------------------
@@ -263,7 +290,9 @@ def plan(r: Runner, libs: list[str], workloads: set[str]) -> None:
             if not r.args.smoke:
                 r.run("conveyor", "drain", s.drain, label="drain_2proc", options={"processes": 2})
                 r.run("conveyor", "drain", s.drain, label="drain_sync_def", options={"sync": True})
-                # Not the default: what the commit flush costs (see docs/benchmarks.md, "what limits").
+                # Not the default: a prefetch of 40 (Celery's default reservation for 10 slots) and
+                # worker sessions that do not wait for the WAL flush (docs/benchmarks.md, "what limits").
+                r.run("conveyor", "drain", s.drain, label="drain_prefetch40", options={"prefetch": 40})
                 r.run("conveyor", "drain", s.drain, label="drain_async_commit", options={"async_commit": True})
                 r.run(
                     "conveyor", "latency", s.latency, label="latency_async_commit", interval=s.latency_interval,
@@ -279,7 +308,10 @@ def plan(r: Runner, libs: list[str], workloads: set[str]) -> None:
         print(f"(5) worker RSS over {s.rss:,} jobs")
         name = r.fresh_db()
         fill_ready(r, name, s.rss)
-        r.run("conveyor", "rss", s.rss, db_name=name, rss_at=",".join(map(str, s.rss_at)), prefilled=1)
+        r.run(
+            "conveyor", "rss", s.rss, db_name=name, rss_at=",".join(map(str, s.rss_at)), prefilled=1,
+            timeout=s.timeout * 2,
+        )  # fmt: skip
         r.drop_db(name)
 
 
@@ -359,9 +391,10 @@ def main() -> None:
         versions.update(ensure_peers(offline=args.no_install or args.smoke))
     meta = {
         "figure": "meta",
-        "machine": machine(),
+        "machine": machine(args.pg),
         "versions": versions,
         "command": "python -m bench " + " ".join(sys.argv[1:]),
+        "git": git_state(),
         "sizes": {k: v for k, v in vars(sizes).items()},
         "at": time.time(),
     }

@@ -22,6 +22,7 @@ class Adapter:
         self.Message = Message
         self.processes = int(options.get("processes", 1))
         self.async_commit = bool(options.get("async_commit"))
+        self.prefetch = int(options.get("prefetch", 0))
         if db.startswith("postgres"):
             self.app.backend.migrate()
 
@@ -41,7 +42,7 @@ class Adapter:
         return [
             sys.executable, "-m", "conveyor", "--db", self.db, "worker", "bench.apps.conveyor_app:app",
             "--concurrency", "10", "--processes", str(self.processes),
-        ]  # fmt: skip
+        ] + (["--prefetch", str(self.prefetch)] if self.prefetch else [])  # fmt: skip
 
     def worker_env(self) -> dict[str, str]:
         env = {"CONVEYOR_DATABASE_URL": self.db}
