@@ -78,7 +78,14 @@ def cli(ctx: click.Context, database_url: str, verbose: int) -> None:
 @click.pass_context
 def migrate(ctx: click.Context) -> None:
     """Apply pending schema migrations."""
-    applied = _app(ctx).backend.migrate()
+    from conveyor.backends import open_backend
+
+    # Not through the App: it migrates the embedded default on open, and then reports nothing applied.
+    backend = open_backend(ctx.obj["database_url"])
+    try:
+        applied = backend.migrate()
+    finally:
+        backend.close()
     click.echo(f"applied {len(applied)} migration(s)" + (": " + ", ".join(applied) if applied else ""))
 
 

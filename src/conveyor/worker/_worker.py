@@ -116,7 +116,7 @@ class Worker:
             on_take=fetcher.space.set,
         )
         heartbeat = Heartbeat(calls, self.registry, self.counters, self.clock, self.heartbeat_interval)
-        rescuer = Rescuer(calls, self.counters, self.clock, self.rescue_interval)
+        rescuer = Rescuer(calls, self.counters, self.clock, self.rescue_interval, ready=lambda: completer.backlog == 0)
         scheduler = Scheduler(self.app, calls, self.clock, self.schedule_interval)
         pruner = Pruner(self.app, calls, self.clock, self.prune_interval)
         self.executor = executor

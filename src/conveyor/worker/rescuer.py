@@ -13,11 +13,21 @@ from conveyor.worker._shared import BackendCalls, Counters, log
 
 
 class Rescuer:
-    """Every ``interval`` seconds (jittered, so that many workers do not all rescue at once)."""
+    """Every ``interval`` seconds (jittered, so that many workers do not all rescue at once).
+
+    A round is skipped while ``ready()`` is false: the worker passes "my completer has nothing left to
+    write", because after a database outage longer than a lease this worker's own finished jobs have
+    expired leases too, and rescuing them before their acks land would run them a second time."""
 
     def __init__(
-        self, calls: BackendCalls, counters: Counters, clock: Callable[[], datetime], interval: float = 5.0
+        self,
+        calls: BackendCalls,
+        counters: Counters,
+        clock: Callable[[], datetime],
+        interval: float = 5.0,
+        ready: Callable[[], bool] = lambda: True,
     ) -> None:
+        self.ready = ready
         self.calls = calls
         self.counters = counters
         self.clock = clock
@@ -27,6 +37,8 @@ class Rescuer:
     async def run_once(self) -> int:
         """Rescue expired leases now; return how many jobs went back to pending."""
         total = 0
+        if not self.ready():
+            return 0
         while True:
             n = await self.calls.call(
                 self.calls.backend.jobs_rescue_expired,
