@@ -355,3 +355,20 @@ def test_lost_lease_is_reported_by_heartbeat(app: App) -> None:
     backend.jobs_acquire(JobsAcquireParams("q", 1, 30.0, "w2", now + timedelta(seconds=2)))
     params = LeasesExtendParams([LeaseRef(first.id, first.receipt)], 30.0, now + timedelta(seconds=3))
     assert backend.leases_extend_many(params) == []
+
+
+def test_rescue_waits_for_the_workers_own_pending_acks(app: App) -> None:
+    """After an outage longer than a lease, a worker must write its own acks before rescuing."""
+    from conveyor.worker._shared import BackendCalls, Counters
+    from conveyor.worker.rescuer import Rescuer
+
+    app.send("t", {}, queue="q")
+    backend = app.backend
+    now = datetime.now(UTC)
+    backend.jobs_acquire(JobsAcquireParams("q", 1, 1.0, "w", now))
+    later = now + timedelta(seconds=5)
+    backlog = [1]
+    rescuer = Rescuer(BackendCalls(backend, Counters()), Counters(), lambda: later, ready=lambda: not backlog)
+    assert asyncio.run(rescuer.run_once()) == 0
+    backlog.clear()
+    assert asyncio.run(rescuer.run_once()) == 1
