@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from synth import generate  # noqa: E402
+from synth import generate
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -78,6 +78,9 @@ def run_report(input_dir: Path, out_dir: Path, master: str, driver_memory: str) 
     wall = time.monotonic() - start
     done.set()
     sampler.join()
+    # The stage lines (with their times) are kept beside the report for a closer look.
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "stderr.log").write_text(err)
     if proc.returncode != 0:
         raise SystemExit(f"report failed ({proc.returncode}):\n{err}")
     summary = json.loads((out_dir / "summary.json").read_text())

@@ -151,3 +151,12 @@ def test_bad_input(spark: SparkSession, tmp_path: Path, write_history: Callable[
         reconcile(tmp_path / "missing.csv", "order_id", "status", export_dir=no_live, spark=spark)
     with pytest.raises(PipelineError, match="requeue"):
         reconcile(biz, "order_id", "status", export_dir=no_live, requeue_lost=True, spark=spark)
+
+
+def test_an_empty_queue_makes_every_pending_record_lost(spark: SparkSession, sqlite_url: str, tmp_path: Path) -> None:
+    backend = open_backend(sqlite_url)
+    backend.migrate()
+    backend.close()
+    biz = write_csv(tmp_path / "orders.csv", [("k1", "pending"), ("k2", "pending"), ("k3", "done")])
+    result = reconcile(biz, "order_id", "status", sqlite_url, spark=spark)
+    assert result.counts == {"ok": 1, "lost": 2, "stuck": 0, "dead": 0, "done_not_recorded": 0}

@@ -171,7 +171,7 @@ def _queue_state(
         mark = read_watermark(export_dir)
         if mark.live_snapshot_at is None:
             raise PipelineError(f"{export_dir} has no live snapshot: export it with --include-live, or pass --db")
-        return load_jobs(spark, export_dir), mark.live_snapshot_at
+        return load_jobs(spark, export_dir, allow_empty=True), mark.live_snapshot_at
     from conveyor.backends import open_backend
 
     try:
@@ -184,7 +184,7 @@ def _queue_state(
         # A throwaway export needs no settling time: no later run resumes from its watermark.
         settle = 5.0 if export_dir is not None else 0.0
         result = export(database_url, target, include_live=True, backend=backend, now=now, settle_seconds=settle)
-        jobs = load_jobs(spark, target)
+        jobs = load_jobs(spark, target, allow_empty=True)
         tail = read_archive_tail(backend, result.watermark.after)
         if tail.num_rows:
             import pyarrow.parquet as pq

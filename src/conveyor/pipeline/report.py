@@ -121,13 +121,18 @@ def parse_sla(items: Mapping[str, float] | list[str] | tuple[str, ...] | None) -
     return out
 
 
-def load_jobs(spark: SparkSession, input_dir: str | os.PathLike[str]) -> DataFrame:
+def load_jobs(spark: SparkSession, input_dir: str | os.PathLike[str], allow_empty: bool = False) -> DataFrame:
     """The exported jobs of ``input_dir`` (archive plus live snapshot) as one DataFrame.
 
     Read with the export schema, so partition values stay strings. Raises :class:`PipelineError`
-    if the directory holds no export."""
-    archive, live = input_paths(input_dir)
+    if the directory holds no export (with ``allow_empty``, an existing directory without any
+    exported job gives an empty DataFrame instead)."""
+    from pathlib import Path
+
     schema = spark_ddl()
+    if allow_empty and Path(input_dir).is_dir() and not any(Path(input_dir).rglob("*.parquet")):
+        return spark.createDataFrame([], schema)
+    archive, live = input_paths(input_dir)
     frames = []
     if any(archive.rglob("*.parquet")):
         frames.append(spark.read.schema(schema).option("basePath", str(archive)).parquet(str(archive)))
