@@ -300,6 +300,8 @@ def plan(r: Runner, libs: list[str], workloads: set[str]) -> None:
                 )  # fmt: skip
         if "raw" in workloads:
             print(f"(6) the database's own limit: acquire + finish SQL in a tight loop{suffix}")
+            # Conveyor's drain again, right next to the raw loop, so that both see the same load.
+            r.run("conveyor", "drain", s.drain, label="drain_next_to_raw")
             for batch in s.raw_batches:
                 r.raw_sql(s.drain, batch)
     if "scale" in workloads:
@@ -341,7 +343,7 @@ def scale(r: Runner) -> None:
         print(f"  generated in {time.monotonic() - t0:.0f}s", flush=True)
     if r.args.smoke:  # the code path only: one drain on the (tiny) big tables
         r.run("conveyor", "drain", s.drain, label="drain_big_tables", db_name=big)
-    for _ in range(0 if r.args.smoke else 2):
+    for _ in range(0 if r.args.smoke else 3):
         r.run("conveyor", "drain", s.drain, label="drain_empty")
         r.run("conveyor", "drain", s.drain, label="drain_big_tables", db_name=big)
     if r.args.smoke or not r.args.keep_big:

@@ -13,7 +13,17 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-EXPECTED = {"batch", "single", "drain", "latency", "sqlite_drain", "raw_sql_b10", "drain_big_tables", "rss"}
+EXPECTED = {
+    "batch",
+    "single",
+    "drain",
+    "latency",
+    "sqlite_drain",
+    "drain_next_to_raw",
+    "raw_sql_b10",
+    "drain_big_tables",
+    "rss",
+}
 
 
 @pytest.mark.timeout(180)
