@@ -61,15 +61,30 @@ def _dump(data: Any) -> None:
     show_default=True,
     help="Database URL (or $CONVEYOR_DATABASE_URL).",
 )
+@click.option(
+    "--app",
+    "app_path",
+    envvar="CONVEYOR_APP",
+    default=None,
+    help="module:attribute of your App ($CONVEYOR_APP): send and publish then apply its queue policies "
+    "(backpressure, dedup windows) and task defaults.",
+)
 @click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
 @click.pass_context
-def cli(ctx: click.Context, database_url: str, verbose: int) -> None:
+def cli(ctx: click.Context, database_url: str, app_path: str | None, verbose: int) -> None:
     """Conveyor: a durable, at-least-once task queue on SQL."""
     level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     ctx.ensure_object(dict)
     ctx.obj["database_url"] = database_url
-    app = App(database_url)
+    if app_path and ctx.invoked_subcommand != "worker":
+        from conveyor.worker.supervisor import load_app
+
+        app = load_app(app_path)
+        if _db_given(ctx) or not app.database_url:
+            app.database_url = database_url
+    else:
+        app = App(database_url)
     ctx.obj["app"] = app
     ctx.call_on_close(app.close)
 

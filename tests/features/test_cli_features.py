@@ -108,3 +108,11 @@ def test_contract_of_an_app(db: str) -> None:
 def test_weighted_lanes_option_errors(db: str) -> None:
     one_line_error(run(db, "worker", "examples.demo:app", "--queues", "a:3,b"), "weight")
     one_line_error(run(db, "worker", "examples.demo:app", "--queues", "a:x"), "positive integer")
+
+
+def test_send_applies_the_apps_backpressure(db: str) -> None:
+    args = ("--app", "tests.features.bounded_app:app", "send", "bounded", "t")
+    ok(db, *args)
+    ok(db, *args)
+    one_line_error(run(db, *args), "queue 'bounded' is full")
+    assert json.loads(ok(db, "stats", "--json"))[0]["pending"] == 2
