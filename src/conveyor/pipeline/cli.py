@@ -142,7 +142,9 @@ def export(ctx: click.Context, out_dir: str, include_live: bool, settle: float, 
     from conveyor.pipeline.export import export as run_export
 
     url, _ = _resolve_db(ctx, db)
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console) as bar:
+    with Progress(
+        SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console, transient=True
+    ) as bar:
         task = bar.add_task("exporting archive: 0 rows", total=None)
         result = run_export(
             url,

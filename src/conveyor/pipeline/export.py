@@ -142,6 +142,10 @@ def export(
             from conveyor.backends import open_backend
 
             backend = open_backend(database_url)
+            # The embedded default migrates itself on first use (as App does); a server database is
+            # migrated by `conveyor migrate`, never by a read-only job.
+            if backend.engine == "sqlite":
+                backend.migrate()
         try:
             return _Exporter(backend, out, page_size, chunk_rows, progress).run(
                 include_live, now or datetime.now(UTC), settle_seconds

@@ -112,9 +112,10 @@ def reconcile(
     idempotency key (default) or a job id (a job id also matches the idempotency key of a requeued
     job and the ``replay_of`` of a replay). ``pending_statuses`` (compared case-insensitively) are
     the business statuses meaning "work not done yet"; every other status is settled. ``queue``
-    limits the jobs considered to one queue. ``out_dir`` gets the per-record table (Parquet).
-    ``requeue_lost`` needs ``database_url``, ``queue`` and ``task``; the payload is
-    ``{key_column: key}`` plus ``payload_columns``. Raises :class:`PipelineError` on bad input."""
+    limits the jobs considered to one queue. ``out_dir`` gets the per-record table (Parquet; the
+    business table's other columns are kept with a ``business_`` prefix). ``requeue_lost`` needs
+    ``database_url``, ``queue`` and ``task``; the payload is ``{key_column: key}`` plus
+    ``payload_columns``. Raises :class:`PipelineError` on bad input."""
     from pyspark.sql import functions as F
 
     if database_url is None and export_dir is None:
@@ -151,7 +152,9 @@ def reconcile(
             if out_dir is not None:
                 out = Path(out_dir)
                 classified.coalesce(1).write.mode("overwrite").parquet(str(out / "reconcile"))
-            lost = classified.where(F.col("class") == "lost").select("key", *payload_columns)
+            lost = classified.where(F.col("class") == "lost").select(
+                "key", *[F.col(f"business_{c}").alias(c) for c in payload_columns]
+            )
             lost_keys = [str(r["key"]) for r in lost.orderBy("key").limit(1000).collect()]
             requeued = already = 0
             if requeue_lost and counts["lost"]:
@@ -217,7 +220,9 @@ def _classify(
     records = biz.select(
         F.col(key_column).cast("string").alias("key"),
         F.col(status_column).cast("string").alias("business_status"),
-        *[c for c in biz.columns if c not in (key_column, status_column)],
+        # Other business columns travel under a prefix, so that a business column named like a
+        # job column (queue, state, job_id) cannot collide in the join.
+        *[F.col(c).alias(f"business_{c}") for c in biz.columns if c not in (key_column, status_column)],
     )
     if key_kind == "idempotency_key":
         keyed = jobs.where(F.col("idempotency_key").isNotNull()).withColumn("key", F.col("idempotency_key"))
