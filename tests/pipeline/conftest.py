@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from pyspark.sql import SparkSession
 
-from conveyor.pipeline.spark import get_session
+from conveyor.pipeline.spark import get_session, jdbc_jars
 
 from .history import write_rows
 
@@ -28,6 +28,8 @@ def spark() -> Iterator[SparkSession]:
         app_name="conveyor-tests",
         conf={"spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2"},
         driver_memory="1g",
+        # The SQLite JDBC driver (Debian's libxerial-sqlite-jdbc-java) for the JDBC business-table test.
+        jars=jdbc_jars("jdbc:sqlite:"),
     )
     yield session
     session.stop()

@@ -160,3 +160,24 @@ def test_an_empty_queue_makes_every_pending_record_lost(spark: SparkSession, sql
     biz = write_csv(tmp_path / "orders.csv", [("k1", "pending"), ("k2", "pending"), ("k3", "done")])
     result = reconcile(biz, "order_id", "status", sqlite_url, spark=spark)
     assert result.counts == {"ok": 1, "lost": 2, "stuck": 0, "dead": 0, "done_not_recorded": 0}
+
+
+def test_business_table_over_jdbc(spark: SparkSession, write_history: Callable[..., Path], tmp_path: Path) -> None:
+    import sqlite3
+
+    from conveyor.pipeline.spark import jdbc_jars
+
+    if not jdbc_jars("jdbc:sqlite:"):
+        pytest.skip("no SQLite JDBC driver: apt-get install libxerial-sqlite-jdbc-java")
+    db = tmp_path / "business.db"
+    with sqlite3.connect(db) as conn:
+        conn.execute("CREATE TABLE orders (order_id TEXT, status TEXT)")
+        conn.executemany("INSERT INTO orders VALUES (?, ?)", [("k1", "pending"), ("k5", "pending"), ("k7", "done")])
+    conn.close()
+    export_dir = write_history(history(), snapshot_at=SNAPSHOT)
+    result = reconcile(
+        f"jdbc:sqlite:{db}", "order_id", "status", export_dir=export_dir, business_table="orders", spark=spark
+    )
+    assert result.counts == {"ok": 1, "lost": 1, "stuck": 0, "dead": 0, "done_not_recorded": 1}
+    with pytest.raises(PipelineError, match="over JDBC"):
+        reconcile(f"jdbc:sqlite:{db}", "order_id", "status", export_dir=export_dir, business_table="nope", spark=spark)

@@ -69,10 +69,19 @@ def load_business(
     if text.startswith("jdbc:"):
         if not table:
             raise PipelineError("a JDBC business source needs --business-table (a table name or a subquery)")
+        from conveyor.pipeline.spark import JDBC_DRIVERS
+
+        reader = spark.read.format("jdbc").option("url", text).option("dbtable", table)
+        driver = JDBC_DRIVERS.get(text.removeprefix("jdbc:").split(":", 1)[0])
+        if driver is not None:
+            reader = reader.option("driver", driver)
         try:
-            return spark.read.format("jdbc").option("url", text).option("dbtable", table).load()
+            return reader.load()
         except Exception as exc:
-            raise PipelineError(f"cannot read {table!r} over JDBC: {str(exc).splitlines()[0]}") from exc
+            # A Py4J error's own text is "An error occurred while calling o56.load"; the Java
+            # exception says what went wrong (no driver jar, no such table).
+            detail = str(getattr(exc, "java_exception", exc)).splitlines()[0]
+            raise PipelineError(f"cannot read {table!r} over JDBC: {detail}") from exc
     path = Path(text)
     if not path.exists():
         raise PipelineError(f"business table {path} does not exist")

@@ -17,6 +17,9 @@ if TYPE_CHECKING:
 #: Where Debian's JDBC driver packages put their jars (libpostgresql-jdbc-java, libxerial-sqlite-jdbc-java).
 JDBC_JAR_DIRS: tuple[str, ...] = ("/usr/share/java",)
 JDBC_JAR_NAMES: Mapping[str, str] = {"postgresql": "postgresql.jar", "sqlite": "sqlite-jdbc.jar"}
+#: Driver classes; Spark must be told the class because jars added to a session are not visible to
+#: java.sql.DriverManager's own discovery.
+JDBC_DRIVERS: Mapping[str, str] = {"postgresql": "org.postgresql.Driver", "sqlite": "org.sqlite.JDBC"}
 
 DEFAULT_MASTER = "local[*]"
 
