@@ -290,13 +290,13 @@ def plan(r: Runner, libs: list[str], workloads: set[str]) -> None:
             if not r.args.smoke:
                 r.run("conveyor", "drain", s.drain, label="drain_2proc", options={"processes": 2})
                 r.run("conveyor", "drain", s.drain, label="drain_sync_def", options={"sync": True})
-                # Not the default: a prefetch of 40 (Celery's default reservation for 10 slots) and
-                # worker sessions that do not wait for the WAL flush (docs/benchmarks.md, "what limits").
+                # Not the default: a prefetch of 40 (Celery's default reservation for 10 slots), and
+                # outcomes that wait for the WAL flush (PostgresBackend(durable_acks=True)).
                 r.run("conveyor", "drain", s.drain, label="drain_prefetch40", options={"prefetch": 40})
-                r.run("conveyor", "drain", s.drain, label="drain_async_commit", options={"async_commit": True})
+                r.run("conveyor", "drain", s.drain, label="drain_durable_acks", options={"durable_acks": True})
                 r.run(
-                    "conveyor", "latency", s.latency, label="latency_async_commit", interval=s.latency_interval,
-                    idle=s.idle, options={"async_commit": True},
+                    "conveyor", "latency", s.latency, label="latency_durable_acks", interval=s.latency_interval,
+                    idle=s.idle, options={"durable_acks": True},
                 )  # fmt: skip
         if "raw" in workloads:
             print(f"(6) the database's own limit: acquire + finish SQL in a tight loop{suffix}")

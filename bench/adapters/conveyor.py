@@ -21,7 +21,7 @@ class Adapter:
         self.task = conveyor_app.noop_sync if options.get("sync") else conveyor_app.noop
         self.Message = Message
         self.processes = int(options.get("processes", 1))
-        self.async_commit = bool(options.get("async_commit"))
+        self.durable_acks = bool(options.get("durable_acks"))
         self.prefetch = int(options.get("prefetch", 0))
         if db.startswith("postgres"):
             self.app.backend.migrate()
@@ -46,11 +46,8 @@ class Adapter:
 
     def worker_env(self) -> dict[str, str]:
         env = {"CONVEYOR_DATABASE_URL": self.db}
-        if self.async_commit:
-            # Not a Conveyor setting: libpq's PGOPTIONS makes every session of the worker process
-            # commit without waiting for the WAL flush (its acquires, acks and heartbeats). The
-            # producer (this process) keeps durable commits.
-            env["PGOPTIONS"] = "-c synchronous_commit=off"
+        if self.durable_acks:
+            env["BENCH_DURABLE_ACKS"] = "1"
         return env
 
     def close(self) -> None:

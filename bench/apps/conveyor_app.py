@@ -10,7 +10,14 @@ import os
 from bench._common import QUEUE, record
 from conveyor import App
 
-app = App(os.environ.get("CONVEYOR_DATABASE_URL"))
+_url = os.environ.get("CONVEYOR_DATABASE_URL") or ""
+if os.environ.get("BENCH_DURABLE_ACKS") == "1" and _url.startswith("postgres"):
+    # Not the default: outcomes (acquire, ack, heartbeat) wait for the WAL flush like inserts do.
+    from conveyor.backends.postgres import PostgresBackend
+
+    app = App(_url, backend=PostgresBackend(_url, durable_acks=True))
+else:
+    app = App(_url or None)
 
 
 @app.task(name="bench.noop", queue=QUEUE)
