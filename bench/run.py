@@ -412,6 +412,9 @@ def main() -> None:
     finally:
         for name in list(runner.created):
             runner.drop_db(name)
+        # The side-channel files can be large (36 MB for the 1M-job RSS run); the worker logs stay.
+        for side in work.glob("*.side"):
+            side.unlink()
     from bench.report import render
 
     table = render(out)
