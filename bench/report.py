@@ -66,6 +66,7 @@ def render(path: Path) -> str:
         "",
         f"Machine: {m.get('nproc')} cores, {m.get('ram_gib')} GiB RAM, PostgreSQL {m.get('postgres')} "
         f"(synchronous_commit={m.get('postgres_synchronous_commit')}, shared_buffers={m.get('postgres_shared_buffers')}, "
+        f"autovacuum={m.get('postgres_autovacuum', '?')}, "
         f"one durable single-row commit ≈ {m.get('postgres_commit_ms')} ms), "
         f"Redis {m.get('redis')}, Python {m.get('python')}; load average at start {m.get('loadavg_start')} "
         "(the machine is shared: compare within one run).",
