@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Literal, ParamSpec, TypeVar
 
@@ -84,6 +84,3 @@ class Task(Generic[P, R]):
     def send(self, payload: Mapping[str, Any] | None = None, **options: Any) -> Job:
         """Enqueue with envelope options (``delay``, ``priority``, ``idempotency_key``, ``conn``...)."""
         return self.app.send(self.name, payload, **options)
-
-
-Handler = Callable[..., Any] | Callable[..., Awaitable[Any]]
