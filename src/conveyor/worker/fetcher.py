@@ -69,11 +69,23 @@ class Fetcher:
         if self.weights:
             free = self.capacity - self.buffer.qsize()
             total = sum(self.weights.get(q, 1) for q in self.queues)
+            spare = 0
             for queue in self.queues:
                 share = max(1, free * self.weights.get(queue, 1) // total)
-                got += await self._acquire(queue, min(share, self.capacity - self.buffer.qsize()))
-        for queue in self.queues:
-            got += await self._acquire(queue, self.capacity - self.buffer.qsize())
+                taken = await self._acquire(queue, share)
+                got += taken
+                spare += share - taken
+            # Only the share a lane could not use goes to the others: space freed by handlers while
+            # these acquires ran is left for the next round, or it would go to whichever lane is last.
+            for queue in self.queues:
+                if spare <= 0:
+                    break
+                taken = await self._acquire(queue, spare)
+                got += taken
+                spare -= taken
+        else:
+            for queue in self.queues:
+                got += await self._acquire(queue, self.capacity - self.buffer.qsize())
         self.counters.acquired += got
         return got
 
