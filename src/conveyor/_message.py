@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from json.encoder import c_make_encoder, encode_basestring  # type: ignore[attr-defined]
 from typing import Any
 from uuid import UUID
 
 from conveyor._errors import PayloadError
-from conveyor._ids import uuid7
+from conveyor._ids import random_bytes, uuid7
 
 #: The default payload size limit (bytes of encoded JSON). Large data belongs in object storage.
 DEFAULT_MAX_PAYLOAD_BYTES = 256 * 1024
@@ -50,6 +50,14 @@ class Message:
 # was a third of the encoding cost of a 20,000-job send_many. Same output as
 # json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False).
 _ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+# The same encoder's C core, made once: JSONEncoder.encode builds it anew on every call, which was
+# most of the cost of encoding a small payload. Without a markers dict it does not look for
+# circular references; those end in RecursionError instead, which encode_json_object reports.
+_C_ENCODE = (
+    c_make_encoder(None, _ENCODER.default, encode_basestring, None, ":", ",", False, False, False)
+    if c_make_encoder is not None
+    else None
+)
 
 
 def encode_json_object(value: Mapping[str, Any], what: str, limit: int | None = None) -> str:
@@ -57,7 +65,9 @@ def encode_json_object(value: Mapping[str, Any], what: str, limit: int | None = 
     if not isinstance(value, Mapping):
         raise PayloadError(f"{what} must be a JSON object (a dict), got {type(value).__name__}")
     try:
-        text = _ENCODER.encode(value)
+        text = "".join(_C_ENCODE(value, 0)) if _C_ENCODE is not None else _ENCODER.encode(value)
+    except RecursionError:
+        raise PayloadError(f"{what} is not JSON-serialisable (it contains itself, or is nested too deeply)") from None
     except (TypeError, ValueError) as exc:
         raise PayloadError(
             f"{what} is not JSON-serialisable ({exc}); Conveyor stores JSON only, never pickle: "
@@ -76,7 +86,8 @@ def encode_json_object(value: Mapping[str, Any], what: str, limit: int | None = 
 
 def new_traceparent() -> str:
     """A fresh W3C traceparent (version 00, sampled) for a job sent outside any trace."""
-    return f"00-{os.urandom(16).hex()}-{os.urandom(8).hex()}-01"
+    ids = random_bytes(24).hex()
+    return f"00-{ids[:32]}-{ids[32:]}-01"
 
 
 def complete_headers(headers: Mapping[str, Any] | None, job_id: UUID) -> dict[str, Any]:
@@ -87,6 +98,15 @@ def complete_headers(headers: Mapping[str, Any] | None, job_id: UUID) -> dict[st
     out.setdefault(TRACEPARENT, new_traceparent())
     out.setdefault(CORRELATION_ID, str(job_id))
     return out
+
+
+def encode_headers(headers: Mapping[str, Any] | None, job_id: UUID, limit: int | None = None) -> str:
+    """:func:`complete_headers` encoded as JSON. Without producer headers (the common case) the
+    text is assembled directly: the same bytes as encoding the dict, at a fraction of the cost."""
+    if not headers:
+        ids = random_bytes(24).hex()
+        return f'{{"{SCHEMA_VERSION}":1,"{TRACEPARENT}":"00-{ids[:32]}-{ids[32:]}-01","{CORRELATION_ID}":"{job_id}"}}'
+    return encode_json_object(complete_headers(headers, job_id), "headers", limit)
 
 
 def resolve_times(message: Message, now: datetime) -> tuple[datetime, datetime | None]:

@@ -13,6 +13,9 @@ from typing import Any
 from uuid import UUID
 
 import psycopg
+from psycopg import postgres
+from psycopg.adapt import Dumper
+from psycopg.pq import Format, TransactionStatus
 from psycopg.rows import TupleRow, tuple_row
 from psycopg_pool import ConnectionPool, PoolTimeout
 
@@ -72,6 +75,31 @@ _CHECK_IDLE_AFTER = 1.0
 _INSERT_CHUNK = 50_000
 
 Conn = psycopg.Connection[TupleRow]
+
+
+# Batches of at least this many jobs without idempotency keys are inserted by COPY (see jobs_copy);
+# below it the single INSERT statement (one round trip) is quicker.
+_COPY_MIN = 64
+
+
+class _JsonText:
+    """Marks nothing: registering a dumper needs a Python type; COPY picks it by the jsonb oid."""
+
+
+class _JsonbTextDumper(Dumper):
+    """Already-encoded JSON text in jsonb's binary wire format (a version byte, then the text)."""
+
+    format = Format.BINARY
+    oid = postgres.types["jsonb"].oid
+
+    def dump(self, obj: Any) -> bytes:
+        return b"\x01" + str(obj).encode()
+
+
+_COPY_TYPES = [
+    "uuid", "text", "text", "jsonb", "jsonb", "integer", "timestamptz", "timestamptz", "timestamptz",
+    "integer", "integer", "text",
+]  # fmt: skip
 
 
 def _first_line(exc: BaseException) -> str:
@@ -256,32 +284,61 @@ class PostgresBackend:
     # ---------------------------------------------------------------------------------------
 
     def jobs_insert_many(self, params: JobsInsertParams) -> list[UUID]:
-        """Insert jobs in one statement (per 50,000) and notify their queues.
+        """Insert jobs and notify their queues: a large batch without idempotency keys by COPY,
+        anything else in one statement per 50,000 jobs.
 
-        With ``params.conn`` (an open psycopg ``Connection``) the statement runs on it and is not
+        With ``params.conn`` (an open psycopg ``Connection``) the statements run on it and are not
         committed: the caller's commit or rollback decides, and the notification is delivered
         only on commit."""
         jobs = params.jobs
         if not jobs:
             return []
-        holders: dict[tuple[str, str], UUID] = {}
-        chunks = [jobs[i : i + _INSERT_CHUNK] for i in range(0, len(jobs), _INSERT_CHUNK)]
-        if params.conn is not None:
-            conn = params.conn
-            if not isinstance(conn, psycopg.Connection):
-                raise ConfigurationError(f"conn= must be an open psycopg (sync) Connection, not {type(conn).__name__}")
-            with self._errors("jobs_insert_many"):
-                cur = psycopg.Cursor(conn, row_factory=tuple_row)
-                for chunk in chunks:
-                    self._insert_chunk(cur, chunk, params.now, holders)
-        else:
-            with (
-                self._connection("jobs_insert_many") as conn,
-                conn.transaction() if len(chunks) > 1 else nullcontext(),
-            ):
+        conn = params.conn
+        if conn is not None and not isinstance(conn, psycopg.Connection):
+            raise ConfigurationError(f"conn= must be an open psycopg (sync) Connection, not {type(conn).__name__}")
+        copyable = len(jobs) >= _COPY_MIN and all(j.idempotency_key is None and j.replay_of is None for j in jobs)
+        with self._errors("jobs_insert_many"):
+            if conn is not None:
+                if copyable and not conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE:
+                    # Outside a transaction, conn.transaction() in _copy would begin *and commit*
+                    # one; start the caller's transaction first so that it becomes a savepoint.
+                    conn.execute(self._q["transaction_begin"])
+                if copyable and self._copy(conn, jobs, params.now):
+                    return [j.id for j in jobs]
+                return self._insert(psycopg.Cursor(conn, row_factory=tuple_row), jobs, params.now)
+        with self._connection("jobs_insert_many") as pooled:
+            if copyable and self._copy(pooled, jobs, params.now):
+                return [j.id for j in jobs]
+            multi = len(jobs) > _INSERT_CHUNK
+            with pooled.transaction() if multi else nullcontext():
+                return self._insert(pooled.cursor(), jobs, params.now)
+
+    def _copy(self, conn: Conn, jobs: Sequence[NewJob], now: datetime) -> bool:
+        """COPY ``jobs`` in a transaction (a savepoint inside the caller's) and notify their queues.
+
+        False, with nothing inserted, if a job id is already live (a producer's resend): the
+        statement path then inserts the others and skips it."""
+        try:
+            with conn.transaction():
                 cur = conn.cursor()
-                for chunk in chunks:
-                    self._insert_chunk(cur, chunk, params.now, holders)
+                cur.adapters.register_dumper(_JsonText, _JsonbTextDumper)
+                with cur.copy(self._q["jobs_copy"]) as copy:
+                    copy.set_types(_COPY_TYPES)
+                    write = copy.write_row
+                    for j in jobs:
+                        write((
+                            j.id, j.queue, j.task, j.payload, j.headers, j.priority, j.run_at, now,
+                            j.expires_at, j.max_attempts, j.max_deliveries, j.ordering_key,
+                        ))  # fmt: skip
+                cur.execute(self._q["jobs_notify"], {"queues": list({j.queue for j in jobs})}, prepare=True)
+        except psycopg.errors.UniqueViolation:
+            return False
+        return True
+
+    def _insert(self, cur: psycopg.Cursor[TupleRow], jobs: Sequence[NewJob], now: datetime) -> list[UUID]:
+        holders: dict[tuple[str, str], UUID] = {}
+        for i in range(0, len(jobs), _INSERT_CHUNK):
+            self._insert_chunk(cur, jobs[i : i + _INSERT_CHUNK], now, holders)
         return [
             holders[(job.queue, job.idempotency_key)] if job.idempotency_key is not None else job.id for job in jobs
         ]

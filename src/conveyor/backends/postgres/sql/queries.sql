@@ -314,6 +314,25 @@ WITH inserted AS (
 )
 SELECT count(*) FROM (SELECT pg_notify('conveyor_jobs', q.queue) FROM (SELECT DISTINCT queue FROM inserted) AS q) AS n
 
+-- name: jobs_copy
+-- The bulk path of jobs_insert_many: a batch without idempotency keys streams into jobs with COPY
+-- (binary), which the server inserts while the client is still sending; measured 2-3x less time
+-- than the unnested INSERT for 20,000 jobs. COPY has no ON CONFLICT: a batch that resends a live
+-- job id fails with a unique violation and is inserted again by jobs_insert_many_unkeyed.
+COPY jobs (
+    id, queue, task, payload, headers, priority, run_at, enqueued_at, expires_at,
+    max_attempts, max_deliveries, ordering_key
+) FROM STDIN (FORMAT BINARY)
+
+-- name: transaction_begin
+-- Any statement on a connection that is not in autocommit mode opens its transaction (psycopg sends
+-- BEGIN first); this one does nothing else.
+SELECT 1
+
+-- name: jobs_notify
+-- After a jobs_copy, in its transaction: one notification per distinct queue.
+SELECT count(pg_notify('conveyor_jobs', q)) FROM unnest(%(queues)s::text[]) AS q
+
 -- name: jobs_acquire
 -- One round trip. The MATERIALIZED CTE is a fence: it picks and locks at most `limit` ids, in
 -- delivery order, skipping rows other workers hold (SKIP LOCKED), and the UPDATE then touches

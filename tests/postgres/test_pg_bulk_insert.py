@@ -1,0 +1,101 @@
+"""Large batches without idempotency keys go in by COPY: same rows, same notifications, same
+all-or-nothing, and a resent live id still changes nothing."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from uuid import UUID
+
+import psycopg
+from _pg import T0, acquire, at, insert, make_job
+
+from conveyor.backends.base import JobsInsertParams, JobsListParams
+from conveyor.backends.postgres import PostgresBackend
+
+N = 200  # over the backend's COPY threshold
+
+
+def live_ids(pg: PostgresBackend, queue: str) -> list[UUID]:
+    return [r.id for r in pg.jobs_list(JobsListParams(queue=queue, limit=10 * N))]
+
+
+def test_a_copied_batch_stores_every_field(pg: PostgresBackend) -> None:
+    jobs = [
+        make_job(
+            "bulk",
+            task="tasks.bulk",
+            payload=json.dumps({"n": n, "text": 'é\\"\n'}),
+            headers=json.dumps({"schema_version": 1, "n": n}),
+            priority=n % 3,
+            run_at=at(n),
+            expires_at=at(3600 + n) if n % 2 else None,
+            max_attempts=3,
+            max_deliveries=4,
+            ordering_key=f"k{n % 5}" if n % 4 == 0 else None,
+        )
+        for n in range(N)
+    ]
+    assert insert(pg, *jobs, now=T0) == [j.id for j in jobs]
+
+    records = {r.id: r for r in pg.jobs_list(JobsListParams(queue="bulk", limit=10 * N))}
+    assert len(records) == N
+    for n, job in enumerate(jobs):
+        r = records[job.id]
+        assert (r.task, r.state, r.priority, r.run_at, r.enqueued_at) == ("tasks.bulk", "pending", n % 3, at(n), T0)
+        assert json.loads(r.payload) == {"n": n, "text": 'é\\"\n'}
+        assert json.loads(r.headers) == {"schema_version": 1, "n": n}
+        assert r.expires_at == (at(3600 + n) if n % 2 else None)
+        assert (r.max_attempts, r.max_deliveries, r.attempts, r.deliveries) == (3, 4, 0, 0)
+        assert r.ordering_key == (f"k{n % 5}" if n % 4 == 0 else None)
+        assert r.idempotency_key is None and r.replay_of is None
+
+
+def test_a_copied_batch_notifies_each_of_its_queues(pg: PostgresBackend) -> None:
+    a, b = pg.listen(["a"]), pg.listen(["b"])
+    try:
+        insert(pg, *[make_job("a") for _ in range(N)], make_job("b"))
+        assert a.wait(5) is True and b.wait(5) is True
+        assert a.wait(0.2) is False  # one notification per queue, not per job
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_large_batch_resending_a_live_id_inserts_the_others_and_keeps_the_live_one(pg: PostgresBackend) -> None:
+    live = make_job("bulk", payload=json.dumps({"v": 1}))
+    insert(pg, live)
+    batch = [make_job("bulk") for _ in range(N)]
+    batch[N // 2] = replace(live, payload=json.dumps({"v": 2}))
+
+    assert insert(pg, *batch, now=at(5)) == [j.id for j in batch]
+
+    assert sorted(live_ids(pg, "bulk")) == sorted(j.id for j in batch)
+    records = {r.id: r for r in pg.jobs_list(JobsListParams(queue="bulk", limit=10 * N))}
+    assert json.loads(records[live.id].payload) == {"v": 1}
+    assert records[live.id].enqueued_at == T0
+
+
+def test_a_large_batch_on_the_callers_connection_commits_or_rolls_back_with_it(
+    pg: PostgresBackend, postgres_database: str
+) -> None:
+    live = make_job("outbox")
+    insert(pg, live)
+    rolled_back = [make_job("outbox") for _ in range(N)]
+    committed = [make_job("outbox") for _ in range(N)] + [live]
+    with psycopg.connect(postgres_database) as conn:
+        conn.execute("CREATE TABLE orders (id int)")
+        conn.commit()
+        pg.jobs_insert_many(JobsInsertParams(jobs=rolled_back, now=T0, conn=conn))
+        conn.rollback()
+        assert live_ids(pg, "outbox") == [live.id]
+
+        conn.execute("INSERT INTO orders VALUES (1)")
+        # The resent live id makes the COPY fail; only its savepoint rolls back, not the order.
+        assert pg.jobs_insert_many(JobsInsertParams(jobs=committed, now=T0, conn=conn)) == [j.id for j in committed]
+        assert live_ids(pg, "outbox") == [live.id]  # not committed yet
+        conn.commit()
+        assert conn.execute("SELECT count(*) FROM orders").fetchone() == (1,)
+
+    assert sorted(live_ids(pg, "outbox")) == sorted(j.id for j in committed)
+    assert len(acquire(pg, "outbox", limit=10 * N)) == N + 1
