@@ -8,7 +8,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, ParamSpec, Protocol, TypeVar, overload
 from uuid import UUID
@@ -377,7 +377,7 @@ class App:
         if not messages:
             return []
         now = utcnow()
-        rows = [self._new_job(m, now) for m in messages]
+        rows = _NewJobs(self._new_job, messages, now)
         if self.queues:
             self._check_backpressure(rows, now)
         ids = self.backend.jobs_insert_many(JobsInsertParams(rows, now, conn))
@@ -440,6 +440,51 @@ class App:
     def handle(self, job_id: UUID) -> Job:
         """A handle on a job by id, without reading it."""
         return Job(self, job_id)
+
+
+class _NewJobs(Sequence[NewJob]):
+    """The rows of one send_many, each built (validated and encoded) when it is first read.
+
+    A backend that streams the rows to its database (PostgreSQL's COPY) thus encodes one job while
+    the server is still inserting the previous ones, instead of encoding the whole batch first.
+    A message that does not validate raises PayloadError when its row is read, and the backend's
+    transaction rolls back."""
+
+    __slots__ = ("_build", "_messages", "_now", "_rows")
+
+    def __init__(
+        self, build: Callable[[Message, datetime], NewJob], messages: Sequence[Message], now: datetime
+    ) -> None:
+        self._build = build
+        self._messages = messages
+        self._now = now
+        self._rows: list[NewJob] = []
+
+    def __len__(self) -> int:
+        return len(self._messages)
+
+    def _build_to(self, stop: int) -> None:
+        rows, build, messages, now = self._rows, self._build, self._messages, self._now
+        for i in range(len(rows), min(stop, len(messages))):
+            rows.append(build(messages[i], now))
+
+    @overload
+    def __getitem__(self, index: int) -> NewJob: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[NewJob]: ...
+    def __getitem__(self, index: int | slice) -> NewJob | Sequence[NewJob]:
+        if isinstance(index, slice) or index < 0:
+            self._build_to(len(self._messages))
+        else:
+            self._build_to(index + 1)
+        return self._rows[index]
+
+    def __iter__(self) -> Iterator[NewJob]:
+        rows, build, messages, now = self._rows, self._build, self._messages, self._now
+        for i, message in enumerate(messages):
+            if i == len(rows):
+                rows.append(build(message, now))
+            yield rows[i]
 
 
 def _module_name(fn: Callable[..., Any]) -> str:

@@ -8,15 +8,17 @@ from dataclasses import replace
 from uuid import UUID
 
 import psycopg
+import pytest
 from _pg import T0, acquire, at, insert, make_job
 
-from conveyor.backends.base import JobsInsertParams, JobsListParams
+from conveyor import App, Message, PayloadError
+from conveyor.backends.base import Backend, JobsInsertParams, JobsListParams
 from conveyor.backends.postgres import PostgresBackend
 
 N = 200  # over the backend's COPY threshold
 
 
-def live_ids(pg: PostgresBackend, queue: str) -> list[UUID]:
+def live_ids(pg: Backend, queue: str) -> list[UUID]:
     return [r.id for r in pg.jobs_list(JobsListParams(queue=queue, limit=10 * N))]
 
 
@@ -99,3 +101,28 @@ def test_a_large_batch_on_the_callers_connection_commits_or_rolls_back_with_it(
 
     assert sorted(live_ids(pg, "outbox")) == sorted(j.id for j in committed)
     assert len(acquire(pg, "outbox", limit=10 * N)) == N + 1
+
+
+def test_a_large_batch_with_a_keyed_job_after_the_first_still_claims_its_key(pg: PostgresBackend) -> None:
+    held = make_job("bulk", idempotency_key="k", dedup_until=at(3600))
+    insert(pg, held)
+    batch = [make_job("bulk") for _ in range(N)]
+    batch[N - 1] = make_job("bulk", idempotency_key="k", dedup_until=at(3600))
+
+    # The COPY starts on the unkeyed head, meets the key, rolls back and takes the statement path.
+    returned = insert(pg, *batch)
+
+    assert returned == [j.id for j in batch[:-1]] + [held.id]
+    assert sorted(live_ids(pg, "bulk")) == sorted([j.id for j in batch[:-1]] + [held.id])
+
+
+def test_send_many_with_a_bad_message_in_a_large_batch_enqueues_nothing(pg: PostgresBackend) -> None:
+    app = App(backend=pg)
+    messages = [Message(task="t", payload={"i": i}, queue="bulk") for i in range(N)]
+    messages[N // 2] = Message(task="t", payload={"bad": object()}, queue="bulk")
+    with pytest.raises(PayloadError, match="not JSON-serialisable"):
+        app.send_many(messages)
+    assert live_ids(pg, "bulk") == []
+
+    jobs = app.send_many(messages[: N // 2] + messages[N // 2 + 1 :])  # the connection is still good
+    assert len(live_ids(pg, "bulk")) == len(jobs) == N - 1

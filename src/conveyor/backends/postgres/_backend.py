@@ -13,9 +13,7 @@ from typing import Any
 from uuid import UUID
 
 import psycopg
-from psycopg import postgres
-from psycopg.adapt import Dumper
-from psycopg.pq import Format, TransactionStatus
+from psycopg.pq import TransactionStatus
 from psycopg.rows import TupleRow, tuple_row
 from psycopg_pool import ConnectionPool, PoolTimeout
 
@@ -82,22 +80,15 @@ Conn = psycopg.Connection[TupleRow]
 _COPY_MIN = 64
 
 
-class _JsonText:
-    """Marks nothing: registering a dumper needs a Python type; COPY picks it by the jsonb oid."""
+class _NotCopyable(Exception):
+    """A job in the batch needs the INSERT statement (an idempotency key, a replay)."""
 
 
-class _JsonbTextDumper(Dumper):
-    """Already-encoded JSON text in jsonb's binary wire format (a version byte, then the text)."""
-
-    format = Format.BINARY
-    oid = postgres.types["jsonb"].oid
-
-    def dump(self, obj: Any) -> bytes:
-        return b"\x01" + str(obj).encode()
-
-
+# jsonb's binary form is a version byte (1) and the JSON text. The backend prepends the byte to its
+# already-encoded JSON and sends the result through psycopg's text dumper, which runs in C (a jsonb
+# dumper would call back into Python for every value, and encode the JSON a second time).
 _COPY_TYPES = [
-    "uuid", "text", "text", "jsonb", "jsonb", "integer", "timestamptz", "timestamptz", "timestamptz",
+    "uuid", "text", "text", "text", "text", "integer", "timestamptz", "timestamptz", "timestamptz",
     "integer", "integer", "text",
 ]  # fmt: skip
 
@@ -296,7 +287,9 @@ class PostgresBackend:
         conn = params.conn
         if conn is not None and not isinstance(conn, psycopg.Connection):
             raise ConfigurationError(f"conn= must be an open psycopg (sync) Connection, not {type(conn).__name__}")
-        copyable = len(jobs) >= _COPY_MIN and all(j.idempotency_key is None and j.replay_of is None for j in jobs)
+        # Decided on the first job, so that rows built lazily (see App.send_many) are built while
+        # they stream; a later keyed or replayed job sends the batch down the statement path.
+        copyable = len(jobs) >= _COPY_MIN and jobs[0].idempotency_key is None and jobs[0].replay_of is None
         with self._errors("jobs_insert_many"):
             if conn is not None:
                 if copyable and not conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE:
@@ -316,22 +309,24 @@ class PostgresBackend:
     def _copy(self, conn: Conn, jobs: Sequence[NewJob], now: datetime) -> bool:
         """COPY ``jobs`` in a transaction (a savepoint inside the caller's) and notify their queues.
 
-        False, with nothing inserted, if a job id is already live (a producer's resend): the
-        statement path then inserts the others and skips it."""
+        False, with nothing inserted, if a job id is already live (a producer's resend: the
+        statement path then inserts the others and skips it) or if a job has an idempotency key
+        or replays one (those need the statement's key claims)."""
         try:
             with conn.transaction():
                 cur = conn.cursor()
-                cur.adapters.register_dumper(_JsonText, _JsonbTextDumper)
                 with cur.copy(self._q["jobs_copy"]) as copy:
                     copy.set_types(_COPY_TYPES)
                     write = copy.write_row
                     for j in jobs:
+                        if j.idempotency_key is not None or j.replay_of is not None:
+                            raise _NotCopyable
                         write((
-                            j.id, j.queue, j.task, j.payload, j.headers, j.priority, j.run_at, now,
+                            j.id, j.queue, j.task, "\x01" + j.payload, "\x01" + j.headers, j.priority, j.run_at, now,
                             j.expires_at, j.max_attempts, j.max_deliveries, j.ordering_key,
                         ))  # fmt: skip
                 cur.execute(self._q["jobs_notify"], {"queues": list({j.queue for j in jobs})}, prepare=True)
-        except psycopg.errors.UniqueViolation:
+        except (psycopg.errors.UniqueViolation, _NotCopyable):
             return False
         return True
 
