@@ -292,9 +292,10 @@ def plan(r: Runner, libs: list[str], workloads: set[str]) -> None:
             if not r.args.smoke:
                 r.run("conveyor", "drain", s.drain, label="drain_2proc", options={"processes": 2})
                 r.run("conveyor", "drain", s.drain, label="drain_sync_def", options={"sync": True})
-                # Not the default: a prefetch of 40 (Celery's default reservation for 10 slots), and
-                # outcomes that wait for the WAL flush (PostgresBackend(durable_acks=True)).
-                r.run("conveyor", "drain", s.drain, label="drain_prefetch40", options={"prefetch": 40})
+                # Not the default: the earlier default prefetch of 20 (2 x concurrency; the default is
+                # now 40, Celery's reservation for 10 slots), and outcomes that wait for the WAL flush
+                # (PostgresBackend(durable_acks=True)).
+                r.run("conveyor", "drain", s.drain, label="drain_prefetch20", options={"prefetch": 20})
                 r.run("conveyor", "drain", s.drain, label="drain_durable_acks", options={"durable_acks": True})
                 r.run(
                     "conveyor", "latency", s.latency, label="latency_durable_acks", interval=s.latency_interval,

@@ -127,7 +127,12 @@ def migrate(ctx: click.Context) -> None:
     type=click.IntRange(1, 10_000),
     help="Handler slots per process.",
 )
-@click.option("--prefetch", default=None, type=click.IntRange(1, 100_000), help="Buffered jobs per process.")
+@click.option(
+    "--prefetch",
+    default=None,
+    type=click.IntRange(1, 100_000),
+    help="Leased jobs buffered per process (default: 4 x concurrency, at least 20).",
+)
 @click.option("--burst", is_flag=True, help="Drain the queues (scheduled retries included) and exit.")
 @click.option(
     "--graceful-timeout",

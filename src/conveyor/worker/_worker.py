@@ -56,7 +56,12 @@ class Worker:
         self.app = app
         self.queues = list(queues) if queues else declared
         self.concurrency = concurrency
-        self.capacity = prefetch if prefetch is not None else max(2 * concurrency, 20)
+        # Leased-but-unstarted jobs held per process (Celery's default reservation, 4 per slot). The
+        # fetcher refills at half, so each acquire takes about 2 x concurrency rows: measured on
+        # PostgreSQL, 2 x concurrency made the fetcher the bottleneck of a drain (~9,000 vs ~10,400
+        # jobs/s) and the fixed cost of each acquire on big tables showed (-13% vs +2%, docs/benchmarks.md).
+        # Long-running jobs that should spread over many workers want --prefetch close to concurrency.
+        self.capacity = prefetch if prefetch is not None else max(4 * concurrency, 20)
         self.visibility_timeout = visibility_timeout
         self.poll_interval = poll_interval
         self.flush_interval = flush_interval
