@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from conveyor import App, JobContext, Message, Reject, Retry, Worker
-from conveyor.backends.base import JobsAcquireParams, JobsRescueParams, LeaseRef, LeasesExtendParams
+from conveyor.backends.base import JobsAcquireParams, JobsListParams, JobsRescueParams, LeaseRef, LeasesExtendParams
 
 
 @pytest.fixture
@@ -372,3 +372,59 @@ def test_rescue_waits_for_the_workers_own_pending_acks(app: App) -> None:
     assert asyncio.run(rescuer.run_once()) == 0
     backlog.clear()
     assert asyncio.run(rescuer.run_once()) == 1
+
+
+@pytest.fixture
+def pg_app(postgres_database: str) -> Iterator[App]:
+    a = App(postgres_database, migrate=True)
+    yield a
+    a.close()
+
+
+def test_an_idle_worker_picks_up_by_notification_not_by_polling(pg_app: App) -> None:
+    ran = threading.Event()
+
+    @pg_app.task(queue="q")
+    def ping() -> None:
+        ran.set()
+
+    # A poll interval of an hour: only the NOTIFY path (the listener's thread acquiring at once)
+    # can pick the job up within the test.
+    worker = Worker(pg_app, concurrency=2, poll_interval=3600)
+
+    async def scenario() -> float:
+        task = asyncio.create_task(worker.run())
+        await asyncio.sleep(0.5)  # idle, waiting on the listener
+        sent = time.perf_counter()
+        await asyncio.to_thread(ping.delay)
+        await asyncio.to_thread(ran.wait, 10)
+        picked = time.perf_counter() - sent
+        worker.stop()
+        await task
+        return picked
+
+    picked = asyncio.run(asyncio.wait_for(scenario(), 30))
+    assert ran.is_set() and picked < 2.0
+    assert worker.counters.acquired == worker.counters.completed == 1
+
+
+def test_stopping_an_idle_worker_leaves_no_job_leased(pg_app: App) -> None:
+    @pg_app.task(queue="q")
+    def noop() -> None:
+        pass
+
+    worker = Worker(pg_app, concurrency=1, poll_interval=3600)
+
+    async def scenario() -> None:
+        task = asyncio.create_task(worker.run())
+        await asyncio.sleep(0.3)
+        # Jobs arrive while the worker is told to stop: whatever its listener's thread leased must
+        # come back to pending (released) or run, never stay leased until the lease expires.
+        await asyncio.to_thread(lambda: pg_app.send_many([Message(noop.name) for _ in range(5)]))
+        worker.stop()
+        await task
+
+    asyncio.run(asyncio.wait_for(scenario(), 30))
+    states = [s.state for s in pg_app.backend.jobs_list(JobsListParams())]
+    assert "processing" not in states
+    assert worker.counters.acquired == worker.counters.completed + worker.counters.released

@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
+from typing import Any
 
 from conveyor._app import App
 from conveyor.backends.base import Delivery, JobsAcquireParams, Listener
@@ -96,6 +97,10 @@ class Fetcher:
         deliveries = await self.calls.call(
             self.calls.backend.jobs_acquire, params, give_up=self._stop.is_set, what="acquire"
         )
+        return self._take(deliveries)
+
+    def _take(self, deliveries: Sequence[Delivery]) -> int:
+        """Hold leased deliveries and buffer them for the executor."""
         for delivery in deliveries:
             options = self.app.task_options(delivery.task)
             vt = options.visibility_timeout if options else self.visibility_timeout
@@ -137,16 +142,43 @@ class Fetcher:
             self._listen_pool.shutdown(wait=False)
 
     async def _wait_notification(self, timeout: float) -> None:
+        """Sleep until a notification (or ``timeout``, or a stop).
+
+        With one queue, the thread that receives the notification acquires at once, before handing
+        back to the event loop: a woken fetcher would otherwise go listener thread -> event loop ->
+        database thread before the acquire even starts, and pickup latency is what this path is
+        for. With several lanes the event loop acquires, in lane order. A failed acquire here is
+        dropped: the loop acquires again, with its retries."""
         assert self._listener is not None
         loop = asyncio.get_running_loop()
         listener = self._listener
-        # The listener blocks a thread; bound each wait so a stop is noticed within 0.25 s.
-        waited: asyncio.Future[bool] = loop.run_in_executor(self._listen_pool, listener.wait, min(timeout, 0.25))
+        backend = self.calls.backend
+        queue = self.queues[0] if len(self.queues) == 1 else None
+        vt = self._vt_for(queue) if queue is not None else 0.0
+
+        def wait_then_acquire() -> list[Delivery]:
+            # The listener blocks a thread; bound each wait so a stop is noticed within 0.25 s.
+            if not listener.wait(min(timeout, 0.25)) or queue is None or self._stop.is_set():
+                return []
+            limit = self.capacity - self.buffer.qsize()
+            if limit <= 0:
+                return []
+            try:
+                return backend.jobs_acquire(JobsAcquireParams(queue, limit, vt, self.worker_id, self.clock()))
+            except Exception:
+                return []
+
+        waited: asyncio.Future[list[Delivery]] = loop.run_in_executor(self._listen_pool, wait_then_acquire)
         stop: asyncio.Future[bool] = asyncio.ensure_future(self._stop.wait())
+        either: list[asyncio.Future[Any]] = [waited, stop]
         try:
-            await asyncio.wait([waited, stop], return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
         finally:
             stop.cancel()
+        # Even when stopping, wait for the thread (at most one bounded wait and one acquire): the
+        # leases it may have taken must reach the buffer, which shutdown hands back to pending.
+        got = self._take(await waited)
+        self.counters.acquired += got
 
     async def _wait_for(self, event: asyncio.Event, timeout: float | None) -> None:
         waits = {asyncio.ensure_future(event.wait()), asyncio.ensure_future(self._stop.wait())}
