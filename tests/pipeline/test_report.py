@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -176,6 +177,33 @@ def test_latency_percentiles_are_exact(spark: SparkSession, full_report: Path) -
     # runs 0 .5 2 (the poison job's last delivery never ran); e2e 3 and 45.5.
     assert (q2["run_p50_s"], q2["run_p95_s"], q2["run_mean_s"]) == pytest.approx((0.5, 1.85, 2.5 / 3))
     assert (q2["e2e_p50_s"], q2["e2e_p95_s"], q2["e2e_p99_s"]) == pytest.approx((24.25, 43.375, 45.075))
+
+
+def test_durations_are_whole_milliseconds_rounded_half_up(
+    spark: SparkSession, write_history: Callable[..., Path], tmp_path: Path
+) -> None:
+    # Waits in microseconds 1500, 2500, 499, 1000500 and -300000 (clock skew) are 2, 3, 0, 1001 and
+    # 0 ms; each run is 500 us, so 1 ms.
+    rows = []
+    for i, wait_us in enumerate([1500, 2500, 499, 1_000_500, -300_000]):
+        start = at(10 * i) + timedelta(microseconds=wait_us)
+        rows.append(
+            job_row(
+                job_id=f"r-{i}",
+                queue="r",
+                enqueued_at=at(10 * i),
+                first_started_at=start,
+                started_at=start,
+                finished_at=start + timedelta(microseconds=500),
+            )
+        )
+    out = tmp_path / "rounding"
+    report(write_history(rows), out, spark=spark)
+    r = by(table(spark, out, "latency"), "queue", "priority")[("r", None)]
+    # Sorted 0 0 2 3 1001: p50 = 2; p95 at 3.8 -> 3 + 0.8 * 998; p99 at 3.96 -> 3 + 0.96 * 998.
+    assert (r["wait_p50_s"], r["wait_p95_s"], r["wait_p99_s"]) == pytest.approx((0.002, 0.8014, 0.96108))
+    assert (r["wait_mean_s"], r["wait_max_s"], r["wait_count"]) == (pytest.approx(0.2012), 1.001, 5)
+    assert (r["run_p50_s"], r["run_max_s"], r["run_mean_s"]) == (0.001, 0.001, pytest.approx(0.001))
 
 
 def test_sla_breaches(spark: SparkSession, full_report: Path) -> None:

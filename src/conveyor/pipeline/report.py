@@ -238,10 +238,11 @@ class _Report:
         with self.stages.stage("latency percentiles and SLA"):
             self._write("latency", self._latency(slim), ["queue", F.asc_nulls_first("priority")])
             self._write("sla", self._sla(), ["queue"])
-        with self.stages.stage("retries, dead letters, duplicate deliveries"):
-            self._write("outcomes", self._outcomes(slim), ["queue", F.asc_nulls_first("task")])
-        with self.stages.stage("failure taxonomy and poison candidates"):
-            self._write("failures", self._failures(jobs), [F.desc("jobs"), "task", "error_type"])
+        with self.stages.stage("retries, dead letters, duplicate deliveries, failure taxonomy"):
+            counted = self._archive_outcomes(jobs)
+            self._write("outcomes", self._outcomes(counted), ["queue", F.asc_nulls_first("task")])
+            self._write("failures", self._failures(counted), [F.desc("jobs"), "task", "error_type"])
+        with self.stages.stage("poison candidates"):
             self._write("poison", self._poison(jobs), [F.desc("lost_deliveries"), "job_id"])
         with self.stages.stage("capacity plan"):
             self._write("capacity", self._capacity(per_minute), ["queue"])
@@ -291,25 +292,32 @@ class _Report:
     # -- tables ----------------------------------------------------------------------------------
 
     def _slim(self, jobs: DataFrame) -> DataFrame:
-        """The columns the aggregations need, with minutes and durations (whole ms) computed."""
+        """The columns the aggregations need, with minutes and durations (whole ms) computed.
+
+        Both are integer arithmetic on microseconds: ``round()`` on a double goes through
+        BigDecimal in Spark (a third of the latency stage's time on 10M rows), and ``date_trunc``
+        converts every value through the session time zone."""
         from pyspark.sql import functions as F
 
         def ms(later: str, earlier: str) -> Any:
             micros = F.unix_micros(F.col(later)) - F.unix_micros(F.col(earlier))
-            # greatest() skips nulls, so a job that never started must be excluded explicitly.
-            return F.when(micros.isNotNull(), F.greatest(F.lit(0), F.round(micros / F.lit(1000.0)).cast("long")))
+            # Half up: floor((us + 500) / 1000), exact in a double for any plausible duration;
+            # negative durations (clock skew) count as 0. greatest() skips nulls, so a job that
+            # never started must be excluded explicitly.
+            whole = F.floor((micros + F.lit(500)) / F.lit(1000))
+            return F.when(micros.isNotNull(), F.greatest(F.lit(0), whole).cast("long"))
+
+        def minute(col: str) -> Any:
+            micros = F.unix_micros(F.col(col))
+            return F.timestamp_micros(micros - F.pmod(micros, F.lit(60_000_000)))
 
         ran = F.col("state").isin("completed", "dead") & F.col("started_at").isNotNull()
         return jobs.select(
             "queue",
             "priority",
-            "task",
             "state",
-            "attempts",
-            "deliveries",
-            "source",
-            F.date_trunc("minute", "enqueued_at").alias("enq_minute"),
-            F.date_trunc("minute", "finished_at").alias("fin_minute"),
+            minute("enqueued_at").alias("enq_minute"),
+            minute("finished_at").alias("fin_minute"),
             ms("first_started_at", "ready_at").alias("wait"),
             F.when(ran & F.col("finished_at").isNotNull(), ms("finished_at", "started_at")).alias("run"),
             F.when(F.col("state") == "completed", ms("finished_at", "ready_at")).alias("e2e"),
@@ -357,34 +365,59 @@ class _Report:
     def _latency(self, jobs: DataFrame) -> DataFrame:
         """Wait, run and end-to-end statistics per (queue, priority) and per queue (priority null).
 
-        One scan; grouping sets give both levels in the same pass. Durations are whole
-        milliseconds, which keeps the exact percentile's buffers (a map from distinct value to
-        count) small."""
+        One scan builds a histogram: jobs counted per (queue, priority, metric, whole
+        milliseconds). Durations in whole milliseconds take few distinct values (about 0.8 million
+        histogram rows for 10 million jobs), and every statistic follows exactly from the
+        histogram: Spark's ``percentile`` takes the counts as frequencies (the same interpolated
+        percentile as over the raw values), and the per-queue rows aggregate the histogram again
+        rather than the jobs. Percentiles straight over the jobs cost 3x as long: ``percentile``
+        keeps a boxed map it updates once per row, and grouping sets had doubled the rows."""
         from pyspark.sql import functions as F
 
-        sla_ms = F.coalesce(F.col("sla_s"), F.lit(self.default_sla)) * 1000.0
-        durations = jobs.join(F.broadcast(self._sla_frame()), "queue", "left").select(
-            "queue", "priority", *METRICS, sla_ms.alias("sla_ms")
+        metric_ids = {m: i for i, m in enumerate(METRICS)}
+        stacked = jobs.select(
+            "queue",
+            "priority",
+            F.inline(
+                F.array(*[F.struct(F.lit(i).alias("metric"), F.col(m).alias("ms")) for m, i in metric_ids.items()])
+            ),
         )
+        # Jobs without a value (never started) are counted under a null value, so that a
+        # (queue, priority) whose jobs never ran still gets its row (with zero counts).
+        histogram = stacked.groupBy("queue", "priority", "metric", "ms").agg(F.count(F.lit(1)).alias("n"))
+        sla_ms = F.coalesce(F.col("sla_s"), F.lit(self.default_sla)) * 1000.0
+        histogram = histogram.join(F.broadcast(self._sla_frame()), "queue", "left").withColumn("sla_ms", sla_ms)
+        known = F.col("ms").isNotNull()
+        breach = (F.col("metric") == metric_ids["wait"]) & (F.col("ms") > F.col("sla_ms"))
         percentages = F.array(*[F.lit(p) for p in PERCENTILES])
+        per_metric = histogram.groupingSets(
+            [["queue", "priority", "metric"], ["queue", "metric"]], "queue", "priority", "metric"
+        ).agg(
+            F.sum(F.when(known, F.col("n")).otherwise(0)).cast("long").alias("count"),
+            F.sum(F.col("ms") * F.col("n")).alias("total_ms"),
+            F.percentile("ms", percentages, F.col("n")).alias("p"),
+            F.max("ms").alias("max_ms"),
+            F.sum(F.when(breach, F.col("n")).otherwise(0)).cast("long").alias("sla_breaches"),
+            F.first("sla_ms").alias("sla_ms"),
+        )
+        # One row per (queue, priority): each metric's statistics side by side.
         aggs: list[Any] = []
-        for m in METRICS:
+        for m, i in metric_ids.items():
+
+            def of(col: str, i: int = i) -> Any:
+                return F.max(F.when(F.col("metric") == i, F.col(col)))
+
             aggs += [
-                F.count(m).alias(f"{m}_count"),
-                (F.avg(m) / 1000.0).alias(f"{m}_mean_s"),
-                F.percentile(m, percentages).alias(f"{m}_p"),
-                (F.max(m) / 1000.0).alias(f"{m}_max_s"),
+                F.coalesce(of("count"), F.lit(0)).cast("long").alias(f"{m}_count"),
+                (F.try_divide(of("total_ms"), of("count")) / 1000.0).alias(f"{m}_mean_s"),
+                *[(of("p")[k] / 1000.0).alias(f"{m}_p{round(p * 100)}_s") for k, p in enumerate(PERCENTILES)],
+                (of("max_ms") / 1000.0).alias(f"{m}_max_s"),
             ]
-        aggs.append(F.sum(F.when(F.col("wait") > F.col("sla_ms"), 1).otherwise(0)).cast("long").alias("sla_breaches"))
-        aggs.append((F.first("sla_ms") / 1000.0).alias("sla_s"))
-        stats = durations.groupingSets([["queue", "priority"], ["queue"]], "queue", "priority").agg(*aggs)
-        cols: list[Any] = ["queue", "priority"]
-        for m in METRICS:
-            cols += [F.col(f"{m}_count"), F.col(f"{m}_mean_s")]
-            cols += [(F.col(f"{m}_p")[i] / 1000.0).alias(f"{m}_p{round(p * 100)}_s") for i, p in enumerate(PERCENTILES)]
-            cols.append(F.col(f"{m}_max_s"))
-        cols += ["sla_s", "sla_breaches"]
-        return stats.select(*cols)
+        aggs += [
+            (F.max("sla_ms") / 1000.0).alias("sla_s"),
+            F.sum("sla_breaches").cast("long").alias("sla_breaches"),
+        ]
+        return per_metric.groupBy("queue", "priority").agg(*aggs)
 
     def _sla(self) -> DataFrame:
         """Per queue: the SLA, jobs that started, how many waited longer (from the latency table)."""
@@ -404,7 +437,11 @@ class _Report:
         rows = [(q, s) for q, s in sorted(self.slas.items())]
         return self.spark.createDataFrame(rows, "queue STRING, sla_s DOUBLE")
 
-    def _outcomes(self, jobs: DataFrame) -> DataFrame:
+    def _archive_outcomes(self, jobs: DataFrame) -> DataFrame:
+        """Archived jobs counted per (queue, task, last error type): outcomes and failures in one scan.
+
+        Few rows (queues x tasks x error types), so they are checkpointed (computed once, kept in
+        memory) and both tables, with their per-queue and per-task totals, add them up."""
         from pyspark.sql import functions as F
 
         def count_if(cond: Any) -> Any:
@@ -412,37 +449,64 @@ class _Report:
 
         ended = jobs.where(F.col("source") == "archive")
         extra = F.greatest(F.col("deliveries") - F.col("attempts"), F.lit(0))
-        aggs = [
-            F.count(F.lit(1)).cast("long").alias("jobs"),
-            count_if(F.col("state") == "completed").alias("completed"),
-            count_if(F.col("state") == "dead").alias("dead"),
-            count_if(F.col("state") == "expired").alias("expired"),
-            count_if(F.col("state") == "cancelled").alias("cancelled"),
-            count_if(F.col("attempts") > 1).alias("retried_jobs"),
-            F.sum(F.greatest(F.col("attempts") - 1, F.lit(0))).cast("long").alias("retries"),
-            count_if(F.col("deliveries") > F.col("attempts")).alias("duplicate_jobs"),
-            F.sum(extra).cast("long").alias("extra_deliveries"),
+        return (
+            ended.groupBy("queue", "task", "error_type")
+            .agg(
+                F.count(F.lit(1)).cast("long").alias("jobs"),
+                count_if(F.col("state") == "completed").alias("completed"),
+                count_if(F.col("state") == "dead").alias("dead"),
+                count_if(F.col("state") == "expired").alias("expired"),
+                count_if(F.col("state") == "cancelled").alias("cancelled"),
+                count_if(F.col("attempts") > 1).alias("retried_jobs"),
+                F.sum(F.greatest(F.col("attempts") - 1, F.lit(0))).cast("long").alias("retries"),
+                count_if(F.col("deliveries") > F.col("attempts")).alias("duplicate_jobs"),
+                F.sum(extra).cast("long").alias("extra_deliveries"),
+                F.min("error_message").alias("example_message"),
+            )
+            .localCheckpoint()
+        )
+
+    def _outcomes(self, counted: DataFrame) -> DataFrame:
+        """Per (queue, task) and per queue (task null), from :meth:`_archive_outcomes`."""
+        from pyspark.sql import functions as F
+
+        counts = [
+            "jobs",
+            "completed",
+            "dead",
+            "expired",
+            "cancelled",
+            "retried_jobs",
+            "retries",
+            "duplicate_jobs",
+            "extra_deliveries",
         ]
-        out = ended.groupingSets([["queue", "task"], ["queue"]], "queue", "task").agg(*aggs)
-        return out.select(
+        sums = [F.sum(c).cast("long").alias(c) for c in counts]
+        per_task = counted.groupBy("queue", "task").agg(*sums)
+        per_queue = counted.groupBy("queue").agg(*sums).withColumn("task", F.lit(None).cast("string"))
+        return per_task.unionByName(per_queue).select(
             "queue",
             "task",
-            *[c for c in out.columns if c not in ("queue", "task")],
+            *counts,
             F.try_divide(F.col("retried_jobs"), F.col("jobs")).alias("retry_rate"),
             F.try_divide(F.col("dead"), F.col("jobs")).alias("dlq_rate"),
             F.try_divide(F.col("duplicate_jobs"), F.col("jobs")).alias("duplicate_rate"),
         )
 
-    def _failures(self, jobs: DataFrame) -> DataFrame:
+    def _failures(self, counted: DataFrame) -> DataFrame:
+        """Per (task, last error type), from :meth:`_archive_outcomes`."""
         from pyspark.sql import functions as F
 
-        failed = jobs.where((F.col("source") == "archive") & F.col("error_type").isNotNull())
-        return failed.groupBy("task", "error_type").agg(
-            F.count(F.lit(1)).cast("long").alias("jobs"),
-            F.sum(F.when(F.col("state") == "dead", 1).otherwise(0)).cast("long").alias("dead"),
-            F.sum(F.when(F.col("state") == "completed", 1).otherwise(0)).cast("long").alias("recovered"),
-            F.array_join(F.array_sort(F.collect_set("queue")), ",").alias("queues"),
-            F.min("error_message").alias("example_message"),
+        return (
+            counted.where(F.col("error_type").isNotNull())
+            .groupBy("task", "error_type")
+            .agg(
+                F.sum("jobs").cast("long").alias("jobs"),
+                F.sum("dead").cast("long").alias("dead"),
+                F.sum("completed").cast("long").alias("recovered"),
+                F.array_join(F.array_sort(F.collect_set("queue")), ",").alias("queues"),
+                F.min("example_message").alias("example_message"),
+            )
         )
 
     def _poison(self, jobs: DataFrame) -> DataFrame:
