@@ -131,7 +131,7 @@ def migrate(ctx: click.Context) -> None:
     "--prefetch",
     default=None,
     type=click.IntRange(1, 100_000),
-    help="Leased jobs buffered per process (default: 4 x concurrency, at least 20).",
+    help="Leased jobs buffered per process (default: adaptive, 4 to 16 x concurrency).",
 )
 @click.option("--burst", is_flag=True, help="Drain the queues (scheduled retries included) and exit.")
 @click.option(

@@ -428,3 +428,39 @@ def test_stopping_an_idle_worker_leaves_no_job_leased(pg_app: App) -> None:
     states = [s.state for s in pg_app.backend.jobs_list(JobsListParams())]
     assert "processing" not in states
     assert worker.counters.acquired == worker.counters.completed + worker.counters.released
+
+
+def test_the_default_buffer_grows_with_the_start_rate_and_shrinks_back(sqlite_url: str) -> None:
+    from conveyor._message import utcnow
+    from conveyor.worker._shared import BackendCalls, Counters, Registry
+    from conveyor.worker.fetcher import Fetcher
+
+    app = App(sqlite_url)
+    counters = Counters()
+    calls = BackendCalls(app.backend, counters)
+
+    def fetcher(max_capacity: int | None) -> Fetcher:
+        return Fetcher(
+            app, calls, Registry(), counters, asyncio.Queue(), ["q"], 40, "w", 30.0, utcnow, 1.0,
+            max_capacity=max_capacity,
+        )  # fmt: skip
+
+    adaptive, fixed = fetcher(160), fetcher(None)
+    for f in (adaptive, fixed):
+        f._rate_at -= 1.0  # one second ago, no job started yet
+    counters.started = 3_000  # 3,000 jobs/s: 50 ms of work is 150 jobs
+    adaptive._adapt()
+    fixed._adapt()
+    assert 140 <= adaptive.capacity <= 150 and fixed.capacity == 40  # the second is a bit over a second
+
+    adaptive._rate_at -= 1.0
+    counters.started += 20_000  # 20,000 jobs/s: capped at max_capacity
+    adaptive._adapt()
+    assert adaptive.capacity == 160
+
+    adaptive._rate_at -= 1.0
+    counters.started += 100  # slow jobs: back to the base size
+    adaptive._adapt()
+    assert adaptive.capacity == 40
+    calls.shutdown()
+    app.close()

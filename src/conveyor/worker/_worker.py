@@ -56,12 +56,14 @@ class Worker:
         self.app = app
         self.queues = list(queues) if queues else declared
         self.concurrency = concurrency
-        # Leased-but-unstarted jobs held per process (Celery's default reservation, 4 per slot). The
-        # fetcher refills at half, so each acquire takes about 2 x concurrency rows: measured on
-        # PostgreSQL, 2 x concurrency made the fetcher the bottleneck of a drain (~9,000 vs ~10,400
-        # jobs/s) and the fixed cost of each acquire on big tables showed (-13% vs +2%, docs/benchmarks.md).
-        # Long-running jobs that should spread over many workers want --prefetch close to concurrency.
+        # Leased-but-unstarted jobs held per process. The default starts at Celery's reservation, 4
+        # per slot, and adapts up to 16 per slot while handlers start jobs fast enough to use them
+        # (the buffer then holds about 50 ms of work: see Fetcher._adapt). Measured on PostgreSQL with
+        # no-op jobs: 2 x concurrency made the fetcher the bottleneck of a drain, and bigger acquires
+        # share each statement's fixed cost (docs/benchmarks.md). An explicit --prefetch is fixed:
+        # long-running jobs that should spread over many workers want it close to concurrency.
         self.capacity = prefetch if prefetch is not None else max(4 * concurrency, 20)
+        self.max_capacity = None if prefetch is not None else max(16 * concurrency, self.capacity)
         self.visibility_timeout = visibility_timeout
         self.poll_interval = poll_interval
         self.flush_interval = flush_interval
@@ -109,6 +111,7 @@ class Worker:
             self.clock,
             poll,
             self.weights,
+            self.max_capacity,
         )
         executor = Executor(
             self.app,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
@@ -11,6 +12,11 @@ from typing import Any
 from conveyor._app import App
 from conveyor.backends.base import Delivery, JobsAcquireParams, Listener
 from conveyor.worker._shared import BackendCalls, Counters, Registry
+
+# An adaptive buffer holds about this many seconds of work at the rate handlers are starting jobs.
+_BUFFER_SECONDS = 0.05
+# ... re-measured this often.
+_ADAPT_EVERY = 0.25
 
 
 class Fetcher:
@@ -35,6 +41,7 @@ class Fetcher:
         clock: Callable[[], datetime],
         poll_interval: float,
         weights: Mapping[str, int] | None = None,
+        max_capacity: int | None = None,
     ) -> None:
         self.app = app
         self.calls = calls
@@ -43,6 +50,11 @@ class Fetcher:
         self.buffer = buffer
         self.queues = list(queues)
         self.capacity = capacity
+        # With max_capacity the buffer adapts between capacity and max_capacity (see _adapt).
+        self.base_capacity = capacity
+        self.max_capacity = max_capacity
+        self._rate_at = time.monotonic()
+        self._rate_started = 0
         self.worker_id = worker_id
         self.visibility_timeout = visibility_timeout
         self.clock = clock
@@ -59,6 +71,23 @@ class Fetcher:
         task is only known per row after acquire), else the worker's default."""
         declared = [t.options.visibility_timeout for t in self.app.tasks.values() if t.options.queue == queue]
         return max(declared, default=self.visibility_timeout)
+
+    def _adapt(self) -> None:
+        """Size the buffer to hold about ``_BUFFER_SECONDS`` of work at the current start rate.
+
+        Short jobs at a high rate get big buffers, hence big acquires whose per-statement cost is
+        shared by many jobs (a drain of no-op jobs: ~12,000 jobs/s at 40, ~17,000 at 120); slow
+        jobs keep the base size, so a worker never hoards much more work than it can start within
+        that time while other workers could have run it. Without ``max_capacity`` it stays fixed."""
+        if self.max_capacity is None:
+            return
+        now = time.monotonic()
+        elapsed = now - self._rate_at
+        if elapsed < _ADAPT_EVERY:
+            return
+        rate = (self.counters.started - self._rate_started) / elapsed
+        self._rate_at, self._rate_started = now, self.counters.started
+        self.capacity = max(self.base_capacity, min(self.max_capacity, int(rate * _BUFFER_SECONDS)))
 
     async def run_once(self) -> int:
         """Acquire up to the free buffer space; return how many jobs were leased.
@@ -116,6 +145,7 @@ class Fetcher:
         idle_wait = 0.01
         try:
             while not self._stop.is_set():
+                self._adapt()
                 if self.buffer.qsize() > self.capacity // 2:
                     self.space.clear()
                     await self._wait_for(self.space, None)
