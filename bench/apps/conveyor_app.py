@@ -1,7 +1,7 @@
 """Conveyor's bench app: one no-op task whose only work is the side channel.
 
 The worker is Conveyor's own CLI: ``python -m conveyor --db URL worker bench.apps.conveyor_app:app
---concurrency 10 --processes 1`` (defaults otherwise: prefetch 40, flush every 5 ms)."""
+--concurrency 10 --processes 1`` (defaults otherwise: adaptive prefetch, flush every 5 ms)."""
 
 from __future__ import annotations
 
