@@ -238,11 +238,10 @@ class _Report:
         with self.stages.stage("latency percentiles and SLA"):
             self._write("latency", self._latency(slim), ["queue", F.asc_nulls_first("priority")])
             self._write("sla", self._sla(), ["queue"])
-        with self.stages.stage("retries, dead letters, duplicate deliveries, failure taxonomy"):
-            counted = self._archive_outcomes(jobs)
-            self._write("outcomes", self._outcomes(counted), ["queue", F.asc_nulls_first("task")])
-            self._write("failures", self._failures(counted), [F.desc("jobs"), "task", "error_type"])
-        with self.stages.stage("poison candidates"):
+        with self.stages.stage("retries, dead letters, duplicate deliveries"):
+            self._write("outcomes", self._outcomes(jobs), ["queue", F.asc_nulls_first("task")])
+        with self.stages.stage("failure taxonomy and poison candidates"):
+            self._write("failures", self._failures(jobs), [F.desc("jobs"), "task", "error_type"])
             self._write("poison", self._poison(jobs), [F.desc("lost_deliveries"), "job_id"])
         with self.stages.stage("capacity plan"):
             self._write("capacity", self._capacity(per_minute), ["queue"])
@@ -437,11 +436,7 @@ class _Report:
         rows = [(q, s) for q, s in sorted(self.slas.items())]
         return self.spark.createDataFrame(rows, "queue STRING, sla_s DOUBLE")
 
-    def _archive_outcomes(self, jobs: DataFrame) -> DataFrame:
-        """Archived jobs counted per (queue, task, last error type): outcomes and failures in one scan.
-
-        Few rows (queues x tasks x error types), so they are checkpointed (computed once, kept in
-        memory) and both tables, with their per-queue and per-task totals, add them up."""
+    def _outcomes(self, jobs: DataFrame) -> DataFrame:
         from pyspark.sql import functions as F
 
         def count_if(cond: Any) -> Any:
@@ -449,42 +444,25 @@ class _Report:
 
         ended = jobs.where(F.col("source") == "archive")
         extra = F.greatest(F.col("deliveries") - F.col("attempts"), F.lit(0))
-        return (
-            ended.groupBy("queue", "task", "error_type")
-            .agg(
-                F.count(F.lit(1)).cast("long").alias("jobs"),
-                count_if(F.col("state") == "completed").alias("completed"),
-                count_if(F.col("state") == "dead").alias("dead"),
-                count_if(F.col("state") == "expired").alias("expired"),
-                count_if(F.col("state") == "cancelled").alias("cancelled"),
-                count_if(F.col("attempts") > 1).alias("retried_jobs"),
-                F.sum(F.greatest(F.col("attempts") - 1, F.lit(0))).cast("long").alias("retries"),
-                count_if(F.col("deliveries") > F.col("attempts")).alias("duplicate_jobs"),
-                F.sum(extra).cast("long").alias("extra_deliveries"),
-                F.min("error_message").alias("example_message"),
-            )
-            .localCheckpoint()
-        )
-
-    def _outcomes(self, counted: DataFrame) -> DataFrame:
-        """Per (queue, task) and per queue (task null), from :meth:`_archive_outcomes`."""
-        from pyspark.sql import functions as F
-
-        counts = [
-            "jobs",
-            "completed",
-            "dead",
-            "expired",
-            "cancelled",
-            "retried_jobs",
-            "retries",
-            "duplicate_jobs",
-            "extra_deliveries",
+        aggs = [
+            F.count(F.lit(1)).cast("long").alias("jobs"),
+            count_if(F.col("state") == "completed").alias("completed"),
+            count_if(F.col("state") == "dead").alias("dead"),
+            count_if(F.col("state") == "expired").alias("expired"),
+            count_if(F.col("state") == "cancelled").alias("cancelled"),
+            count_if(F.col("attempts") > 1).alias("retried_jobs"),
+            F.sum(F.greatest(F.col("attempts") - 1, F.lit(0))).cast("long").alias("retries"),
+            count_if(F.col("deliveries") > F.col("attempts")).alias("duplicate_jobs"),
+            F.sum(extra).cast("long").alias("extra_deliveries"),
         ]
-        sums = [F.sum(c).cast("long").alias(c) for c in counts]
-        per_task = counted.groupBy("queue", "task").agg(*sums)
-        per_queue = counted.groupBy("queue").agg(*sums).withColumn("task", F.lit(None).cast("string"))
-        return per_task.unionByName(per_queue).select(
+        # The per-queue rows (task null) add up the per-task rows, which are few: grouping sets
+        # over the jobs would send every job through the aggregation twice. The per-task rows are
+        # checkpointed (computed now, kept in memory) so that the union below scans the jobs once.
+        per_task = ended.groupBy("queue", "task").agg(*aggs).localCheckpoint()
+        counts = [c for c in per_task.columns if c not in ("queue", "task")]
+        per_queue = per_task.groupBy("queue").agg(*[F.sum(c).cast("long").alias(c) for c in counts])
+        out = per_task.unionByName(per_queue.withColumn("task", F.lit(None).cast("string")))
+        return out.select(
             "queue",
             "task",
             *counts,
@@ -493,20 +471,19 @@ class _Report:
             F.try_divide(F.col("duplicate_jobs"), F.col("jobs")).alias("duplicate_rate"),
         )
 
-    def _failures(self, counted: DataFrame) -> DataFrame:
-        """Per (task, last error type), from :meth:`_archive_outcomes`."""
+    def _failures(self, jobs: DataFrame) -> DataFrame:
+        # A scan of its own rather than a share of the outcomes scan: the example message is a
+        # string aggregate, which Spark's fast hash aggregation cannot hold, and over every job (not
+        # only the failed ones) it made the shared aggregation sort all 10 million rows.
         from pyspark.sql import functions as F
 
-        return (
-            counted.where(F.col("error_type").isNotNull())
-            .groupBy("task", "error_type")
-            .agg(
-                F.sum("jobs").cast("long").alias("jobs"),
-                F.sum("dead").cast("long").alias("dead"),
-                F.sum("completed").cast("long").alias("recovered"),
-                F.array_join(F.array_sort(F.collect_set("queue")), ",").alias("queues"),
-                F.min("example_message").alias("example_message"),
-            )
+        failed = jobs.where((F.col("source") == "archive") & F.col("error_type").isNotNull())
+        return failed.groupBy("task", "error_type").agg(
+            F.count(F.lit(1)).cast("long").alias("jobs"),
+            F.sum(F.when(F.col("state") == "dead", 1).otherwise(0)).cast("long").alias("dead"),
+            F.sum(F.when(F.col("state") == "completed", 1).otherwise(0)).cast("long").alias("recovered"),
+            F.array_join(F.array_sort(F.collect_set("queue")), ",").alias("queues"),
+            F.min("error_message").alias("example_message"),
         )
 
     def _poison(self, jobs: DataFrame) -> DataFrame:
