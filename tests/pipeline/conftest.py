@@ -28,8 +28,9 @@ def spark() -> Iterator[SparkSession]:
         app_name="conveyor-tests",
         conf={"spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2"},
         driver_memory="1g",
-        # The SQLite JDBC driver (Debian's libxerial-sqlite-jdbc-java) for the JDBC business-table test.
-        jars=jdbc_jars("jdbc:sqlite:"),
+        # Debian's JDBC drivers (libxerial-sqlite-jdbc-java, libpostgresql-jdbc-java) for the
+        # JDBC business-table tests and the JDBC export.
+        jars=jdbc_jars("jdbc:sqlite:") + jdbc_jars("jdbc:postgresql:"),
     )
     yield session
     session.stop()

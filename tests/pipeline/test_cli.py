@@ -46,6 +46,30 @@ def test_export_command_is_incremental(sqlite_url: str, tmp_path: Path) -> None:
     assert code == 0 and "export run 2" in output
 
 
+def test_export_command_over_jdbc(spark: SparkSession, postgres_database: str, tmp_path: Path) -> None:
+    from datetime import timedelta
+
+    from .test_export import DAY1, finish, insert
+
+    b = open_backend(postgres_database)
+    b.migrate()
+    try:
+        insert(b, "q", 5, DAY1)
+        finish(b, "q", 5, DAY1 + timedelta(seconds=1))
+    finally:
+        b.close()
+    args = ["export", "--db", postgres_database, "--out", str(tmp_path / "x"), "--via", "jdbc"]
+    code, output = run(*args, "--jdbc-partitions", "2")
+    assert code == 0, output
+    assert "export run 1: 5 new archive rows" in output
+    code, output = run(*args)
+    assert code == 0 and "export run 2: 0 new archive rows (5 in total)" in output
+    assert_one_line_error(
+        *run("export", "--db", "sqlite:///" + str(tmp_path / "s.db"), "--out", str(tmp_path / "y"), "--via", "jdbc"),
+        "PostgreSQL only",
+    )
+
+
 def test_bad_input_is_one_line_without_spark(tmp_path: Path) -> None:
     assert_one_line_error(*run("report", "--input", str(tmp_path / "nope"), "--out", str(tmp_path)), "does not exist")
     assert_one_line_error(*run("export", "--db", "mysql://x/y", "--out", str(tmp_path / "o")), "unsupported database")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -10,7 +11,9 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.dataset as ds
+import pyarrow.parquet as pq
 import pytest
+from pyspark.sql import SparkSession
 
 from conveyor._ids import uuid7
 from conveyor.backends import open_backend
@@ -24,7 +27,8 @@ from conveyor.backends.base import (
     NewJob,
 )
 from conveyor.pipeline import PipelineError, export, read_watermark
-from conveyor.pipeline.schema import arrow_schema_with_partitions
+from conveyor.pipeline.schema import arrow_schema, arrow_schema_with_partitions
+from conveyor.pipeline.spark import jdbc_jars
 
 DAY1 = datetime(2026, 3, 1, 23, 0, tzinfo=UTC)
 DAY2 = datetime(2026, 3, 2, 1, 0, tzinfo=UTC)
@@ -172,3 +176,72 @@ def test_bad_arguments(tmp_path: Path, sqlite_url: str) -> None:
     (tmp_path / "bad" / "_watermark.json").write_text("{not json")
     with pytest.raises(PipelineError, match="not a valid export watermark"):
         read_watermark(tmp_path / "bad")
+
+
+def test_export_over_jdbc_writes_what_the_seam_export_writes(
+    spark: SparkSession, postgres_database: str, tmp_path: Path
+) -> None:
+    # scripts/test.sh installs the driver; a machine without it fails here rather than skipping.
+    assert jdbc_jars("jdbc:postgresql:"), "no PostgreSQL JDBC driver: apt-get install libpostgresql-jdbc-java"
+    b = open_backend(postgres_database)
+    b.migrate()
+    try:
+        insert(b, "emails", 6, DAY1 - timedelta(minutes=5))
+        insert(b, "billing", 3, DAY1 - timedelta(minutes=5))
+        finish(b, "emails", 4, DAY1)
+        finish(b, "billing", 2, DAY1, state="dead")
+        finish(b, "emails", 2, DAY2)
+        now = DAY2 + timedelta(minutes=1)
+        seam = export(postgres_database, tmp_path / "seam", now=now)
+        # Three slices of finished_at read in parallel: every row is in exactly one of them.
+        jdbc = export(postgres_database, tmp_path / "jdbc", now=now, via="jdbc", spark=spark, jdbc_partitions=3)
+        assert (jdbc.run, jdbc.archive_rows, seam.archive_rows) == (1, 8, 8)
+        assert jdbc.watermark == seam.watermark
+        assert read_watermark(tmp_path / "jdbc") == read_watermark(tmp_path / "seam")
+        assert_same_export(tmp_path / "seam", tmp_path / "jdbc")
+        names = sorted(p.name for p in (tmp_path / "jdbc" / "archive").rglob("*.parquet"))
+        assert names and all(re.fullmatch(r"part-r00000001-j\d{5}\.parquet", n) for n in names)
+
+        # Incremental with the seam's settling: of two more jobs only the one that ended 5 s or
+        # more before the run is read, then the other on the next run; a run with nothing new adds
+        # nothing (and starts no Spark job).
+        insert(b, "emails", 3, DAY2)
+        finish(b, "emails", 1, DAY2 + timedelta(minutes=3))
+        finish(b, "emails", 1, DAY2 + timedelta(minutes=9, seconds=58))
+        later = DAY2 + timedelta(minutes=10)
+        assert export(postgres_database, tmp_path / "seam", now=later).archive_rows == 1
+        assert export(postgres_database, tmp_path / "jdbc", now=later, via="jdbc", spark=spark).archive_rows == 1
+        last = DAY2 + timedelta(minutes=11)
+        assert export(postgres_database, tmp_path / "seam", now=last).archive_rows == 1
+        assert export(postgres_database, tmp_path / "jdbc", now=last, via="jdbc", spark=spark).archive_rows == 1
+        again = export(postgres_database, tmp_path / "jdbc", now=last, via="jdbc", spark=spark)
+        assert (again.run, again.archive_rows, again.files) == (4, 0, 0)
+        assert_same_export(tmp_path / "seam", tmp_path / "jdbc")
+        assert exported(tmp_path / "jdbc").num_rows == 10
+
+        # The two ways take turns on one directory: each goes on from the other's watermark.
+        finish(b, "emails", 1, DAY2 + timedelta(minutes=12))
+        end = DAY2 + timedelta(minutes=13)
+        assert export(postgres_database, tmp_path / "jdbc", now=end).archive_rows == 1
+        assert export(postgres_database, tmp_path / "seam", now=end, via="jdbc", spark=spark).archive_rows == 1
+        assert_same_export(tmp_path / "seam", tmp_path / "jdbc")
+        assert exported(tmp_path / "seam").num_rows == 11
+    finally:
+        b.close()
+
+
+def assert_same_export(a: Path, b: Path) -> None:
+    """Two export directories hold the same partitions, schema and rows."""
+    dirs = [sorted(str(p.relative_to(d / "archive")) for p in (d / "archive").glob("*/*")) for d in (a, b)]
+    assert dirs[0] == dirs[1]
+    for path in (b / "archive").rglob("*.parquet"):
+        assert pq.read_schema(path).equals(arrow_schema(), check_metadata=False), path
+    rows = [sorted(exported(d).to_pylist(), key=lambda r: r["job_id"]) for d in (a, b)]
+    assert rows[0] == rows[1]
+
+
+def test_export_over_jdbc_refuses_other_engines(sqlite_url: str, tmp_path: Path) -> None:
+    with pytest.raises(PipelineError, match="PostgreSQL only"):
+        export(sqlite_url, tmp_path / "x", via="jdbc")
+    with pytest.raises(PipelineError, match="seam or jdbc"):
+        export(sqlite_url, tmp_path / "x", via="odbc")

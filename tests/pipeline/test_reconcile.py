@@ -181,3 +181,55 @@ def test_business_table_over_jdbc(spark: SparkSession, write_history: Callable[.
     assert result.counts == {"ok": 1, "lost": 1, "stuck": 0, "dead": 0, "done_not_recorded": 1}
     with pytest.raises(PipelineError, match="over JDBC"):
         reconcile(f"jdbc:sqlite:{db}", "order_id", "status", export_dir=export_dir, business_table="nope", spark=spark)
+
+
+def test_business_table_in_postgresql_over_jdbc(
+    spark: SparkSession, postgres_database: str, write_history: Callable[..., Path], tmp_path: Path
+) -> None:
+    import psycopg
+    from click.testing import CliRunner
+    from psycopg.conninfo import conninfo_to_dict
+
+    from conveyor.pipeline.cli import main
+    from conveyor.pipeline.spark import jdbc_jars
+
+    # scripts/test.sh installs the driver; a machine without it fails here rather than skipping.
+    assert jdbc_jars("jdbc:postgresql:"), "no PostgreSQL JDBC driver: apt-get install libpostgresql-jdbc-java"
+    # The business table lives in its own schema of the test's own database (dropped afterwards).
+    with psycopg.connect(postgres_database, autocommit=True) as conn:
+        conn.execute("CREATE SCHEMA shop")
+        conn.execute("CREATE TABLE shop.orders (order_id text PRIMARY KEY, status text NOT NULL, amount numeric)")
+        with conn.cursor() as cur:
+            cur.executemany(
+                "INSERT INTO shop.orders VALUES (%s, %s, %s)",
+                [(k, status, i) for i, (k, status, _) in enumerate(BUSINESS)],
+            )
+    info = conninfo_to_dict(postgres_database)
+    url = f"jdbc:postgresql://{info['host']}:{info.get('port', 5432)}/{info['dbname']}?user={info['user']}"
+    export_dir = write_history(history(), snapshot_at=SNAPSHOT)
+
+    result = reconcile(
+        url,
+        "order_id",
+        "status",
+        export_dir=export_dir,
+        business_table="shop.orders",
+        queue="q",
+        default_sla=60.0,
+        spark=spark,
+    )
+    assert result.counts == {"ok": 5, "lost": 2, "stuck": 2, "dead": 2, "done_not_recorded": 2}
+    assert result.lost_keys == ["k1", "k12"]
+
+    # The same through the command line, with a subquery as the table.
+    out = tmp_path / "recon"
+    args = ["reconcile", "--business", url, "--business-table", "(SELECT * FROM shop.orders WHERE amount < 5) AS o"]
+    args += ["--key-column", "order_id", "--status-column", "status", "--export-dir", str(export_dir)]
+    args += ["--queue", "q", "--default-sla", "60", "--out", str(out)]
+    cli = CliRunner().invoke(main, args)
+    assert cli.exit_code == 0, cli.output
+    got = {r["key"]: r["class"] for r in spark.read.parquet(str(out / "reconcile")).collect()}
+    assert got == {k: c for k, _, c in BUSINESS[:5]}
+
+    with pytest.raises(PipelineError, match="over JDBC"):
+        reconcile(url, "order_id", "status", export_dir=export_dir, business_table="shop.nope", spark=spark)

@@ -130,10 +130,34 @@ def _session(master: str, jars: list[str] | None = None) -> SparkSession:
     show_default=True,
     help="Leave jobs that ended less than this many seconds ago for the next run.",
 )
+@click.option(
+    "--via",
+    type=click.Choice(["seam", "jdbc"]),
+    default="seam",
+    show_default=True,
+    help="Read the archive through Conveyor's storage seam (every database), or with Spark over JDBC "
+    "(PostgreSQL; needs libpostgresql-jdbc-java).",
+)
+@click.option(
+    "--jdbc-partitions",
+    type=click.IntRange(min=1),
+    default=None,
+    help="With --via jdbc: slices of finished_at read in parallel (default: Spark's parallelism).",
+)
+@_master_option
 @_db_option
 @click.pass_context
 @_user_errors
-def export(ctx: click.Context, out_dir: str, include_live: bool, settle: float, db: str | None) -> None:
+def export(
+    ctx: click.Context,
+    out_dir: str,
+    include_live: bool,
+    settle: float,
+    via: str,
+    jdbc_partitions: int | None,
+    master: str,
+    db: str | None,
+) -> None:
     """Export the job archive incrementally to Parquet, partitioned by date and queue.
 
     Re-running resumes from the watermark stored in the directory and never duplicates a row."""
@@ -152,6 +176,9 @@ def export(ctx: click.Context, out_dir: str, include_live: bool, settle: float, 
             include_live=include_live,
             settle_seconds=settle,
             progress=lambda n: bar.update(task, description=f"exporting archive: {n:,} rows"),
+            via=via,
+            master=master,
+            jdbc_partitions=jdbc_partitions,
         )
     live = f", live snapshot {result.live_rows:,} jobs" if include_live else ""
     out.print(

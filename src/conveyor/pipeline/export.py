@@ -7,7 +7,9 @@ Layout of an export directory::
     OUT/live/date=YYYY-MM-DD/queue=Q/part-...parquet   (optional snapshot of live jobs)
 
 The archive is read through the storage seam (``Backend.archive_read``) in ``(finished_at, id)``
-order, strictly after the stored watermark, so it works on every engine. Each run writes its files
+order, strictly after the stored watermark, so it works on every engine. On PostgreSQL, ``via="jdbc"``
+has Spark read the archive table directly instead, in parallel slices (``_jdbc_export``), into the
+same files under the same watermark. Each run writes its files
 under a staging directory, moves them into place, and only then replaces the watermark; file names
 carry the run number, and a run first deletes files of runs that never committed. A re-run therefore
 never duplicates a row, even after a crash at any point.
@@ -24,7 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 from conveyor.backends.base import ArchiveReadParams, Backend, JobRecord, JobsListParams
@@ -36,6 +38,9 @@ from conveyor.pipeline.schema import (
     LIVE_DIR,
     WATERMARK_FILE,
 )
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 _STAGING_DIR = "_staging"
 _LOCK_FILE = "_export.lock"
@@ -121,6 +126,10 @@ def export(
     settle_seconds: float = 5.0,
     now: datetime | None = None,
     progress: Callable[[int], None] | None = None,
+    via: str = "seam",
+    spark: SparkSession | None = None,
+    master: str = "local[*]",
+    jdbc_partitions: int | None = None,
 ) -> ExportResult:
     """Export the archive (and, with ``include_live``, a snapshot of live jobs) to Parquet.
 
@@ -131,9 +140,19 @@ def export(
     not land behind a watermark that has already passed it. ``backend`` (an open backend) is used
     instead of opening ``database_url``; it is not closed. ``progress`` is called with the number
     of archive rows read so far. Two exports into one directory at once are refused
-    (:class:`PipelineError`)."""
+    (:class:`PipelineError`).
+
+    ``via="jdbc"`` (PostgreSQL only) reads the archive with Spark's JDBC source instead of the seam:
+    ``jdbc_partitions`` slices of ``finished_at`` in parallel (default: Spark's default parallelism,
+    at least 2), on ``spark`` or a session built for ``master`` with Debian's driver jar. Same files,
+    schema and watermark; the live snapshot is still read through the seam (the live table is
+    small). Spark is not started when there is no new archive row."""
     if page_size <= 0 or chunk_rows <= 0:
         raise PipelineError("page_size and chunk_rows must be positive")
+    if via not in ("seam", "jdbc"):
+        raise PipelineError(f"--via {via!r}: expected seam or jdbc")
+    if jdbc_partitions is not None and jdbc_partitions <= 0:
+        raise PipelineError("jdbc_partitions must be positive")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     with _locked(out):
@@ -147,9 +166,14 @@ def export(
             if backend.engine == "sqlite":
                 backend.migrate()
         try:
-            return _Exporter(backend, out, page_size, chunk_rows, progress).run(
-                include_live, now or datetime.now(UTC), settle_seconds
-            )
+            exporter = _Exporter(backend, out, page_size, chunk_rows, progress)
+            if via == "jdbc":
+                if backend.engine != "postgres":
+                    raise PipelineError(f"--via jdbc reads PostgreSQL only; this database is {backend.engine}")
+                exporter = _JdbcExporter(
+                    backend, out, page_size, chunk_rows, progress, database_url, spark, master, jdbc_partitions
+                )
+            return exporter.run(include_live, now or datetime.now(UTC), settle_seconds)
         finally:
             if own:
                 backend.close()
@@ -271,22 +295,7 @@ class _Exporter:
             live_rows = self._write_live(staging / LIVE_DIR, now)
 
         cutoff = now - timedelta(seconds=max(0.0, settle_seconds))
-        after = committed.after
-        buf = _Columns()
-        chunk = 0
-        read = 0
-        for record in _archive_pages(self.backend, after, self.page_size, cutoff):
-            buf.add(record, "archive", now)
-            assert record.finished_at is not None
-            after = (record.finished_at, record.id)
-            read += 1
-            if len(buf) >= self.chunk_rows:
-                self._write(buf, staging / ARCHIVE_DIR, f"part-r{run:08d}-c{chunk:05d}", "finished_at")
-                buf, chunk = _Columns(), chunk + 1
-            if self.progress is not None and read % self.page_size == 0:
-                self.progress(read)
-        if len(buf):
-            self._write(buf, staging / ARCHIVE_DIR, f"part-r{run:08d}-c{chunk:05d}", "finished_at")
+        read, after = self._read_archive(staging / ARCHIVE_DIR, run, committed.after, cutoff, now)
         if self.progress is not None:
             self.progress(read)
 
@@ -305,6 +314,28 @@ class _Exporter:
         _write_json_atomic(self.out / WATERMARK_FILE, watermark.to_json())
         shutil.rmtree(self.out / _STAGING_DIR, ignore_errors=True)
         return ExportResult(self.out, run, read, live_rows, files, watermark)
+
+    def _read_archive(
+        self, target: Path, run: int, after: tuple[datetime, UUID] | None, cutoff: datetime, now: datetime
+    ) -> tuple[int, tuple[datetime, UUID] | None]:
+        """Write the archive rows after ``after`` that ended by ``cutoff`` under ``target``, as files
+        named after ``run``; return how many and the new watermark."""
+        buf = _Columns()
+        chunk = 0
+        read = 0
+        for record in _archive_pages(self.backend, after, self.page_size, cutoff):
+            buf.add(record, "archive", now)
+            assert record.finished_at is not None
+            after = (record.finished_at, record.id)
+            read += 1
+            if len(buf) >= self.chunk_rows:
+                self._write(buf, target, f"part-r{run:08d}-c{chunk:05d}", "finished_at")
+                buf, chunk = _Columns(), chunk + 1
+            if self.progress is not None and read % self.page_size == 0:
+                self.progress(read)
+        if len(buf):
+            self._write(buf, target, f"part-r{run:08d}-c{chunk:05d}", "finished_at")
+        return read, after
 
     def _write_live(self, target: Path, now: datetime) -> int:
         buf = _Columns()
@@ -371,6 +402,54 @@ class _Exporter:
             os.replace(live, old)
         os.replace(new, live)
         shutil.rmtree(old, ignore_errors=True)
+
+
+class _JdbcExporter(_Exporter):
+    """The archive read by Spark over JDBC (PostgreSQL); everything else as :class:`_Exporter`."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        out: Path,
+        page_size: int,
+        chunk_rows: int,
+        progress: Callable[[int], None] | None,
+        database_url: str,
+        spark: SparkSession | None,
+        master: str,
+        partitions: int | None,
+    ) -> None:
+        super().__init__(backend, out, page_size, chunk_rows, progress)
+        self.database_url = database_url
+        self.spark = spark
+        self.master = master
+        self.partitions = partitions
+
+    def _read_archive(
+        self, target: Path, run: int, after: tuple[datetime, UUID] | None, cutoff: datetime, now: datetime
+    ) -> tuple[int, tuple[datetime, UUID] | None]:
+        import pyarrow.parquet as pq
+
+        from conveyor.pipeline import _jdbc_export as jdbc
+
+        bounds = jdbc.archive_bounds(self.database_url, after, cutoff)
+        if bounds is None:
+            return 0, after
+        first_at, upto = bounds
+        spark = self.spark or jdbc.spark_session_for_jdbc(self.master)
+        partitions = self.partitions or max(2, spark.sparkContext.defaultParallelism)
+        written = target.parent / f"{target.name}-spark"
+        jdbc.read_archive_jdbc(spark, self.database_url, after, first_at, upto, now, written, partitions)
+        # Spark names its files part-NNNNN-<uuid>...; they are renamed to carry the run number, which
+        # is what lets a later run find and delete the files of a run that never committed.
+        read = 0
+        for i, (date, queue, path) in enumerate(jdbc.spark_files(written)):
+            read += pq.ParquetFile(path).metadata.num_rows
+            dst = target / jdbc.partition_dir(date, queue) / f"part-r{run:08d}-j{i:05d}.parquet"
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(path, dst)
+        shutil.rmtree(written, ignore_errors=True)
+        return read, upto
 
 
 def _count_files(path: Path) -> int:
