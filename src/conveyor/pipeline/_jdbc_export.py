@@ -58,6 +58,7 @@ _SELECT = {
 }
 
 _NIL_UUID = "00000000-0000-0000-0000-000000000000"
+_HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
 
 
 def jdbc_connection(database_url: str) -> tuple[str, dict[str, str]]:
@@ -189,7 +190,9 @@ def spark_files(target: Path) -> list[tuple[str, str, Path]]:
         rel = path.relative_to(target).parts
         if len(rel) != 3 or not rel[0].startswith("date=") or not rel[1].startswith("queue="):
             continue
-        files.append((unquote(rel[0][len("date=") :]), unquote(rel[1][len("queue=") :]), path))
+        queue = unquote(rel[1][len("queue=") :])
+        # Spark writes an empty partition value as Hive's null marker.
+        files.append((unquote(rel[0][len("date=") :]), "" if queue == _HIVE_NULL else queue, path))
     return files
 
 
