@@ -378,8 +378,8 @@ class _Report:
         from pyspark.sql import functions as F
 
         # unpivot turns each job into one row per metric with an Expand, which Spark compiles
-        # into the scan's code; a generator (stack, inline) builds the rows as objects and took a
-        # fifth longer. Jobs without a value (never started) keep a null value, so that a
+        # into the scan's code; a generator (stack, inline) builds the rows as objects and took
+        # 15-20 % longer. Jobs without a value (never started) keep a null value, so that a
         # (queue, priority) whose jobs never ran still gets its row (with zero counts).
         stacked = jobs.select("queue", "priority", *METRICS).unpivot(
             ["queue", "priority"], list(METRICS), "metric", "ms"
