@@ -245,3 +245,14 @@ def test_export_over_jdbc_refuses_other_engines(sqlite_url: str, tmp_path: Path)
         export(sqlite_url, tmp_path / "x", via="jdbc")
     with pytest.raises(PipelineError, match="seam or jdbc"):
         export(sqlite_url, tmp_path / "x", via="odbc")
+
+
+def test_jdbc_connection_keeps_the_password_out_of_the_url() -> None:
+    from conveyor.pipeline._jdbc_export import jdbc_connection
+
+    url, props = jdbc_connection("postgresql://app:s%40cret@db.internal:6543/shop?sslmode=require&application_name=x")
+    assert url == "jdbc:postgresql://db.internal:6543/shop"
+    assert props == {"user": "app", "password": "s@cret", "sslmode": "require", "ApplicationName": "x"}
+    assert jdbc_connection("postgres://u@[::1]/d")[0] == "jdbc:postgresql://[::1]:5432/d"
+    with pytest.raises(PipelineError, match="TCP host"):
+        jdbc_connection("postgresql:///d?host=/var/run/postgresql")
