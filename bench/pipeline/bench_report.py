@@ -10,8 +10,8 @@ JSON line per size.
 
 Wrap timed runs in `flock /tmp/conveyor-bench.lock ...` on a shared machine. Last measured (2 vCPUs,
 local[2], driver heap 1600m, PySpark 4.3.0; docs/pipeline.md has the stage times and what mattered):
-10M rows 42.3 s and 43.5 s wall, peak 2,093 and 1,496 MiB; 1M rows 26.9 s, peak 1,931 MiB. Target: 10M
-under 90 s and 3 GiB.
+10M rows 41.8-43.5 s wall in three runs, peak 1,496-2,180 MiB; 1M rows 26.9 s twice, peak 1,345-1,931 MiB.
+Target: 10M under 90 s and 3 GiB.
 """
 
 from __future__ import annotations
