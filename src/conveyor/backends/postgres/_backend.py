@@ -346,6 +346,16 @@ class PostgresBackend:
         holders: dict[tuple[str, str], UUID],
     ) -> None:
         keyed = any(j.idempotency_key is not None for j in jobs)
+        if not keyed and len(jobs) == 1:
+            j = jobs[0]
+            one = {
+                "id": j.id, "queue": j.queue, "task": j.task, "payload": j.payload, "headers": j.headers,
+                "priority": j.priority, "run_at": j.run_at, "now": now, "expires_at": j.expires_at,
+                "max_attempts": j.max_attempts, "max_deliveries": j.max_deliveries,
+                "ordering_key": j.ordering_key, "replay_of": j.replay_of,
+            }  # fmt: skip
+            cur.execute(self._q["jobs_insert_one"], one, prepare=True)
+            return
         params: dict[str, Any] = {
             "ids": [j.id for j in jobs],
             "queues": [j.queue for j in jobs],
