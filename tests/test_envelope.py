@@ -64,6 +64,27 @@ def test_headers_are_completed(app: App) -> None:
     assert (version, len(trace_id), len(span_id), flags) == ("00", 32, 16, "01")
 
 
+def test_a_payload_that_contains_itself_is_refused_with_a_clear_error(app: App) -> None:
+    loop: dict[str, object] = {}
+    loop["self"] = loop
+    with pytest.raises(PayloadError, match="contains itself"):
+        app.send("t", loop)
+
+
+def test_default_headers_are_the_same_json_as_completed_headers_encoded() -> None:
+    import json
+
+    from conveyor._message import complete_headers, encode_headers, encode_json_object
+
+    job_id = uuid7()
+    fast = encode_headers(None, job_id)
+    slow = encode_json_object(complete_headers(None, job_id), "headers")
+    # Same keys in the same order, same spacing: only the random traceparent differs.
+    assert list(json.loads(fast)) == list(json.loads(slow)) == ["schema_version", "traceparent", "correlation_id"]
+    assert fast.replace(json.loads(fast)["traceparent"], "") == slow.replace(json.loads(slow)["traceparent"], "")
+    assert encode_headers({}, job_id).startswith('{"schema_version":1,"traceparent":"00-')
+
+
 def test_id_is_known_before_send(app: App) -> None:
     message = Message("t", {})
     job = app.send_many([message])[0]
