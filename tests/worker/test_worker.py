@@ -228,12 +228,27 @@ def test_stale_ack_is_fenced_and_counted(app: App) -> None:
         release.wait(10)
         return f"delivery {ctx.deliveries}"
 
+    @app.task(queue="f")  # another queue: the lease taken at acquire is the longest of the queue's tasks
+    def filler() -> None:
+        pass
+
     job = slow.delay()
-    worker = Worker(app, poll_interval=0.02, heartbeat_interval=3600, rescue_interval=3600)
+    # One slot and a buffer of one: once the filler waits in the buffer, this worker fetches nothing
+    # more, so the rescued job can only go to "someone else" (with room, its own listener would
+    # take the job back the moment rescue returns it).
+    worker = Worker(
+        app, ["q", "f"], concurrency=1, prefetch=1, poll_interval=0.02, heartbeat_interval=3600, rescue_interval=3600
+    )
 
     async def scenario() -> None:
         task = asyncio.create_task(worker.run())
         await asyncio.to_thread(started.wait, 10)
+        await asyncio.to_thread(filler.delay)
+        for _ in range(200):
+            if worker.counters.acquired == 2:
+                break
+            await asyncio.sleep(0.02)
+        assert worker.counters.acquired == 2
         # The lease runs out; rescue hands the job to "someone else", who completes it.
         await asyncio.sleep(0.6)
         backend = app.backend
