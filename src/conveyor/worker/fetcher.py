@@ -11,7 +11,7 @@ from typing import Any
 
 from conveyor._app import App
 from conveyor.backends.base import Delivery, JobsAcquireParams, Listener
-from conveyor.worker._shared import BackendCalls, Counters, Registry
+from conveyor.worker._shared import BackendCalls, Counters, Registry, log
 
 # An adaptive buffer holds about this many seconds of work at the rate handlers are starting jobs.
 _BUFFER_SECONDS = 0.05
@@ -195,7 +195,8 @@ class Fetcher:
                 return []
             try:
                 return backend.jobs_acquire(JobsAcquireParams(queue, limit, vt, self.worker_id, self.clock()))
-            except Exception:
+            except Exception as exc:  # the event loop acquires next, with its retries and error handling
+                log.debug("acquire on notification failed (%s); the fetch loop retries", exc)
                 return []
 
         waited: asyncio.Future[list[Delivery]] = loop.run_in_executor(self._listen_pool, wait_then_acquire)
