@@ -398,8 +398,7 @@ class App:
         task = message.task
         if not task:
             raise PayloadError("a job needs a task name")
-        registered = self.tasks.get(task)
-        options = registered.options if registered is not None else None
+        options = self.task_options(task)
         queue = message.queue or (options.queue if options else "default")
         max_attempts = message.max_attempts or (options.max_attempts if options else 5)
         if max_attempts < 1:

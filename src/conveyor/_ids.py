@@ -22,15 +22,20 @@ _new_uuid = object.__new__
 _set = object.__setattr__
 
 
+def _take_random(n: int) -> bytes:
+    """``n`` bytes from the pool; the caller holds ``_lock``."""
+    global _pool, _pool_at
+    if _pool_at + n > len(_pool):
+        _pool, _pool_at = os.urandom(_POOL_SIZE), 0
+    chunk = _pool[_pool_at : _pool_at + n]
+    _pool_at += n
+    return chunk
+
+
 def random_bytes(n: int) -> bytes:
     """``n`` (at most 4096) bytes from the operating system's CSPRNG, served from a buffer."""
-    global _pool, _pool_at
     with _lock:
-        if _pool_at + n > len(_pool):
-            _pool, _pool_at = os.urandom(_POOL_SIZE), 0
-        chunk = _pool[_pool_at : _pool_at + n]
-        _pool_at += n
-    return chunk
+        return _take_random(n)
 
 
 def uuid7() -> UUID:
@@ -38,7 +43,7 @@ def uuid7() -> UUID:
 
     Within one millisecond a 12-bit counter in ``rand_a`` keeps ids ordered, so that jobs sent
     one after another by the same producer sort in send order."""
-    global _last_ms, _counter, _pool, _pool_at
+    global _last_ms, _counter
     with _lock:
         ms = time.time_ns() // 1_000_000
         if ms <= _last_ms:
@@ -52,10 +57,7 @@ def uuid7() -> UUID:
             _last_ms = ms
             _counter = 0
         counter = _counter
-        if _pool_at + 8 > len(_pool):
-            _pool, _pool_at = os.urandom(_POOL_SIZE), 0
-        rand = _pool[_pool_at : _pool_at + 8]
-        _pool_at += 8
+        rand = _take_random(8)
     value = (
         ((ms & 0xFFFF_FFFF_FFFF) << 80)
         | _VERSION_AND_VARIANT

@@ -170,9 +170,7 @@ def export(
             if via == "jdbc":
                 if backend.engine != "postgres":
                     raise PipelineError(f"--via jdbc reads PostgreSQL only; this database is {backend.engine}")
-                exporter = _JdbcExporter(
-                    backend, out, page_size, chunk_rows, progress, database_url, spark, master, jdbc_partitions
-                )
+                exporter = _JdbcExporter(exporter, database_url, spark, master, jdbc_partitions)
             return exporter.run(include_live, now or datetime.now(UTC), settle_seconds)
         finally:
             if own:
@@ -408,18 +406,9 @@ class _JdbcExporter(_Exporter):
     """The archive read by Spark over JDBC (PostgreSQL); everything else as :class:`_Exporter`."""
 
     def __init__(
-        self,
-        backend: Backend,
-        out: Path,
-        page_size: int,
-        chunk_rows: int,
-        progress: Callable[[int], None] | None,
-        database_url: str,
-        spark: SparkSession | None,
-        master: str,
-        partitions: int | None,
+        self, base: _Exporter, database_url: str, spark: SparkSession | None, master: str, partitions: int | None
     ) -> None:
-        super().__init__(backend, out, page_size, chunk_rows, progress)
+        super().__init__(base.backend, base.out, base.page_size, base.chunk_rows, base.progress)
         self.database_url = database_url
         self.spark = spark
         self.master = master

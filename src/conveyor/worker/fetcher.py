@@ -116,7 +116,6 @@ class Fetcher:
         else:
             for queue in self.queues:
                 got += await self._acquire(queue, self.capacity - self.buffer.qsize())
-        self.counters.acquired += got
         return got
 
     async def _acquire(self, queue: str, limit: int) -> int:
@@ -129,7 +128,8 @@ class Fetcher:
         return self._take(deliveries)
 
     def _take(self, deliveries: Sequence[Delivery]) -> int:
-        """Hold leased deliveries and buffer them for the executor."""
+        """Hold leased deliveries, buffer them for the executor and count them."""
+        self.counters.acquired += len(deliveries)
         for delivery in deliveries:
             options = self.app.task_options(delivery.task)
             vt = options.visibility_timeout if options else self.visibility_timeout
@@ -208,8 +208,7 @@ class Fetcher:
             stop.cancel()
         # Even when stopping, wait for the thread (at most one bounded wait and one acquire): the
         # leases it may have taken must reach the buffer, which shutdown hands back to pending.
-        got = self._take(await waited)
-        self.counters.acquired += got
+        self._take(await waited)
 
     async def _wait_for(self, event: asyncio.Event, timeout: float | None) -> None:
         waits = {asyncio.ensure_future(event.wait()), asyncio.ensure_future(self._stop.wait())}
