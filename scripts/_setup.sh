@@ -6,10 +6,13 @@ PY="${PYTHON:-python3}"
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
-STAMP=.venv/.conveyor-installed
+# One stamp per set of extras: the demo installs fewer than the tests, and a stamp that did not
+# say which extras it stands for made `demo.sh` then `test.sh` skip the test extras.
+EXTRAS="${CONVEYOR_EXTRAS:-dev}"
+STAMP=".venv/.conveyor-installed-${EXTRAS//,/-}"
 if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ]; then
   .venv/bin/python -m pip install --quiet --upgrade pip
-  .venv/bin/python -m pip install --quiet -e ".[${CONVEYOR_EXTRAS:-dev}]"
+  .venv/bin/python -m pip install --quiet -e ".[${EXTRAS}]"
   touch "$STAMP"
 fi
 export PATH="$ROOT/.venv/bin:$PATH"
