@@ -91,7 +91,7 @@ class App:
             with self._lock:
                 if self._backend is None:
                     backend = open_backend(self.database_url)
-                    migrate = self._migrate if self._migrate is not None else backend.engine == "sqlite"
+                    migrate = self._migrate if self._migrate is not None else backend.engine in ("sqlite", "memory")
                     if migrate:
                         backend.migrate()
                     self._backend = backend
