@@ -121,7 +121,7 @@ async def _drain(app: App, queues: Sequence[str] | None, max_jobs: int, until: A
     calls = BackendCalls(app.backend, counters, threads=1)
     completer = Completer(calls, registry, counters, clock, flush_interval=0)
     buffer: asyncio.Queue[Any] = asyncio.Queue()
-    executor = Executor(app, registry, counters, buffer, completer, 1, clock)
+    executor = Executor(app, calls, registry, counters, buffer, completer, 1, clock)
     backend = app.backend
     try:
         while counters.started + counters.expired + counters.dead <= max_jobs:

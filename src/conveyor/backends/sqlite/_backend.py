@@ -148,6 +148,7 @@ class SqliteBackend:
         """Lease up to ``limit`` ready jobs (see JobsAcquireParams), in hand-out order."""
         if params.limit <= 0:
             return []
+        now = cv.to_db_time(params.now)
         with self._pool.write() as conn:
             rows = conn.execute(
                 self._q["jobs_acquire"],
@@ -156,11 +157,25 @@ class SqliteBackend:
                     "limit": params.limit,
                     "visibility_timeout": params.visibility_timeout,
                     "worker_id": params.worker_id,
-                    "now": cv.to_db_time(params.now),
+                    "now": now,
                 },
             ).fetchall()
-        rows.sort(key=lambda r: (-r["priority"], r["run_at"], r["id"]))
-        return [cv.delivery(row) for row in rows]
+            rows.sort(key=lambda r: (-r["priority"], r["run_at"], r["id"]))
+            starting = rows[: max(0, params.start)]
+            if starting:
+                items = json.dumps([{"id": row["id"], "receipt": row["receipt"]} for row in starting])
+                conn.execute(self._q["jobs_start"], {"items": items, "now": now}).fetchall()
+        return [cv.delivery(row, started=i < len(starting)) for i, row in enumerate(rows)]
+
+    def jobs_start_many(self, params: base.JobsStartParams) -> list[UUID]:
+        """Count deliveries as started; return the ids that still held their lease."""
+        items = _lease_refs(params.items)
+        if items == "[]":
+            return []
+        with self._pool.write() as conn:
+            rows = conn.execute(self._q["jobs_start"], {"items": items, "now": cv.to_db_time(params.now)}).fetchall()
+        started = {row[0] for row in rows}
+        return [item.id for item in params.items if cv.to_db_id(item.id) in started]
 
     def jobs_finish_many(self, params: base.JobsFinishParams) -> int:
         """Archive deliveries in their terminal state; return how many applied (the rest were stale)."""
@@ -208,7 +223,7 @@ class SqliteBackend:
             return conn.execute(self._q["jobs_retry"], {"items": json.dumps(items)}).rowcount
 
     def jobs_release_many(self, params: base.JobsReleaseParams) -> int:
-        """Undo deliveries that never started; return how many applied."""
+        """Hand leased jobs that never started back to pending; return how many applied."""
         items = _lease_refs(params.items)
         if items == "[]":
             return 0
