@@ -47,9 +47,7 @@ def main() -> None:
             now = datetime.now(UTC)
             rows = conn.execute(
                 q["jobs_acquire"],
-                # start = the whole batch: every job runs at once, as in a worker with free slots.
-                {"queue": QUEUE, "limit": args.batch, "visibility_timeout": 30.0, "worker_id": "raw", "now": now,
-                 "start": args.batch},
+                {"queue": QUEUE, "limit": args.batch, "visibility_timeout": 30.0, "worker_id": "raw", "now": now},
                 prepare=True,
             ).fetchall()
             if not rows:
@@ -67,6 +65,7 @@ def main() -> None:
                     "error_messages": [None] * n,
                     "tracebacks": [None] * n,
                     "ran": [True] * n,
+                    "counted": [False] * n,
                     "now": datetime.now(UTC),
                 },
                 prepare=True,

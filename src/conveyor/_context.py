@@ -53,7 +53,14 @@ class JobContext:
 
     @property
     def deliveries(self) -> int:
-        return self.delivery.deliveries
+        """How many times this job has been started, this start included (a start that crashed its
+        worker before it was counted is not: see :attr:`rescues`)."""
+        return self.delivery.deliveries + 1
+
+    @property
+    def rescues(self) -> int:
+        """How many times this job's lease expired before: a worker died or hung while holding it."""
+        return self.delivery.rescues
 
     @property
     def max_attempts(self) -> int:

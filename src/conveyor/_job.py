@@ -51,6 +51,8 @@ class JobStatus:
     ordering_key: str | None
     replay_of: UUID | None
     replayed_by: UUID | None
+    #: Times the job's lease expired (its worker died or hung while holding it).
+    rescues: int = 0
 
     @property
     def done(self) -> bool:
@@ -84,6 +86,7 @@ class JobStatus:
             ordering_key=record.ordering_key,
             replay_of=record.replay_of,
             replayed_by=record.replayed_by,
+            rescues=record.rescues,
         )
 
     def to_json(self) -> dict[str, Any]:

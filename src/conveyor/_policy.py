@@ -34,11 +34,12 @@ def before_run(
 ) -> Finish | None:
     """The outcome that ends a job without running it, or None when it should run.
 
-    Poison protection comes first: a job that has been handed out more than its delivery limit has
-    repeatedly killed or hung its workers, so it must not run again whatever else is true."""
+    Poison protection comes first: a job whose start would pass its delivery limit has repeatedly
+    killed or hung its workers, so it must not run again whatever else is true. (``deliveries``
+    counts the earlier starts; this one would be one more.)"""
     limit = options.deliveries_limit if options else delivery.max_deliveries
-    if delivery.deliveries > limit:
-        error = ErrorInfo("PoisonJob", f"delivered {delivery.deliveries} times, limit {limit}")
+    if delivery.deliveries >= limit:
+        error = ErrorInfo("PoisonJob", f"started {delivery.deliveries} times without finishing, limit {limit}")
         return Finish(delivery.id, delivery.receipt, "dead", reason=MAX_DELIVERIES_EXCEEDED, error=error, ran=False)
     if delivery.expires_at is not None and now >= delivery.expires_at:
         if on_expire == "dead":

@@ -1,9 +1,9 @@
 """The app the chaos tests run in real worker processes (``tests.chaos.chaos_app:app``).
 
 ``effect`` writes a business row in its own PostgreSQL transaction, guarded by ``ctx.once`` on the same
-connection; ``unguarded`` does the same without the guard. On its first delivery each handler kills its own
-worker process with SIGKILL right after the commit, before the ack can be written: the case ``ctx.once``
-exists for."""
+connection; ``unguarded`` does the same without the guard. On its first delivery (no lease of it expired
+yet) each handler kills its own worker process with SIGKILL right after the commit, before the ack can be
+written: the case ``ctx.once`` exists for."""
 
 from __future__ import annotations
 
@@ -18,11 +18,11 @@ app = App()
 
 
 def _insert(conn: psycopg.Connection[tuple[object, ...]], ctx: JobContext) -> None:
-    conn.execute("INSERT INTO effects (job_id, delivery) VALUES (%s, %s)", (str(ctx.job_id), ctx.deliveries))
+    conn.execute("INSERT INTO effects (job_id, delivery) VALUES (%s, %s)", (str(ctx.job_id), ctx.rescues + 1))
 
 
 def _crash_on_first_delivery(ctx: JobContext) -> None:
-    if ctx.deliveries == 1:
+    if ctx.rescues == 0:
         os.kill(os.getpid(), signal.SIGKILL)
 
 

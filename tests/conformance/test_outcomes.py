@@ -80,7 +80,7 @@ def test_finish_without_running_does_not_count_an_attempt(backend: Backend) -> N
     record = get(backend, delivery.id)
     assert (record.state, record.reason) == ("dead", "max_deliveries_exceeded")
     assert record.attempts == 0
-    assert record.deliveries == 1
+    assert record.deliveries == 0  # it did not run: no start to count
 
 
 @pytest.mark.parametrize("state", ["expired", "cancelled"])
@@ -146,7 +146,7 @@ def test_a_retried_job_runs_again_at_its_run_at(backend: Backend) -> None:
     (again,) = acquire(backend, now=at(60))
 
     assert again.id == delivery.id
-    assert (again.attempts, again.deliveries) == (1, 2)
+    assert (again.attempts, again.deliveries) == (1, 1)  # the retry counted the first start
     assert again.receipt != delivery.receipt
     assert get(backend, again.id).first_started_at == at(0)
     assert complete(backend, again, now=at(61)) == 1
@@ -155,7 +155,7 @@ def test_a_retried_job_runs_again_at_its_run_at(backend: Backend) -> None:
 
 def test_release_hands_back_leased_jobs_uncounted(backend: Backend) -> None:
     insert(backend, new_job(), new_job())
-    a, b = acquire(backend, limit=2, start=0)  # a prefetch: leased, not started
+    a, b = acquire(backend, limit=2)
 
     released = backend.jobs_release_many(JobsReleaseParams(items=[LeaseRef(id=a.id, receipt=a.receipt)], now=at(1)))
 
@@ -167,35 +167,50 @@ def test_release_hands_back_leased_jobs_uncounted(backend: Backend) -> None:
     assert get(backend, b.id).state == "processing"
     # Released jobs are ready again at once, and the old receipt no longer acts.
     (again,) = acquire(backend, now=at(1))
-    assert again.id == a.id and again.deliveries == 1 and again.started
+    assert again.id == a.id and again.deliveries == 0
     assert complete(backend, a, now=at(2)) == 0
+    assert complete(backend, again, now=at(2)) == 1
+    assert get(backend, a.id).deliveries == 1
 
 
-def test_a_delivery_is_counted_when_it_starts_not_when_it_is_leased(backend: Backend) -> None:
-    insert(backend, *(new_job() for _ in range(3)))
-    leased = acquire(backend, limit=3, start=1, now=at(1))
-
-    # The first in hand-out order was started by the acquire; the others are only leased.
-    assert [d.started for d in leased] == [True, False, False]
-    assert [d.deliveries for d in leased] == [1, 0, 0]
-    assert get(backend, leased[0].id).started_at == at(1)
-    assert get(backend, leased[1].id).started_at is None
-
-    refs = [LeaseRef(d.id, d.receipt) for d in leased[1:]] + [LeaseRef(leased[0].id, "stale")]
-    started = backend.jobs_start_many(JobsStartParams(items=refs, now=at(2)))
-    assert started == [leased[1].id, leased[2].id]  # the stale receipt is skipped
-    for d in leased[1:]:
-        record = get(backend, d.id)
-        assert (record.deliveries, record.started_at, record.first_started_at) == (1, at(2), at(2))
-
-
-def test_a_worker_dying_charges_only_the_jobs_it_had_started(backend: Backend) -> None:
+def test_a_lease_is_not_a_delivery_an_outcome_counts_its_start(backend: Backend) -> None:
     insert(backend, *(new_job() for _ in range(4)))
-    leased = acquire(backend, limit=4, start=1, now=at(0), visibility_timeout=10)
-    assert len(leased) == 4
-    # The worker dies: nothing is released, every lease expires and rescue returns the jobs.
+    done, failed, started, held = acquire(backend, limit=4, now=at(1))
+    assert [d.deliveries for d in (done, failed, started, held)] == [0, 0, 0, 0]
+
+    assert complete(backend, done, now=at(2)) == 1
+    assert retry(backend, failed, run_at=at(5), now=at(2)) == 1
+    # A start counted early (a suspect before it runs, or a heartbeat) is not counted again by its outcome.
+    refs = [LeaseRef(started.id, started.receipt), LeaseRef(held.id, "not-the-receipt")]
+    assert backend.jobs_start_many(JobsStartParams(items=refs, now=at(2))) == [started.id]
+    assert get(backend, started.id).deliveries == 1
+    finish = Finish(started.id, started.receipt, "completed", counted=True)
+    assert backend.jobs_finish_many(JobsFinishParams([finish], now=at(3))) == 1
+
+    assert [(get(backend, d.id).deliveries, get(backend, d.id).attempts) for d in (done, failed, started, held)] == [
+        (1, 1),
+        (1, 1),
+        (1, 1),
+        (0, 0),
+    ]
+    # A finish that did not run (poison protection, TTL) counts no start either.
+    expired = Finish(held.id, held.receipt, "expired", reason="expired", ran=False)
+    assert backend.jobs_finish_many(JobsFinishParams([expired], now=at(3))) == 1
+    assert (get(backend, held.id).deliveries, get(backend, held.id).attempts) == (0, 0)
+
+
+def test_a_worker_dying_charges_none_of_the_jobs_it_held_and_rescue_makes_them_suspects(backend: Backend) -> None:
+    insert(backend, *(new_job() for _ in range(4)))
+    leased = acquire(backend, limit=4, now=at(0), visibility_timeout=10)
+    assert [d.rescues for d in leased] == [0, 0, 0, 0]
+    # The worker counted the start of the job it ran (a suspect, or running long), then died.
+    assert backend.jobs_start_many(JobsStartParams([LeaseRef(leased[0].id, leased[0].receipt)], now=at(1)))
     assert backend.jobs_rescue_expired(JobsRescueParams(now=at(11))) == 4
     assert [get(backend, d.id).deliveries for d in leased] == [1, 0, 0, 0]
+    again = acquire(backend, limit=4, now=at(12))
+    assert sorted((d.id, d.deliveries, d.rescues) for d in again) == sorted(
+        (d.id, 1 if d.id == leased[0].id else 0, 1) for d in leased
+    )
 
 
 def test_rescue_returns_expired_leases_and_keeps_the_delivery_count(backend: Backend) -> None:
@@ -208,11 +223,10 @@ def test_rescue_returns_expired_leases_and_keeps_the_delivery_count(backend: Bac
 
     rescued = get(backend, short.id)
     assert rescued.state == "pending"
-    assert rescued.deliveries == 1
-    assert rescued.attempts == 0
+    assert (rescued.deliveries, rescued.attempts) == (0, 0)
     assert get(backend, long.id).state == "processing"
     (again,) = acquire(backend, now=at(12))
-    assert again.id == short.id and again.deliveries == 2
+    assert (again.id, again.deliveries, again.rescues) == (short.id, 0, 1)
 
 
 def test_rescue_respects_its_limit(backend: Backend) -> None:

@@ -133,6 +133,14 @@ def test_second_sigterm_exits_at_once_and_leases_expire(database_url: str, procs
         worker.signal(signal.SIGTERM)
         wait_until(lambda: _released(db, buffered), 1.5, "buffered jobs back to pending", interval=0.02)
         assert worker.popen.poll() is None, "the first SIGTERM must wait for the running handlers"
+        # The heartbeat has the starts of jobs running long counted before their outcome, so that a
+        # worker dying under them leaves them counted.
+        wait_until(
+            lambda: all(_get(db, i).deliveries == 1 for i in running),
+            e2e_app.VISIBILITY_TIMEOUT + 3,
+            "the heartbeat counted the running jobs' starts",
+            interval=0.05,
+        )
         worker.signal(signal.SIGTERM)
         signalled = time.monotonic()
         code = worker.wait(timeout=5)
@@ -146,7 +154,7 @@ def test_second_sigterm_exits_at_once_and_leases_expire(database_url: str, procs
             r = _get(db, job_id)
             assert r.state == "processing" and r.lease_expires_at is not None and r.lease_expires_at > now(), r
         assert db.backend.jobs_rescue_expired(JobsRescueParams(now())) == 0
-        # ...then rescue returns them to pending, the lost delivery still counted.
+        # ...then rescue returns them to pending, the lost delivery still counted, and a rescue too.
         rescued = [0]
 
         def rescue() -> bool:
@@ -157,10 +165,10 @@ def test_second_sigterm_exits_at_once_and_leases_expire(database_url: str, procs
         assert rescued[0] == len(running)
         for job_id in running:
             r = _get(db, job_id)
-            assert (r.state, r.attempts, r.deliveries, r.lease_expires_at) == ("pending", 0, 1, None), r
+            assert (r.state, r.attempts, r.deliveries, r.rescues, r.lease_expires_at) == ("pending", 0, 1, 1, None), r
         for job_id in buffered:
             r = _get(db, job_id)
-            assert (r.state, r.attempts, r.deliveries, r.lease_expires_at) == ("pending", 0, 0, None), r
+            assert (r.state, r.attempts, r.deliveries, r.rescues, r.lease_expires_at) == ("pending", 0, 0, 0, None), r
     finally:
         db.close()
         producer.close()

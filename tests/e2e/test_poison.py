@@ -1,9 +1,11 @@
 """Poison protection against real crashes, and what a crash costs the jobs a worker had only prefetched.
 
-A worker leases more jobs than it runs (its prefetch buffer). A delivery is counted when a job
-starts, not when it is leased, so a worker that dies charges only the jobs it was running: the jobs
-it merely held come back uncounted, however many times a poison job kills it. The poison job itself
-is counted on every start and dead-lettered once it passes its ``max_deliveries``."""
+A worker leases more jobs than it runs (its prefetch buffer). A lease is not a delivery: a start is
+counted with its outcome, so a worker that dies charges none of the jobs it held, and those it merely
+prefetched come back uncounted however many times a poison job kills it. Rescue marks every job it
+returns as a suspect, and a suspect's starts are counted before its handler runs: the poison job is
+counted on every start after its first crash and dead-lettered once it passes ``max_deliveries``
+(so it runs ``max_deliveries + 1`` times in all)."""
 
 from __future__ import annotations
 
@@ -57,20 +59,21 @@ def test_a_crashing_job_is_dead_lettered_and_the_prefetched_jobs_are_not_charged
     hostile, good = _send(database_url, "os._exit")
     run_log = tmp_path / "runs.log"
 
-    codes = _drain_with_restarts(database_url, procs, run_log, runs=e2e_app.CRASH_MAX_DELIVERIES + 2)
+    codes = _drain_with_restarts(database_url, procs, run_log, runs=e2e_app.CRASH_MAX_DELIVERIES + 3)
 
     # Each start of the hostile job killed its worker; the run after the last one ended cleanly.
-    assert codes == [1] * e2e_app.CRASH_MAX_DELIVERIES + [0], procs.outputs()
+    assert codes == [1] * (e2e_app.CRASH_MAX_DELIVERIES + 1) + [0], procs.outputs()
     db = Db(database_url)
     try:
         records = {r.id: r for r in db.archived()}
         poison = records[hostile]
         assert (poison.state, poison.reason, poison.attempts) == ("dead", "max_deliveries_exceeded", 0)
+        assert (poison.deliveries, poison.rescues) == (e2e_app.CRASH_MAX_DELIVERIES, e2e_app.CRASH_MAX_DELIVERIES + 1)
         hostile_runs = [f for f in iter_lines(run_log) if UUID(f[1]) == hostile]
-        assert len(hostile_runs) == e2e_app.CRASH_MAX_DELIVERIES
+        assert len(hostile_runs) == e2e_app.CRASH_MAX_DELIVERIES + 1
         # The good jobs sat in the buffer of every worker the hostile job killed: none was charged.
-        assert [(records[g].state, records[g].deliveries, records[g].attempts) for g in good] == [
-            ("completed", 1, 1)
+        assert [(records[g].state, records[g].deliveries, records[g].attempts, records[g].rescues) for g in good] == [
+            ("completed", 1, 1, e2e_app.CRASH_MAX_DELIVERIES + 1)
         ] * GOOD
         assert db.live() == []
     finally:

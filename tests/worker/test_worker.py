@@ -12,7 +12,14 @@ from typing import Any
 import pytest
 
 from conveyor import App, JobContext, Message, Reject, Retry, Worker
-from conveyor.backends.base import JobsAcquireParams, JobsListParams, JobsRescueParams, LeaseRef, LeasesExtendParams
+from conveyor.backends.base import (
+    JobsAcquireParams,
+    JobsListParams,
+    JobsRescueParams,
+    JobsStartParams,
+    LeaseRef,
+    LeasesExtendParams,
+)
 
 
 @pytest.fixture
@@ -202,18 +209,18 @@ def test_poison_job_dead_lettered_before_running(app: App) -> None:
     backend = app.backend
     now = datetime.now(UTC)
     for i in range(2):
-        # Simulate a worker that started the job and died: acquire and start, then let the lease expire.
-        got = backend.jobs_acquire(
-            JobsAcquireParams("q", 1, 1.0, "dead-worker", now + timedelta(seconds=10 * i), start=1)
-        )
+        # Simulate a worker that started the job (counting the start) and died: the lease expires.
+        got = backend.jobs_acquire(JobsAcquireParams("q", 1, 1.0, "dead-worker", now + timedelta(seconds=10 * i)))
         assert len(got) == 1
+        backend.jobs_start_many(JobsStartParams([LeaseRef(got[0].id, got[0].receipt)], now))
         backend.jobs_rescue_expired(JobsRescueParams(now + timedelta(seconds=10 * i + 5)))
     drain(app)
     status = job.status()
-    assert (status.state, status.reason, status.deliveries, status.attempts) == (
+    assert (status.state, status.reason, status.deliveries, status.rescues, status.attempts) == (
         "dead",
         "max_deliveries_exceeded",
-        3,
+        2,
+        2,
         0,
     )
     assert ran == []

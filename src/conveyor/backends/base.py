@@ -12,11 +12,16 @@ Vocabulary
 - A *delivery* is one hand-out of a job to a worker. Each delivery carries a fresh *receipt*; every
   later call about that delivery (finish, retry, release, extend) names the receipt, so that a
   worker whose lease expired cannot overwrite the outcome of a newer delivery (SQS's rule).
-- ``deliveries`` counts *starts*: a leased job is counted when a worker's handler slot takes it
-  (``jobs_start_many``, or ``jobs_acquire`` with ``start``), not when it is leased into a prefetch
-  buffer, so the jobs a worker only held in its buffer when it died are not charged for its death.
-  ``attempts`` counts handler runs whose outcome was recorded (incremented by retry and finish).
-  ``deliveries > attempts`` therefore means a started delivery was lost (a worker died or hung).
+- ``deliveries`` counts the starts of a job's handler, never its leases: a start is counted with its
+  outcome (finish and retry add it), or earlier by ``jobs_start_many`` (a heartbeat counts the jobs
+  running long; a worker counts a *suspect* job before its handler runs). ``attempts`` counts handler
+  runs whose outcome was recorded. ``deliveries > attempts`` therefore means a counted start lost its
+  outcome (its worker died or hung).
+- ``rescues`` counts a job's expired leases (``jobs_rescue_expired``: its worker died or hung while
+  holding it, running it or only prefetching it). A job with ``rescues > 0`` is a suspect, whose starts
+  are counted before its handler runs. So a worker that dies charges none of the jobs it merely held,
+  and a job that kills its workers is still counted on every start after its first crash, which is
+  what poison protection (``max_deliveries``) compares.
 
 Times are timezone-aware UTC ``datetime``s. Payloads, headers and results cross the seam as JSON
 text: they are encoded once by the producer and decoded once by the worker.
@@ -77,10 +82,8 @@ class NewJob:
 
 @dataclass(frozen=True, slots=True)
 class Delivery:
-    """One hand-out of a job to a worker, as returned by ``jobs_acquire``.
-
-    ``deliveries`` counts this delivery only when ``started`` (acquired with ``start``); otherwise
-    the job is counted when it is started (``jobs_start_many``), as ``deliveries + 1``."""
+    """One hand-out of a job to a worker, as returned by ``jobs_acquire``. ``deliveries`` counts the
+    earlier starts (not this one); ``rescues > 0`` makes the job a suspect (see the module docs)."""
 
     id: UUID
     queue: str
@@ -99,7 +102,7 @@ class Delivery:
     ordering_key: str | None
     receipt: str
     lease_expires_at: datetime
-    started: bool = False
+    rescues: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +148,8 @@ class JobRecord:
     result: str | None = None
     reason: str | None = None
     replayed_by: UUID | None = None
+    #: How many times the job's lease expired (its worker died or hung while holding it).
+    rescues: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,8 +171,10 @@ class Finish:
     reason: str | None = None
     error: ErrorInfo | None = None
     # Whether the handler ran for this delivery (it did not when poison protection or TTL ended
-    # the job before running it); when it ran, ``attempts`` is incremented.
+    # the job before running it); when it ran, ``attempts`` is incremented, and ``deliveries`` too
+    # unless its start was already ``counted`` (``jobs_start_many``).
     ran: bool = True
+    counted: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,6 +185,8 @@ class RetryItem:
     receipt: str
     run_at: datetime
     error: ErrorInfo
+    #: Whether this delivery's start was already counted (``jobs_start_many``); if not, retry counts it.
+    counted: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,9 +237,9 @@ class JobsInsertParams:
 class JobsAcquireParams:
     """Lease up to ``limit`` ready jobs of one queue: ``pending``, ``run_at <= now``; order
     priority DESC, run_at, id. Each gets a fresh receipt, ``lease_expires_at = now +
-    visibility_timeout`` and ``worker_id``. The first ``start`` of them in that order are also
-    started, as by ``jobs_start_many`` (their Delivery says ``started``): a worker passes the number
-    of idle handler slots, so the jobs that run at once are counted in the same round trip.
+    visibility_timeout``, ``worker_id``, ``started_at = now`` and ``first_started_at =
+    coalesce(first_started_at, now)``. A lease is not a delivery: ``deliveries`` is counted when the
+    job's handler starts (see the module docs).
 
     Per-key FIFO: a job with an ``ordering_key`` is eligible only while it is the head of its key,
     i.e. no other live row (pending or processing) of the same queue and key has a smaller id. So
@@ -243,15 +252,14 @@ class JobsAcquireParams:
     visibility_timeout: float
     worker_id: str
     now: datetime
-    start: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class JobsStartParams:
-    """Count deliveries as started, just before their handlers run: ``deliveries + 1``,
-    ``started_at = now``, ``first_started_at = coalesce(first_started_at, now)``. Stale receipts
-    are skipped. Poison protection relies on this count, so it must be stored before the handler
-    runs (a handler that kills its worker is then counted)."""
+    """Count deliveries as started now (``deliveries + 1``), before their outcome. Stale receipts are
+    skipped. A worker calls it before running a suspect job (so a handler that kills its worker has
+    been counted), and from its heartbeat for the jobs that have been running a while (so their start
+    is known should the worker die)."""
 
     items: Sequence[LeaseRef]
     now: datetime
@@ -296,7 +304,7 @@ class LeasesExtendParams:
 @dataclass(frozen=True, slots=True)
 class JobsRescueParams:
     """Return up to ``limit`` ``processing`` rows whose lease expired before ``now`` to
-    ``pending`` (their worker died or hung). The delivery count is kept: poison protection needs it."""
+    ``pending`` (their worker died or hung), with ``rescues + 1``. ``deliveries`` is kept."""
 
     now: datetime
     limit: int = 1000

@@ -32,6 +32,9 @@ class Held:
     state: HeldState = "buffered"
     #: Set when a heartbeat found the lease gone (rescued and maybe re-delivered elsewhere).
     lost: bool = False
+    #: Set once this delivery's start is counted in the database (``jobs_start_many``: a suspect
+    #: before it ran, or a job running long), so that its outcome does not count it again.
+    counted: bool = False
 
 
 @dataclass(slots=True)

@@ -125,8 +125,7 @@ class Worker:
             on_take=fetcher.space.set,
             on_stuck=self._on_stuck,
         )
-        fetcher.idle_slots = lambda: executor.idle_slots
-        heartbeat = Heartbeat(calls, self.registry, self.counters, self.clock, self.heartbeat_interval)
+        heartbeat = Heartbeat(calls, self.registry, self.counters, self.clock, self.heartbeat_interval, completer)
         rescuer = Rescuer(calls, self.counters, self.clock, self.rescue_interval, ready=lambda: completer.backlog == 0)
         scheduler = Scheduler(self.app, calls, self.clock, self.schedule_interval)
         pruner = Pruner(self.app, calls, self.clock, self.prune_interval)

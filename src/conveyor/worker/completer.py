@@ -1,19 +1,34 @@
 """The flush loop: writes handler outcomes to the database in batches.
 
 Acks are batched because one statement per flush instead of one per job is the single largest
-throughput lever of a SQL queue (River's batch completer took it from ~10k to ~46k jobs/s)."""
+throughput lever of a SQL queue (River's batch completer took it from ~10k to ~46k jobs/s).
+
+An outcome also counts its job's start as a delivery, unless that start was counted already. The
+heartbeat has the starts of jobs running long counted early (so that a worker dying under them leaves
+them counted); those marks go through this loop too, written before the outcomes of the same flush and
+dropped when the job's outcome is in that flush, so a start is never counted twice."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import cast
+from uuid import UUID
 
 from conveyor._errors import BackendError, BackendUnavailable
 from conveyor._policy import OUTCOME_REFUSED, Outcome, storable
-from conveyor.backends.base import ErrorInfo, Finish, JobsFinishParams, JobsRetryParams, RetryItem
+from conveyor.backends.base import (
+    ErrorInfo,
+    Finish,
+    JobsFinishParams,
+    JobsRetryParams,
+    JobsStartParams,
+    LeaseRef,
+    RetryItem,
+)
 from conveyor.worker._shared import BackendCalls, Counters, Registry, log
 
 
@@ -40,6 +55,7 @@ class Completer:
         self.flush_interval = flush_interval
         self.max_batch = max_batch
         self._pending: list[Outcome] = []
+        self._starts: dict[UUID, LeaseRef] = {}
         self._wake = asyncio.Event()
         self._stopping = False
         self._give_up_at: float | None = None
@@ -52,6 +68,11 @@ class Completer:
         self._pending.append(outcome)
         self._wake.set()
 
+    def count_start(self, ref: LeaseRef) -> None:
+        """Have the start of a running delivery counted at the next flush (unless its outcome is in it)."""
+        self._starts[ref.id] = ref
+        self._wake.set()
+
     @property
     def backlog(self) -> int:
         return len(self._pending)
@@ -59,6 +80,8 @@ class Completer:
     async def run_once(self) -> int:
         """Flush everything queued now; return how many outcomes were written (applied or stale)."""
         written = 0
+        if self._starts:
+            await self._count_starts()
         while self._pending:
             batch, self._pending = self._pending[: self.max_batch], self._pending[self.max_batch :]
             try:
@@ -70,7 +93,32 @@ class Completer:
             written += len(batch)
         return written
 
+    async def _count_starts(self) -> None:
+        starts, self._starts = self._starts, {}
+        finishing = {o.id for o in self._pending}
+        marks = [
+            ref
+            for ref in starts.values()
+            if ref.id not in finishing and (held := self.registry.held.get(ref.id)) is not None and not held.counted
+        ]
+        if not marks:
+            return
+        try:
+            counted = await self.calls.call(
+                self.calls.backend.jobs_start_many,
+                JobsStartParams(marks, self.clock()),
+                give_up=self._should_give_up,
+                what="count starts",
+            )
+        except BaseException:
+            self._starts = {**starts, **self._starts}
+            raise
+        for job_id in counted:
+            if (held := self.registry.held.get(job_id)) is not None:
+                held.counted = True
+
     async def _flush(self, batch: list[Outcome]) -> None:
+        batch = [self._with_count(o) for o in batch]
         finishes = [o for o in batch if isinstance(o, Finish)]
         retries = [o for o in batch if isinstance(o, RetryItem)]
         stale = 0
@@ -85,6 +133,12 @@ class Completer:
             log.warning("%d stale ack(s): their leases had expired and the jobs were redelivered", stale)
         for outcome in batch:
             self.registry.drop(outcome.id)
+
+    def _with_count(self, outcome: Outcome) -> Outcome:
+        held = self.registry.held.get(outcome.id)
+        if held is not None and held.counted and not outcome.counted:
+            return dataclasses.replace(outcome, counted=True)
+        return outcome
 
     async def _write(self, items: Sequence[Outcome]) -> int:
         """Write outcomes of one kind in one statement; return how many applied (the rest were stale).
@@ -122,6 +176,7 @@ class Completer:
             reason=OUTCOME_REFUSED,
             error=ErrorInfo("OutcomeRefused", storable(f"the database refused this job's {what} outcome: {exc}")),
             ran=outcome.ran if isinstance(outcome, Finish) else True,
+            counted=outcome.counted,
         )
         try:
             applied = await self._statement([dead])

@@ -1,14 +1,14 @@
 """The execute loop: N concurrent slots run handlers; ``async def`` on the event loop, ``def`` in threads.
 
 A slot takes a leased job from the prefetch buffer, decides whether it may run (poison, TTL, unknown
-task), counts it as started in the database (batched with the other slots' starts), runs it, and hands
-the outcome to the completer. Whatever the handler raises or does (an exception of any kind, a hang
-past its timeout) is that job's outcome; the slot itself carries on."""
+task), runs it, and hands the outcome to the completer, which counts the start with it. A suspect job
+(its lease once expired) is counted before it runs instead (batched with the other slots' suspects), so
+that a job which kills its workers is counted. Whatever the handler raises or does (an exception of any
+kind, a hang past its timeout) is that job's outcome; the slot itself carries on."""
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 import json
 import queue
@@ -136,10 +136,10 @@ class HandlerThreads(_PoolExecutor):
 
 
 class Starts:
-    """Counts deliveries as started in the database, batching the slots that start at the same time.
+    """Counts suspect deliveries as started, batching the slots that start at the same time.
 
-    The count must be stored before a handler runs (poison protection reads it), so a slot waits for
-    it; slots that take jobs while a statement is in flight share the next one (a group commit)."""
+    The count must be stored before the handler runs (poison protection reads it), so a slot waits for
+    it; slots that take suspects while a statement is in flight share the next one (a group commit)."""
 
     def __init__(self, calls: BackendCalls, clock: Callable[[], datetime]) -> None:
         self.calls = calls
@@ -211,11 +211,6 @@ class Executor:
         self._slots: list[asyncio.Task[None]] = []
         self._stuck_reported = False
 
-    @property
-    def idle_slots(self) -> int:
-        """Slots waiting for a job now."""
-        return max(0, self.concurrency - self.running)
-
     # The worker passes itself as the lease keeper so that ``ctx.extend`` reaches the database.
     def extend(self, delivery: Delivery, seconds: float) -> bool:
         held = self.registry.held.get(delivery.id)
@@ -238,20 +233,21 @@ class Executor:
         task = self.app.tasks.get(delivery.task)
         options = task.options if task else None
         on_expire = self.app.queue_policy(delivery.queue).on_expire
-        # The decision is taken on the delivery as it would be counted: started now (or already, when
-        # the acquire started it), so poison protection compares the number of starts with its limit.
-        counted = delivery if delivery.started else dataclasses.replace(delivery, deliveries=delivery.deliveries + 1)
-        outcome: Outcome | None = before_run(counted, options, self.clock(), on_expire)
+        outcome: Outcome | None = before_run(delivery, options, self.clock(), on_expire)
         if outcome is None:
             assert task is not None
-            if not delivery.started and not await self.starts.start(delivery):
-                held.lost = True
-                self.counters.lost_leases += 1
-                self.registry.drop(delivery.id)
-                return None
+            if delivery.rescues and not held.counted:
+                # A suspect: its lease expired before, maybe because it killed its worker. Count this
+                # start before it runs, so that it is counted even if it kills this worker too.
+                if not await self.starts.start(delivery):
+                    held.lost = True
+                    self.counters.lost_leases += 1
+                    self.registry.drop(delivery.id)
+                    return None
+                held.counted = True
             held.state = "running"
             self.counters.started += 1
-            outcome = await self._run(task, counted)
+            outcome = await self._run(task, delivery)
         self.completer.add(outcome)
         return outcome
 

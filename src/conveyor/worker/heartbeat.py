@@ -10,6 +10,7 @@ from datetime import datetime
 
 from conveyor.backends.base import LeaseRef, LeasesExtendParams
 from conveyor.worker._shared import BackendCalls, Counters, Registry, log
+from conveyor.worker.completer import Completer
 
 
 class Heartbeat:
@@ -17,7 +18,9 @@ class Heartbeat:
 
     Buffered deliveries are extended too: a job waiting in the prefetch buffer behind slow handlers
     must not be rescued and handed to another worker meanwhile. A lease found gone is marked lost,
-    so a buffered job is not started and a running one's outcome is known to be stale."""
+    so a buffered job is not started and a running one's outcome is known to be stale. The starts of
+    jobs found running are handed to the completer to be counted now rather than with their outcome,
+    so that the start of a job that runs long is known should this worker die under it."""
 
     def __init__(
         self,
@@ -26,7 +29,9 @@ class Heartbeat:
         counters: Counters,
         clock: Callable[[], datetime],
         interval: float | None = None,
+        completer: Completer | None = None,
     ) -> None:
+        self.completer = completer
         self.calls = calls
         self.registry = registry
         self.counters = counters
@@ -45,7 +50,10 @@ class Heartbeat:
         groups: dict[float, list[LeaseRef]] = defaultdict(list)
         for held in list(self.registry.held.values()):
             if not held.lost and held.state != "finishing":
-                groups[held.visibility_timeout].append(LeaseRef(held.delivery.id, held.delivery.receipt))
+                ref = LeaseRef(held.delivery.id, held.delivery.receipt)
+                groups[held.visibility_timeout].append(ref)
+                if held.state == "running" and not held.counted and self.completer is not None:
+                    self.completer.count_start(ref)
         extended = 0
         for vt, refs in groups.items():
             params = LeasesExtendParams(refs, vt, self.clock())

@@ -405,14 +405,13 @@ class PostgresBackend:
                 "visibility_timeout": float(params.visibility_timeout),
                 "worker_id": params.worker_id,
                 "now": params.now,
-                "start": max(0, params.start),
             },
             ack=True,
         )
         return [Delivery(*row) for row in rows]
 
     def jobs_start_many(self, params: JobsStartParams) -> list[UUID]:
-        """Count deliveries as started in one statement; return the ids still held."""
+        """Count deliveries as started, in one statement; return the ids still held."""
         ids, receipts = self._leases(params.items)
         if not ids:
             return []
@@ -438,6 +437,7 @@ class PostgresBackend:
                     "error_messages": [item.error.message if item.error else None for item, _ in items],
                     "tracebacks": [item.error.traceback if item.error else None for item, _ in items],
                     "ran": [item.ran for item, _ in items],
+                    "counted": [item.counted for item, _ in items],
                     "now": params.now,
                 },
                 prepare=True,
@@ -459,6 +459,7 @@ class PostgresBackend:
                 "error_types": [item.error.type for item, _ in items],
                 "error_messages": [item.error.message for item, _ in items],
                 "tracebacks": [item.error.traceback for item, _ in items],
+                "counted": [item.counted for item, _ in items],
                 "now": params.now,
             },
             ack=True,

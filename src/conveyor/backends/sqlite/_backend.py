@@ -148,7 +148,6 @@ class SqliteBackend:
         """Lease up to ``limit`` ready jobs (see JobsAcquireParams), in hand-out order."""
         if params.limit <= 0:
             return []
-        now = cv.to_db_time(params.now)
         with self._pool.write() as conn:
             rows = conn.execute(
                 self._q["jobs_acquire"],
@@ -157,15 +156,11 @@ class SqliteBackend:
                     "limit": params.limit,
                     "visibility_timeout": params.visibility_timeout,
                     "worker_id": params.worker_id,
-                    "now": now,
+                    "now": cv.to_db_time(params.now),
                 },
             ).fetchall()
-            rows.sort(key=lambda r: (-r["priority"], r["run_at"], r["id"]))
-            starting = rows[: max(0, params.start)]
-            if starting:
-                items = json.dumps([{"id": row["id"], "receipt": row["receipt"]} for row in starting])
-                conn.execute(self._q["jobs_start"], {"items": items, "now": now}).fetchall()
-        return [cv.delivery(row, started=i < len(starting)) for i, row in enumerate(rows)]
+        rows.sort(key=lambda r: (-r["priority"], r["run_at"], r["id"]))
+        return [cv.delivery(row) for row in rows]
 
     def jobs_start_many(self, params: base.JobsStartParams) -> list[UUID]:
         """Count deliveries as started; return the ids that still held their lease."""
@@ -173,7 +168,7 @@ class SqliteBackend:
         if items == "[]":
             return []
         with self._pool.write() as conn:
-            rows = conn.execute(self._q["jobs_start"], {"items": items, "now": cv.to_db_time(params.now)}).fetchall()
+            rows = conn.execute(self._q["jobs_start"], {"items": items}).fetchall()
         started = {row[0] for row in rows}
         return [item.id for item in params.items if cv.to_db_id(item.id) in started]
 
@@ -195,6 +190,7 @@ class SqliteBackend:
                     "error_message": None if error is None else error.message,
                     "traceback": None if error is None else error.traceback,
                     "ran": 1 if item.ran else 0,
+                    "counted": 1 if item.counted else 0,
                 }
             )
         if not items:
@@ -214,6 +210,7 @@ class SqliteBackend:
                 "error_type": item.error.type,
                 "error_message": item.error.message,
                 "traceback": item.error.traceback,
+                "counted": 1 if item.counted else 0,
             }
             for item in _first_per_id(params.items)
         ]

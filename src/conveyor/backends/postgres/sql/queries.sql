@@ -372,11 +372,10 @@ SELECT count(pg_notify('conveyor_jobs', q)) FROM unnest(%(queues)s::text[]) AS q
 -- with a smaller id) and only while no job of its key is in flight. The second test also covers
 -- the rare case of a smaller id committed after a larger one was already handed out. Both are
 -- single probes into small partial indexes. RETURNING order is unspecified, hence the final sort.
--- The first `start` picked rows (in delivery order: a CTE scan returns rows in the order they were
--- stored) are also started, i.e. counted as a delivery: the worker passes its idle handler slots,
--- so jobs that run at once need no second round trip (jobs_start_many) before they run.
+-- A lease is not a delivery: deliveries is counted when the handler starts (with its outcome, or by
+-- jobs_start_many), so jobs a worker only prefetched are not charged if it dies.
 WITH picked AS MATERIALIZED (
-    SELECT j.ctid, j.id
+    SELECT j.ctid
     FROM jobs AS j
     WHERE j.queue = %(queue)s
       AND j.state = 'pending'
@@ -393,36 +392,29 @@ WITH picked AS MATERIALIZED (
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 ),
-starting AS (
-    SELECT ARRAY(SELECT id FROM picked LIMIT %(start)s) AS ids
-),
 leased AS (
     UPDATE jobs AS j SET
         state = 'processing',
-        deliveries = j.deliveries + CASE WHEN j.id = ANY (s.ids) THEN 1 ELSE 0 END,
         receipt = gen_random_uuid(),
         lease_expires_at = %(now)s + make_interval(secs => %(visibility_timeout)s),
         worker_id = %(worker_id)s,
-        started_at = CASE WHEN j.id = ANY (s.ids) THEN %(now)s END,
-        first_started_at = CASE WHEN j.id = ANY (s.ids) THEN coalesce(j.first_started_at, %(now)s)
-                                ELSE j.first_started_at END
-    FROM starting AS s
+        started_at = %(now)s,
+        first_started_at = coalesce(j.first_started_at, %(now)s)
     WHERE j.ctid = ANY (ARRAY(SELECT ctid FROM picked))
     RETURNING j.id, j.queue, j.task, j.payload::text AS payload, j.headers::text AS headers,
               j.priority, j.run_at, j.enqueued_at, j.expires_at, j.attempts, j.deliveries,
               j.max_attempts, j.max_deliveries, j.idempotency_key, j.ordering_key,
-              j.receipt::text AS receipt, j.lease_expires_at, j.id = ANY (s.ids) AS started
+              j.receipt::text AS receipt, j.lease_expires_at, j.rescues
 )
 SELECT * FROM leased ORDER BY priority DESC, run_at, id
 
 -- name: jobs_start_many
--- Counts deliveries as started just before their handlers run (poison protection reads the count,
--- so it is stored first: a handler that kills its worker has been counted). Matched on (id,
--- receipt) like every outcome; returns the ids that still held their lease.
+-- Counts deliveries as started before their outcome: for a suspect job just before its handler runs
+-- (poison protection reads the count, so a handler that kills its worker has been counted), and for
+-- jobs running long, from the heartbeat. Matched on (id, receipt) like every outcome; returns the ids
+-- that still held their lease.
 UPDATE jobs AS j SET
-    deliveries = j.deliveries + 1,
-    started_at = %(now)s,
-    first_started_at = coalesce(j.first_started_at, %(now)s)
+    deliveries = j.deliveries + 1
 FROM unnest(%(ids)b::uuid[], %(receipts)b::uuid[]) AS i(id, receipt)
 WHERE j.id = ANY (%(ids)b::uuid[]) AND j.id = i.id AND j.receipt = i.receipt
 RETURNING j.id
@@ -438,8 +430,8 @@ WITH items AS (
     FROM unnest(
         %(ids)b::uuid[], %(receipts)b::uuid[], %(states)b::text[], %(results)b::text[],
         %(reasons)b::text[], %(error_types)b::text[], %(error_messages)b::text[],
-        %(tracebacks)b::text[], %(ran)b::boolean[]
-    ) AS t(id, receipt, state, result, reason, error_type, error_message, traceback, ran)
+        %(tracebacks)b::text[], %(ran)b::boolean[], %(counted)b::boolean[]
+    ) AS t(id, receipt, state, result, reason, error_type, error_message, traceback, ran, counted)
 ),
 done AS (
     DELETE FROM jobs AS j
@@ -447,22 +439,23 @@ done AS (
     WHERE j.id = ANY (%(ids)b::uuid[]) AND j.id = i.id AND j.receipt = i.receipt
     RETURNING j.*, i.state AS final_state, i.result AS final_result, i.reason AS final_reason,
               i.error_type AS final_error_type, i.error_message AS final_error_message,
-              i.traceback AS final_traceback, i.ran AS ran
+              i.traceback AS final_traceback, i.ran AS ran, i.counted AS counted
 )
 INSERT INTO archive (
     id, queue, task, payload, headers, state, priority, run_at, enqueued_at, expires_at,
     attempts, deliveries, max_attempts, max_deliveries, idempotency_key, ordering_key, replay_of,
     first_started_at, started_at, lease_expires_at, worker_id, error_type, error_message,
-    traceback, finished_at, result, reason
+    traceback, finished_at, result, reason, rescues
 )
 SELECT d.id, d.queue, d.task, d.payload, d.headers, d.final_state, d.priority, d.run_at,
-       d.enqueued_at, d.expires_at, d.attempts + CASE WHEN d.ran THEN 1 ELSE 0 END, d.deliveries,
+       d.enqueued_at, d.expires_at, d.attempts + CASE WHEN d.ran THEN 1 ELSE 0 END,
+       d.deliveries + CASE WHEN d.ran AND NOT d.counted THEN 1 ELSE 0 END,
        d.max_attempts, d.max_deliveries, d.idempotency_key, d.ordering_key, d.replay_of,
        d.first_started_at, d.started_at, d.lease_expires_at, d.worker_id,
        CASE WHEN d.final_error_type IS NULL THEN d.error_type ELSE d.final_error_type END,
        CASE WHEN d.final_error_type IS NULL THEN d.error_message ELSE d.final_error_message END,
        CASE WHEN d.final_error_type IS NULL THEN d.traceback ELSE d.final_traceback END,
-       %(now)s, d.final_result::jsonb, d.final_reason
+       %(now)s, d.final_result::jsonb, d.final_reason, d.rescues
 FROM done AS d
 
 -- name: jobs_retry_many
@@ -473,14 +466,16 @@ WITH items AS (
     SELECT *
     FROM unnest(
         %(ids)b::uuid[], %(receipts)b::uuid[], %(run_ats)b::timestamptz[],
-        %(error_types)b::text[], %(error_messages)b::text[], %(tracebacks)b::text[]
-    ) AS t(id, receipt, run_at, error_type, error_message, traceback)
+        %(error_types)b::text[], %(error_messages)b::text[], %(tracebacks)b::text[],
+        %(counted)b::boolean[]
+    ) AS t(id, receipt, run_at, error_type, error_message, traceback, counted)
 ),
 retried AS (
     UPDATE jobs AS j SET
         state = 'pending',
         run_at = i.run_at,
         attempts = j.attempts + 1,
+        deliveries = j.deliveries + CASE WHEN i.counted THEN 0 ELSE 1 END,
         error_type = i.error_type,
         error_message = i.error_message,
         traceback = i.traceback,
@@ -498,15 +493,17 @@ notified AS (
 SELECT (SELECT count(*) FROM retried), (SELECT count(*) FROM notified)
 
 -- name: jobs_release_many
--- Hands leased jobs that never started back (graceful shutdown); they were never counted, so
--- deliveries stays. Notifies, because the jobs are ready again at once and another worker may be
--- idle.
+-- Hands leased jobs that never started back (graceful shutdown): a lease is not a delivery, so
+-- deliveries stays, and a job never started before is again one that never started. Notifies,
+-- because the jobs are ready again at once and another worker may be idle.
 WITH items AS (
     SELECT * FROM unnest(%(ids)b::uuid[], %(receipts)b::uuid[]) AS t(id, receipt)
 ),
 released AS (
     UPDATE jobs AS j SET
         state = 'pending',
+        first_started_at = CASE WHEN j.deliveries = 0 THEN NULL ELSE j.first_started_at END,
+        started_at = CASE WHEN j.deliveries = 0 THEN NULL ELSE j.started_at END,
         receipt = NULL,
         lease_expires_at = NULL,
         worker_id = NULL
@@ -530,8 +527,8 @@ RETURNING j.id
 -- name: jobs_rescue_expired
 -- Expired leases back to pending, oldest first, in bounded batches. SKIP LOCKED keeps two
 -- rescuers (or a rescuer and a finishing worker) from waiting on each other; a row whose lease
--- was extended meanwhile fails the re-checked WHERE and is left alone. deliveries is kept:
--- poison protection counts it.
+-- was extended meanwhile fails the re-checked WHERE and is left alone. deliveries is kept (a lease
+-- is not a delivery); rescues + 1 makes the job a suspect, whose starts are counted before they run.
 WITH expired AS MATERIALIZED (
     SELECT id
     FROM jobs
@@ -545,7 +542,8 @@ rescued AS (
         state = 'pending',
         receipt = NULL,
         lease_expires_at = NULL,
-        worker_id = NULL
+        worker_id = NULL,
+        rescues = j.rescues + 1
     WHERE j.id = ANY (ARRAY(SELECT id FROM expired))
     RETURNING j.queue
 ),
@@ -561,7 +559,7 @@ SELECT (SELECT count(*) FROM rescued), (SELECT count(*) FROM notified)
            expires_at, attempts, deliveries, max_attempts, max_deliveries, idempotency_key,
            ordering_key, replay_of, first_started_at, started_at, lease_expires_at, worker_id,
            error_type, error_message, traceback, NULL::timestamptz, NULL::text, NULL::text,
-           NULL::uuid
+           NULL::uuid, rescues
     FROM jobs
     WHERE id = %(id)s
 )
@@ -570,7 +568,7 @@ UNION ALL
     SELECT id, queue, task, payload::text, headers::text, state, priority, run_at, enqueued_at,
            expires_at, attempts, deliveries, max_attempts, max_deliveries, idempotency_key,
            ordering_key, replay_of, first_started_at, started_at, lease_expires_at, worker_id,
-           error_type, error_message, traceback, finished_at, result::text, reason, replayed_by
+           error_type, error_message, traceback, finished_at, result::text, reason, replayed_by, rescues
     FROM archive
     WHERE id = %(id)s
     ORDER BY finished_at DESC
@@ -583,7 +581,7 @@ SELECT id, queue, task, payload::text, headers::text, state, priority, run_at, e
        expires_at, attempts, deliveries, max_attempts, max_deliveries, idempotency_key,
        ordering_key, replay_of, first_started_at, started_at, lease_expires_at, worker_id,
        error_type, error_message, traceback, NULL::timestamptz, NULL::text, NULL::text,
-       NULL::uuid
+       NULL::uuid, rescues
 FROM jobs
 WHERE (%(queue)s::text IS NULL OR queue = %(queue)s::text)
   AND (%(after)s::uuid IS NULL OR id > %(after)s::uuid)
@@ -625,7 +623,7 @@ ORDER BY 1
 SELECT id, queue, task, payload::text, headers::text, state, priority, run_at, enqueued_at,
        expires_at, attempts, deliveries, max_attempts, max_deliveries, idempotency_key,
        ordering_key, replay_of, first_started_at, started_at, lease_expires_at, worker_id,
-       error_type, error_message, traceback, finished_at, result::text, reason, replayed_by
+       error_type, error_message, traceback, finished_at, result::text, reason, replayed_by, rescues
 FROM archive
 WHERE state = 'dead' AND replayed_by IS NULL
   AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
@@ -703,7 +701,7 @@ LIMIT %(limit)s
 SELECT id, queue, task, payload::text, headers::text, state, priority, run_at, enqueued_at,
        expires_at, attempts, deliveries, max_attempts, max_deliveries, idempotency_key,
        ordering_key, replay_of, first_started_at, started_at, lease_expires_at, worker_id,
-       error_type, error_message, traceback, finished_at, result::text, reason, replayed_by
+       error_type, error_message, traceback, finished_at, result::text, reason, replayed_by, rescues
 FROM archive
 WHERE (finished_at, id) > (coalesce(%(after_at)s::timestamptz, '-infinity'),
                            coalesce(%(after_id)s::uuid, '00000000-0000-0000-0000-000000000000'))

@@ -59,14 +59,15 @@ SELECT job_id FROM idempotency_keys WHERE queue = :queue AND key = :key
 -- and only while no job of its key is in flight (one probe of jobs_ordering_in_flight); the
 -- second test covers a smaller id that committed after a larger one was already handed out.
 -- RETURNING does not promise any order, so the caller sorts.
--- Leasing does not count a delivery: jobs_start does, when a handler slot takes the job (the
--- backend runs it in this same transaction for the jobs a worker starts at once).
+-- A lease is not a delivery: deliveries is counted when the handler starts (with its outcome, or
+-- by jobs_start), so jobs a worker only prefetched are not charged if it dies.
 UPDATE jobs
 SET state = 'processing',
     receipt = lower(hex(randomblob(16))),
     lease_expires_at = :now + :visibility_timeout,
     worker_id = :worker_id,
-    started_at = NULL
+    started_at = :now,
+    first_started_at = coalesce(first_started_at, :now)
 WHERE id IN (
     SELECT j.id
     FROM jobs AS j
@@ -91,16 +92,15 @@ WHERE id IN (
 )
 RETURNING id, queue, task, payload, headers, priority, run_at, enqueued_at, expires_at, attempts,
     deliveries, max_attempts, max_deliveries, idempotency_key, ordering_key, receipt,
-    lease_expires_at
+    lease_expires_at, rescues
 
 -- name: jobs_start
--- Count deliveries as started just before their handlers run (poison protection reads the count, so
--- it is stored first: a handler that kills its worker has been counted). Same (id, receipt) match as
--- every outcome; RETURNING names the deliveries that still held their lease.
+-- Count deliveries as started before their outcome: a suspect job's just before its handler runs
+-- (poison protection reads the count, so a handler that kills its worker has been counted), and jobs
+-- running long from the heartbeat. Same (id, receipt) match as every outcome; RETURNING names the
+-- deliveries that still held their lease.
 UPDATE jobs
-SET deliveries = deliveries + 1,
-    started_at = :now,
-    first_started_at = coalesce(first_started_at, :now)
+SET deliveries = deliveries + 1
 FROM (
     SELECT json_extract(value, '$.id') AS id, json_extract(value, '$.receipt') AS receipt
     FROM json_each(:items)
@@ -121,20 +121,22 @@ WITH f AS (
            json_extract(value, '$.error_type') AS error_type,
            json_extract(value, '$.error_message') AS error_message,
            json_extract(value, '$.traceback') AS traceback,
-           json_extract(value, '$.ran') AS ran
+           json_extract(value, '$.ran') AS ran,
+           json_extract(value, '$.counted') AS counted
     FROM json_each(:items)
 )
 INSERT INTO archive (
     id, queue, task, payload, headers, state, priority, run_at, enqueued_at, expires_at,
     attempts, deliveries, max_attempts, max_deliveries, idempotency_key, ordering_key, replay_of,
     first_started_at, started_at, worker_id, error_type, error_message, traceback,
-    finished_at, result, reason, replayed_by
+    finished_at, result, reason, replayed_by, rescues
 )
 SELECT j.id, j.queue, j.task, j.payload, j.headers, f.state, j.priority, j.run_at, j.enqueued_at,
-       j.expires_at, j.attempts + f.ran, j.deliveries, j.max_attempts, j.max_deliveries,
+       j.expires_at, j.attempts + f.ran, j.deliveries + (f.ran AND NOT f.counted), j.max_attempts,
+       j.max_deliveries,
        j.idempotency_key, j.ordering_key, j.replay_of, j.first_started_at, j.started_at,
        j.worker_id, coalesce(f.error_type, j.error_type), coalesce(f.error_message, j.error_message),
-       coalesce(f.traceback, j.traceback), :now, f.result, f.reason, NULL
+       coalesce(f.traceback, j.traceback), :now, f.result, f.reason, NULL, j.rescues
 FROM f JOIN jobs AS j ON j.id = f.id AND j.receipt = f.receipt
 WHERE j.state = 'processing'
 
@@ -153,6 +155,7 @@ WHERE state = 'processing'
 UPDATE jobs
 SET state = 'pending',
     attempts = attempts + 1,
+    deliveries = deliveries + (NOT r.counted),
     run_at = r.run_at,
     error_type = r.error_type,
     error_message = r.error_message,
@@ -165,18 +168,21 @@ FROM (
            json_extract(value, '$.run_at_us') / 1000000.0 AS run_at,
            json_extract(value, '$.error_type') AS error_type,
            json_extract(value, '$.error_message') AS error_message,
-           json_extract(value, '$.traceback') AS traceback
+           json_extract(value, '$.traceback') AS traceback,
+           json_extract(value, '$.counted') AS counted
     FROM json_each(:items)
 ) AS r
 WHERE jobs.id = r.id AND jobs.receipt = r.receipt AND jobs.state = 'processing'
 
 -- name: jobs_release
--- Hand back leased jobs that never started (graceful shutdown): ready again at once; they were never
--- counted as a delivery, so a clean restart does not push them towards max_deliveries.
+-- Hand back leased jobs that never started (graceful shutdown): ready again at once. A lease is not a
+-- delivery, so deliveries stays, and a job never started before is again one that never started.
 UPDATE jobs
 SET state = 'pending',
     receipt = NULL,
     lease_expires_at = NULL,
+    first_started_at = CASE WHEN deliveries = 0 THEN NULL ELSE first_started_at END,
+    started_at = CASE WHEN deliveries = 0 THEN NULL ELSE started_at END,
     worker_id = NULL
 FROM (
     SELECT json_extract(value, '$.id') AS id, json_extract(value, '$.receipt') AS receipt
@@ -198,10 +204,10 @@ RETURNING jobs.id
 
 -- name: jobs_rescue_expired
 -- Expired leases go back to pending, oldest lease first, through the jobs_lease partial index.
--- deliveries is kept (poison protection counts lost deliveries); clearing the receipt fences the
--- worker that lost the lease.
+-- deliveries is kept (a lease is not a delivery); rescues + 1 makes the job a suspect, whose starts
+-- are counted before they run. Clearing the receipt fences the worker that lost the lease.
 UPDATE jobs
-SET state = 'pending', receipt = NULL, lease_expires_at = NULL
+SET state = 'pending', receipt = NULL, lease_expires_at = NULL, rescues = rescues + 1
 WHERE id IN (
     SELECT id FROM jobs
     WHERE state = 'processing' AND lease_expires_at < :now
@@ -214,14 +220,14 @@ SELECT id, queue, task, payload, headers, state, priority, run_at, enqueued_at, 
        attempts, deliveries, max_attempts, max_deliveries, idempotency_key, ordering_key,
        replay_of, first_started_at, started_at, lease_expires_at, worker_id, error_type,
        error_message, traceback,
-       NULL AS finished_at, NULL AS result, NULL AS reason, NULL AS replayed_by
+       NULL AS finished_at, NULL AS result, NULL AS reason, NULL AS replayed_by, rescues
 FROM jobs WHERE id = :id
 
 -- name: job_get_archived
 SELECT id, queue, task, payload, headers, state, priority, run_at, enqueued_at, expires_at,
        attempts, deliveries, max_attempts, max_deliveries, idempotency_key, ordering_key,
        replay_of, first_started_at, started_at, NULL AS lease_expires_at, worker_id, error_type,
-       error_message, traceback, finished_at, result, reason, replayed_by
+       error_message, traceback, finished_at, result, reason, replayed_by, rescues
 FROM archive WHERE id = :id
 
 -- name: jobs_list
@@ -230,7 +236,7 @@ SELECT id, queue, task, payload, headers, state, priority, run_at, enqueued_at, 
        attempts, deliveries, max_attempts, max_deliveries, idempotency_key, ordering_key,
        replay_of, first_started_at, started_at, lease_expires_at, worker_id, error_type,
        error_message, traceback,
-       NULL AS finished_at, NULL AS result, NULL AS reason, NULL AS replayed_by
+       NULL AS finished_at, NULL AS result, NULL AS reason, NULL AS replayed_by, rescues
 FROM jobs
 WHERE (:queue IS NULL OR queue = :queue)
   AND (:after IS NULL OR id > :after)
@@ -259,7 +265,7 @@ GROUP BY queue, state
 SELECT id, queue, task, payload, headers, state, priority, run_at, enqueued_at, expires_at,
        attempts, deliveries, max_attempts, max_deliveries, idempotency_key, ordering_key,
        replay_of, first_started_at, started_at, NULL AS lease_expires_at, worker_id, error_type,
-       error_message, traceback, finished_at, result, reason, replayed_by
+       error_message, traceback, finished_at, result, reason, replayed_by, rescues
 FROM archive
 WHERE state = 'dead' AND replayed_by IS NULL
   AND (:queue IS NULL OR queue = :queue)
@@ -318,7 +324,7 @@ LIMIT :limit
 SELECT id, queue, task, payload, headers, state, priority, run_at, enqueued_at, expires_at,
        attempts, deliveries, max_attempts, max_deliveries, idempotency_key, ordering_key,
        replay_of, first_started_at, started_at, NULL AS lease_expires_at, worker_id, error_type,
-       error_message, traceback, finished_at, result, reason, replayed_by
+       error_message, traceback, finished_at, result, reason, replayed_by, rescues
 FROM archive
 ORDER BY finished_at, id
 LIMIT :limit
@@ -330,7 +336,7 @@ LIMIT :limit
 SELECT id, queue, task, payload, headers, state, priority, run_at, enqueued_at, expires_at,
        attempts, deliveries, max_attempts, max_deliveries, idempotency_key, ordering_key,
        replay_of, first_started_at, started_at, NULL AS lease_expires_at, worker_id, error_type,
-       error_message, traceback, finished_at, result, reason, replayed_by
+       error_message, traceback, finished_at, result, reason, replayed_by, rescues
 FROM archive
 WHERE (finished_at, id) > (:after_at, :after_id)
 ORDER BY finished_at, id
