@@ -52,7 +52,7 @@ class TaskOptions:
         check_int(self.max_attempts, "max_attempts", 1, MAX_ATTEMPTS, error)
         if self.max_deliveries is not None:
             check_int(self.max_deliveries, "max_deliveries", 1, MAX_ATTEMPTS, error)
-        if not callable(getattr(self.backoff, "delay", None)):
+        if isinstance(self.backoff, type) or not callable(getattr(self.backoff, "delay", None)):
             raise error(
                 f"backoff must be an ExponentialBackoff, a FixedSchedule or a list of seconds, got {self.backoff!r}"
             )
