@@ -38,7 +38,16 @@ class Run:
 
 def conveyor(db: str | None, *args: str, timeout: float = 60, env: dict[str, str] | None = None) -> Run:
     argv = [*_command(), *(["--db", db] if db else []), *args]
-    done = subprocess.run(argv, cwd=REPO, env=child_env(env), capture_output=True, text=True, timeout=timeout)
+    # No terminal on stdin, as in a script or CI, whatever terminal pytest itself runs in.
+    done = subprocess.run(
+        argv,
+        cwd=REPO,
+        env=child_env(env),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     return Run(done.returncode, done.stdout, done.stderr)
 
 
