@@ -422,7 +422,10 @@ class App:
         ``run_at``, ``ttl``, ``expires_at``, ``idempotency_key``, ``ordering_key``, ``headers``,
         ``max_attempts``). ``conn`` is your own open connection: the job then commits or rolls back
         with your transaction. A duplicate ``idempotency_key`` inside the dedup window returns the
-        existing job. Raises PayloadError for a payload that is not JSON or is too large."""
+        existing job. Raises PayloadError, with nothing written, for a payload that is not JSON or is
+        past a limit, and for any field out of range: a name or key too long or not valid Unicode, a
+        NaN or infinite delay/ttl, a priority outside 32 bits, max_attempts outside 1..1,000,000 (see
+        the README's Limits)."""
         name = task.name if isinstance(task, Task) else task
         try:
             message = Message(task=name, payload=payload or {}, **envelope)

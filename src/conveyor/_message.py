@@ -31,7 +31,8 @@ class Message:
     ``payload`` must be a JSON object (it becomes the handler's keyword arguments). ``queue`` None
     means the task's declared queue (or ``"default"``). Give either ``delay`` (seconds) or ``run_at``;
     either ``ttl`` (seconds) or ``expires_at``. ``id`` is minted here (UUIDv7), so a producer knows
-    it before the enqueue commits."""
+    it before the enqueue commits. The fields are checked when the message is sent (``App.send_many``),
+    against the limits of ``conveyor._limits``: a bad one raises PayloadError and nothing is written."""
 
     task: str
     payload: Mapping[str, Any] = field(default_factory=dict)

@@ -127,6 +127,8 @@ def test_names_and_keys_past_the_limits_are_one_line_and_write_nothing(database_
     assert_one_line_error(
         conveyor(database_url, "send", "e2e", "t", "--idempotency-key", key), "idempotency_key is 3000 bytes"
     )
+    # Bytes that are not UTF-8 on the command line arrive as lone surrogates.
+    assert_one_line_error(conveyor(database_url, "send", "q\udcff", "t"), "queue is not valid Unicode")
     assert stats(database_url) == {}
     for argv, message in [
         (["schedules", "add", "", "--cron", "* * * * *", "--task", "t"], "schedule name must not be empty"),
