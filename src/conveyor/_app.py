@@ -15,6 +15,7 @@ from uuid import UUID
 
 from conveyor._cron import Cron
 from conveyor._errors import ConfigurationError, JobNotFoundError, PayloadError, QueueFull
+from conveyor._ids import MintedId
 from conveyor._job import Job, JobStatus
 from conveyor._limits import (
     GOOD_NAMES,
@@ -103,7 +104,7 @@ class App:
             with self._lock:
                 if self._backend is None:
                     backend = open_backend(self.database_url)
-                    migrate = self._migrate if self._migrate is not None else backend.engine == "sqlite"
+                    migrate = self._migrate if self._migrate is not None else backend.engine in ("sqlite", "memory")
                     if migrate:
                         backend.migrate()
                     self._backend = backend
@@ -507,6 +508,7 @@ class App:
             message.ordering_key,
             None,
             dedup_until,
+            type(message.id) is MintedId and message.id.first_use(),
         )
 
     # -- reading -------------------------------------------------------------------------------

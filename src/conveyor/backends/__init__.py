@@ -13,7 +13,7 @@ def open_backend(url: str) -> Backend:
     """Open the backend a database URL names.
 
     ``postgresql://user@host:port/db`` (or ``postgres://``), ``sqlite:///relative.db``,
-    ``sqlite:////absolute/path.db``, ``memory://`` (in-process, for tests).
+    ``sqlite:////absolute/path.db``, ``memory://`` (a private in-memory SQLite database, for tests).
     Raises :class:`ConfigurationError` for anything else; its message never shows a password."""
     if not isinstance(url, str):
         raise ConfigurationError(f"a database URL must be a string, got {type(url).__name__}")
@@ -34,7 +34,7 @@ def open_backend(url: str) -> Backend:
             raise ConfigurationError(f"sqlite URL has no file path: {redact_url(url)!r} (try sqlite:///conveyor.db)")
         return SqliteBackend(path)
     if scheme == "memory":
-        from conveyor.backends.memory import MemoryBackend
+        from conveyor.backends.sqlite import MemoryBackend
 
         return MemoryBackend()
     raise ConfigurationError(
