@@ -359,6 +359,19 @@ def test_handler_side_numbers_are_checked_where_the_handler_gives_them() -> None
     ]
 
 
+def test_a_processed_key_past_the_limit_fails_its_handler_not_the_worker(app: App) -> None:
+    """ctx.once keys are index entries too (the processed_keys table)."""
+
+    @app.task(queue="q")
+    def once(ctx: JobContext) -> None:
+        ctx.once("k" * (MAX_KEY_BYTES + 1))
+
+    job = once.delay()
+    assert drain(app).dead == 1
+    status = job.status()
+    assert status.error is not None and "ctx.once key is 513 bytes" in status.error.message
+
+
 # -- schedules and topics ----------------------------------------------------------------------
 
 
