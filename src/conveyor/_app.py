@@ -17,6 +17,16 @@ from conveyor._cron import Cron
 from conveyor._errors import ConfigurationError, JobNotFoundError, PayloadError, QueueFull
 from conveyor._ids import MintedId
 from conveyor._job import Job, JobStatus
+from conveyor._limits import (
+    GOOD_NAMES,
+    INT32_MAX,
+    INT32_MIN,
+    MAX_ATTEMPTS,
+    check_duration,
+    check_int,
+    check_key,
+    check_name,
+)
 from conveyor._message import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     Message,
@@ -36,6 +46,7 @@ from conveyor.backends.base import (
     NewJob,
     QueueLoadParams,
     Schedule,
+    SchedulesUpsertParams,
     Subscription,
     SubscriptionsDeleteParams,
     SubscriptionsListParams,
@@ -74,10 +85,11 @@ class App:
         self._backend = backend
         self._migrate = migrate
         self._lock = threading.Lock()
-        self.max_payload_bytes = max_payload_bytes
-        self.dedup_window = dedup_window
+        self.max_payload_bytes = check_int(max_payload_bytes, "max_payload_bytes", 1, 2**30, ConfigurationError)
+        self.dedup_window = check_duration(dedup_window, "dedup_window", ConfigurationError)
         self.tasks: dict[str, Task[Any, Any]] = {}
         self.queues: dict[str, QueuePolicy] = {}
+        self._default_policies: dict[str, QueuePolicy] = {}
         self.schedules: dict[str, Schedule] = {}
         # Backpressure reads the queue's depth at most every 100 ms and counts its own sends in
         # between, so that a hot producer does not add a COUNT per send.
@@ -173,7 +185,9 @@ class App:
         )
 
         def register(f: Callable[P, R]) -> Task[P, R]:
-            task_name = name or f"{_module_name(f)}.{f.__qualname__}"
+            task_name = check_name(
+                name if name is not None else f"{_module_name(f)}.{f.__qualname__}", "task name", ConfigurationError
+            )
             if task_name in self.tasks:
                 raise ConfigurationError(f"a task named {task_name!r} is already registered")
             registered = Task(self, task_name, f, options)
@@ -207,7 +221,9 @@ class App:
 
         ``max_depth`` turns on backpressure: past ``shedding[class] * max_depth`` live jobs, sends of
         that priority class (low < 0, normal 0, high > 0) raise QueueFull. Defaults: dedup window
-        from the App, retention 7 days, dead letters 14 days, expired jobs end ``expired``."""
+        from the App, retention 7 days, dead letters 14 days, expired jobs end ``expired``. Raises
+        ConfigurationError for a bad name or a value out of range."""
+        check_name(name, "queue", ConfigurationError)
         defaults = QueuePolicy(name)
         policy = QueuePolicy(
             name=name,
@@ -227,7 +243,14 @@ class App:
     def queue_policy(self, name: str) -> QueuePolicy:
         """The declared policy of a queue, or the defaults for an undeclared one."""
         policy = self.queues.get(name)
-        return policy if policy is not None else QueuePolicy(name, dedup_window=self.dedup_window)
+        if policy is None:
+            # Workers ask once per job: the defaults of an undeclared queue are built (and checked) once.
+            policy = self._default_policies.get(name)
+            if policy is None:
+                policy = QueuePolicy(name, dedup_window=self.dedup_window)
+                if len(self._default_policies) < 10_000:
+                    self._default_policies[name] = policy
+        return policy
 
     def _check_backpressure(self, rows: Sequence[NewJob], now: datetime) -> None:
         by_queue: dict[str, list[NewJob]] = {}
@@ -280,8 +303,12 @@ class App:
         (``{"header": value}`` or ``{"header": {"in": [...]}}``) become jobs for ``task`` on ``queue``.
         Stored in the database, so it applies to every producer at once."""
         name = task.name if isinstance(task, Task) else task
-        text = json.dumps(parse_filter(filter), separators=(",", ":"), sort_keys=True)
-        subscription = Subscription(topic, queue, name, text)
+        check_name(topic, "topic", ConfigurationError)
+        check_name(queue, "queue", ConfigurationError)
+        check_name(name, "task", ConfigurationError)
+        parsed = parse_filter(filter)
+        encode_json_object(parsed, "filter")  # what a payload must be: no NUL, valid Unicode, not too deep
+        subscription = Subscription(topic, queue, name, json.dumps(parsed, separators=(",", ":"), sort_keys=True))
         self.backend.subscriptions_upsert(SubscriptionsUpsertParams([subscription]))
         return subscription
 
@@ -301,6 +328,7 @@ class App:
         """Copy a message to every queue subscribed to ``topic`` whose filter matches ``headers``,
         in one transaction; return one job per matching subscription (each retries and
         dead-letters on its own). No matching subscription: nothing is enqueued, ``[]``."""
+        check_name(topic, "topic")
         subscriptions = self.backend.subscriptions_list(SubscriptionsListParams(topic))
         merged = {**(headers or {}), "topic": topic}
         messages = []
@@ -330,23 +358,54 @@ class App:
         Workers store declared schedules in the database when they start and fire each tick once,
         however many of them run; schedules can then be listed, paused, changed or added from the CLI
         (``conveyor schedules``) without a restart."""
-        parsed = Cron.parse(cron)
+        Cron.parse(cron)  # a bad expression fails here, before the task is registered
+        if name is not None:
+            check_name(name, "schedule name", ConfigurationError)
 
         def register(fn: Callable[P, R]) -> Task[P, R]:
             task: Task[P, R] = self.task(**task_options)(fn)
-            schedule_name = name or task.name
-            self.schedules[schedule_name] = Schedule(
-                name=schedule_name,
-                cron=parsed.expression,
-                task=task.name,
-                queue=task.options.queue,
-                payload=encode_json_object(payload or {}, "payload", self.max_payload_bytes),
-                next_run_at=parsed.next_after(utcnow()),
-                priority=priority,
-            )
+            schedule = self._new_schedule(name or task.name, cron, task.name, task.options.queue, payload, priority)
+            self.schedules[schedule.name] = schedule
             return task
 
         return register
+
+    def add_schedule(
+        self,
+        name: str,
+        cron: str,
+        task: str | Task[Any, Any],
+        *,
+        queue: str | None = None,
+        payload: Mapping[str, Any] | None = None,
+        priority: int = 0,
+    ) -> Schedule:
+        """Store (or redefine) a schedule in the database: workers fire it from its next tick, no
+        restart needed. ``queue`` defaults to the task's queue (``default`` for a task this App does
+        not know). Raises ConfigurationError for a bad name or cron expression and PayloadError for
+        a payload that is not a JSON object within the limits; nothing is written then."""
+        task_name = task.name if isinstance(task, Task) else task
+        if queue is None:
+            options = self.task_options(task_name) if isinstance(task_name, str) else None
+            queue = options.queue if options else "default"
+        schedule = self._new_schedule(name, cron, task_name, queue, payload, priority)
+        self.backend.schedules_upsert(SchedulesUpsertParams([schedule]))
+        return schedule
+
+    def _new_schedule(
+        self, name: str, cron: str, task: str, queue: str, payload: Mapping[str, Any] | None, priority: int
+    ) -> Schedule:
+        """A schedule, every field checked as a job of it will be (so that its ticks can fire)."""
+        parsed = Cron.parse(cron)
+        return Schedule(
+            name=check_name(name, "schedule name", ConfigurationError),
+            cron=parsed.expression,
+            task=check_name(task, "schedule task", ConfigurationError),
+            queue=check_name(queue, "schedule queue", ConfigurationError),
+            payload=encode_json_object(payload if payload is not None else {}, "payload", self.max_payload_bytes),
+            next_run_at=parsed.next_after(utcnow()),
+            priority=check_int(priority, "priority", INT32_MIN, INT32_MAX, ConfigurationError),
+        )
 
     # -- producing -----------------------------------------------------------------------------
 
@@ -364,7 +423,10 @@ class App:
         ``run_at``, ``ttl``, ``expires_at``, ``idempotency_key``, ``ordering_key``, ``headers``,
         ``max_attempts``). ``conn`` is your own open connection: the job then commits or rolls back
         with your transaction. A duplicate ``idempotency_key`` inside the dedup window returns the
-        existing job. Raises PayloadError for a payload that is not JSON or is too large."""
+        existing job. Raises PayloadError, with nothing written, for a payload that is not JSON or is
+        past a limit, and for any field out of range: a name or key too long or not valid Unicode, a
+        NaN or infinite delay/ttl, a priority outside 32 bits, max_attempts outside 1..1,000,000 (see
+        the README's Limits)."""
         name = task.name if isinstance(task, Task) else task
         try:
             message = Message(task=name, payload=payload or {}, **envelope)
@@ -396,35 +458,56 @@ class App:
 
     def _new_job(self, message: Message, now: datetime) -> NewJob:
         # The hot path of send_many: kept to plain lookups (a 20,000-job batch calls it 20,000 times).
+        # Every field is checked here, above the seam, so that no engine ever sees a value another
+        # engine would refuse (conveyor._limits).
         task = message.task
-        if not task:
-            raise PayloadError("a job needs a task name")
+        if type(task) is not str or task not in GOOD_NAMES:
+            check_name(task, "task")
         options = self.task_options(task)
-        queue = message.queue or (options.queue if options else "default")
-        max_attempts = message.max_attempts or (options.max_attempts if options else 5)
-        if max_attempts < 1:
-            raise PayloadError(f"max_attempts must be >= 1, got {max_attempts}")
+        queue = message.queue
+        if queue is None:
+            queue = options.queue if options else "default"
+        elif type(queue) is not str or queue not in GOOD_NAMES:
+            check_name(queue, "queue")
+        max_attempts = message.max_attempts
+        if max_attempts is None:
+            max_attempts = options.max_attempts if options else 5
+        elif type(max_attempts) is not int or not 1 <= max_attempts <= MAX_ATTEMPTS:
+            max_attempts = check_int(max_attempts, "max_attempts", 1, MAX_ATTEMPTS)
         max_deliveries = options.deliveries_limit if options else max_attempts + 5
-        priority = message.priority if message.priority is not None else (options.priority if options else 0)
+        priority = message.priority
+        if priority is None:
+            priority = options.priority if options else 0
+        elif type(priority) is not int or not INT32_MIN <= priority <= INT32_MAX:
+            priority = check_int(priority, "priority", INT32_MIN, INT32_MAX)
         if message.delay is None and message.run_at is None and message.ttl is None and message.expires_at is None:
             run_at, expires_at = now, None
         else:
             run_at, expires_at = resolve_times(message, now)
+        idempotency_key = message.idempotency_key
+        if idempotency_key is not None:
+            check_key(idempotency_key, "idempotency_key")
+            policy = self.queues.get(queue)
+            dedup_until: datetime | None = now + (policy.dedup_window if policy else self.dedup_window)
+        else:
+            dedup_until = None
+        if message.ordering_key is not None:
+            check_key(message.ordering_key, "ordering_key")
         return NewJob(
             message.id,
             queue,
             task,
             encode_json_object(message.payload, "payload", self.max_payload_bytes),
             encode_headers(message.headers, message.id, self.max_payload_bytes),
-            int(priority),
+            priority,
             run_at,
             max_attempts,
             max(max_deliveries, max_attempts),
             expires_at,
-            message.idempotency_key,
+            idempotency_key,
             message.ordering_key,
             None,
-            now + self.queue_policy(queue).dedup_window if message.idempotency_key else None,
+            dedup_until,
             type(message.id) is MintedId and message.id.first_use(),
         )
 

@@ -8,6 +8,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, Protocol
 from uuid import UUID
 
+from conveyor._errors import ConfigurationError
+from conveyor._limits import check_key, check_seconds
 from conveyor.backends.base import Backend, Delivery, ProcessedKeyClaimParams
 
 ManualDecision = Literal["ack", "nack", "reject"]
@@ -77,7 +79,10 @@ class JobContext:
         return self.delivery.idempotency_key
 
     def extend(self, seconds: float) -> bool:
-        """Extend this job's lease to ``seconds`` from now; False if the lease was already lost."""
+        """Extend this job's lease to ``seconds`` from now; False if the lease was already lost.
+        Raises ConfigurationError unless ``seconds`` is a finite number in (0, 100 years]: a lease of
+        NaN seconds would never expire, and its job would never be rescued."""
+        seconds = check_seconds(seconds, "ctx.extend seconds", ConfigurationError, strict=True)
         if self.keeper is None:
             return True
         return self.keeper.extend(self.delivery, seconds)
@@ -89,7 +94,9 @@ class JobContext:
         your psycopg connection; SQLite: your sqlite3 connection), so that the claim commits with the
         effect or not at all: a job redelivered after its worker died between that commit and the ack
         then skips the effect. Without ``conn`` the claim commits on its own, before the effect. Keys
-        are global; include the job's idempotency key or id to scope them. Claims last ``ttl``."""
+        are global; include the job's idempotency key or id to scope them. Claims last ``ttl``. A key
+        must be 1 to 512 bytes of UTF-8 without NUL (PayloadError otherwise)."""
+        check_key(key, "ctx.once key")
         if self.backend is None:
             raise RuntimeError("ctx.once needs a worker-provided context")
         now = datetime.now(UTC)
@@ -101,6 +108,8 @@ class JobContext:
 
     def nack(self, delay: float | None = None, reason: str = "nack") -> None:
         """Manual nack: the job failed transiently; retry after ``delay`` (None: the task's backoff)."""
+        if delay is not None:
+            delay = check_seconds(delay, "ctx.nack delay", ConfigurationError)
         self.decision, self.retry_delay, self.reason = "nack", delay, reason
 
     def reject(self, reason: str = "rejected") -> None:

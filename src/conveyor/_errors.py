@@ -3,8 +3,9 @@
 ::
 
     ConveyorError                 base of everything Conveyor raises
-    ├── ConfigurationError        a bad database URL, an unknown engine, a bad option
-    ├── PayloadError              payload or headers not JSON, or over the size limit
+    ├── ConfigurationError        a bad database URL, an unknown engine, a bad option (also a ValueError)
+    ├── PayloadError              a job that cannot be enqueued: payload or headers not JSON, over a
+    │                             limit (size, nesting, name or key length), a bad number (also a ValueError)
     ├── UnknownTaskError          no task registered under that name
     ├── JobNotFoundError          no job with that id
     ├── JobTimeoutError           ``Job.wait`` gave up before the job ended
@@ -24,12 +25,15 @@ class ConveyorError(Exception):
     """Base class of every exception Conveyor raises."""
 
 
-class ConfigurationError(ConveyorError):
-    """Conveyor was configured wrongly (bad URL, unknown engine, invalid option)."""
+class ConfigurationError(ConveyorError, ValueError):
+    """Conveyor was configured wrongly (bad URL, unknown engine, invalid option).
+
+    Also a ValueError, which options refused by the plain ValueError of earlier versions were."""
 
 
 class PayloadError(ConveyorError, ValueError):
-    """A payload or headers cannot be enqueued: not JSON, or over the size limit."""
+    """A job cannot be enqueued: its payload or headers are not JSON or are over a limit, or one of
+    its fields is out of range (see ``conveyor._limits``). Nothing was written."""
 
 
 class UnknownTaskError(ConveyorError, KeyError):
@@ -83,9 +87,14 @@ class HandlerSignal(ConveyorError):
 class Retry(HandlerSignal):
     """Raised by a handler: run the job again after ``delay`` seconds (None: the task's backoff).
 
-    It counts as an attempt; when no attempts remain the job is dead-lettered."""
+    It counts as an attempt; when no attempts remain the job is dead-lettered. A ``delay`` that is
+    not a finite number of seconds in [0, 100 years] raises ConfigurationError instead."""
 
     def __init__(self, delay: float | None = None, reason: str = "") -> None:
+        if delay is not None:
+            from conveyor._limits import check_seconds
+
+            delay = check_seconds(delay, "Retry delay", ConfigurationError)
         super().__init__(reason or "retry requested")
         self.delay = delay
         self.reason = reason

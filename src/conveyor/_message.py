@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -12,6 +13,7 @@ from uuid import UUID
 
 from conveyor._errors import PayloadError
 from conveyor._ids import random_bytes, uuid7
+from conveyor._limits import MAX_JSON_DEPTH, check_seconds
 
 #: The default payload size limit (bytes of encoded JSON). Large data belongs in object storage.
 DEFAULT_MAX_PAYLOAD_BYTES = 256 * 1024
@@ -29,7 +31,8 @@ class Message:
     ``payload`` must be a JSON object (it becomes the handler's keyword arguments). ``queue`` None
     means the task's declared queue (or ``"default"``). Give either ``delay`` (seconds) or ``run_at``;
     either ``ttl`` (seconds) or ``expires_at``. ``id`` is minted here (UUIDv7), so a producer knows
-    it before the enqueue commits."""
+    it before the enqueue commits. The fields are checked when the message is sent (``App.send_many``),
+    against the limits of ``conveyor._limits``: a bad one raises PayloadError and nothing is written."""
 
     task: str
     payload: Mapping[str, Any] = field(default_factory=dict)
@@ -61,27 +64,70 @@ _C_ENCODE = (
 
 
 def encode_json_object(value: Mapping[str, Any], what: str, limit: int | None = None) -> str:
-    """Encode a JSON object compactly; raise PayloadError if it is not one or is over ``limit``."""
+    """Encode a JSON object compactly; raise PayloadError if it is not one, is over ``limit`` bytes,
+    is nested deeper than ``MAX_JSON_DEPTH``, or holds a string no engine can store (NUL, a lone
+    surrogate)."""
     if not isinstance(value, Mapping):
         raise PayloadError(f"{what} must be a JSON object (a dict), got {type(value).__name__}")
     try:
         text = "".join(_C_ENCODE(value, 0)) if _C_ENCODE is not None else _ENCODER.encode(value)
     except RecursionError:
-        raise PayloadError(f"{what} is not JSON-serialisable (it contains itself, or is nested too deeply)") from None
+        raise PayloadError(
+            f"{what} is not JSON-serialisable (it contains itself, or is nested deeper than {MAX_JSON_DEPTH} levels)"
+        ) from None
     except (TypeError, ValueError) as exc:
         raise PayloadError(
             f"{what} is not JSON-serialisable ({exc}); Conveyor stores JSON only, never pickle: "
             "send plain data, or a reference (an object key, a row id) to the data"
         ) from None
-    # A character is at most 4 bytes in UTF-8, so short texts need no encoding to be measured.
-    if limit is not None and 4 * len(text) > limit:
-        size = len(text.encode("utf-8"))
-        if size > limit:
+    if text.isascii():
+        size = len(text)
+    else:
+        try:
+            size = len(text.encode("utf-8"))
+        except UnicodeEncodeError:
             raise PayloadError(
-                f"{what} is {size} bytes, over the {limit}-byte limit: store the data elsewhere "
-                "(object storage, a table) and enqueue a reference to it (an object key, a row id)"
-            )
+                f"{what} holds a string that is not valid Unicode (a lone surrogate such as '\\ud800'), "
+                "which cannot be stored as UTF-8"
+            ) from None
+    if limit is not None and size > limit:
+        raise PayloadError(
+            f"{what} is {size} bytes, over the {limit}-byte limit: store the data elsewhere "
+            "(object storage, a table) and enqueue a reference to it (an object key, a row id)"
+        )
+    # The encoder writes a NUL character as the escape \u0000, which PostgreSQL's jsonb refuses; it
+    # is refused here, on every engine, so that a job means the same wherever it is stored.
+    if "\\u0000" in text and _NUL_ESCAPE.search(text):
+        raise PayloadError(
+            f"{what} holds a string with a NUL character (\\u0000), which PostgreSQL cannot store: "
+            "remove it, or encode binary data (base64) first"
+        )
+    # Nesting deeper than MAX_JSON_DEPTH takes two brackets per level, so short texts are never too deep.
+    if len(text) > 2 * MAX_JSON_DEPTH and _too_deep(text):
+        raise PayloadError(f"{what} is nested deeper than {MAX_JSON_DEPTH} levels")
     return text
+
+
+# ``\u0000`` preceded by an even number of backslashes: an escaped NUL, not an escaped backslash
+# followed by the text "u0000".
+_NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+# A JSON string (brackets inside it do not nest), and an innermost array or object.
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
+_INNERMOST = re.compile(r"[\[{][^\[\]{}]*[\]}]")
+
+
+def _too_deep(text: str) -> bool:
+    """Whether the JSON ``text`` nests deeper than MAX_JSON_DEPTH. Every consumer must be able to
+    decode an accepted job: text nested nearly as deep as Python's recursion limit encodes here but
+    fails to decode in a worker's deeper stack."""
+    if text.count("{") + text.count("[") <= MAX_JSON_DEPTH:
+        return False
+    bare = _JSON_STRING.sub('""', text)
+    for _ in range(MAX_JSON_DEPTH):
+        bare, found = _INNERMOST.subn("0", bare)
+        if not found:
+            return False
+    return "[" in bare or "{" in bare
 
 
 def new_traceparent() -> str:
@@ -109,32 +155,42 @@ def encode_headers(headers: Mapping[str, Any] | None, job_id: UUID, limit: int |
 
 
 def resolve_times(message: Message, now: datetime) -> tuple[datetime, datetime | None]:
-    """Return ``(run_at, expires_at)`` from the message's delay/run_at and ttl/expires_at."""
+    """Return ``(run_at, expires_at)`` from the message's delay/run_at and ttl/expires_at.
+
+    Raises PayloadError for both of a pair, a delay or ttl that is not a finite number of seconds
+    in range (NaN, infinity, negative, over 100 years), or a time that is not an aware datetime."""
     if message.delay is not None and message.run_at is not None:
         raise PayloadError("give either delay or run_at, not both")
     if message.ttl is not None and message.expires_at is not None:
         raise PayloadError("give either ttl or expires_at, not both")
-    if message.delay is not None and message.delay < 0:
-        raise PayloadError(f"delay must be >= 0 seconds, got {message.delay}")
     run_at = now
     if message.delay is not None:
-        run_at = now + timedelta(seconds=message.delay)
+        run_at = now + timedelta(seconds=check_seconds(message.delay, "delay"))
     elif message.run_at is not None:
         run_at = _aware(message.run_at, "run_at")
     expires_at: datetime | None = None
     if message.ttl is not None:
-        if message.ttl <= 0:
-            raise PayloadError(f"ttl must be > 0 seconds, got {message.ttl}")
-        expires_at = run_at + timedelta(seconds=message.ttl)
+        ttl = check_seconds(message.ttl, "ttl", strict=True)
+        try:
+            expires_at = run_at + timedelta(seconds=ttl)
+        except OverflowError:
+            raise PayloadError(
+                f"run_at + ttl is past the last representable time ({run_at.isoformat()} + {ttl:g}s)"
+            ) from None
     elif message.expires_at is not None:
         expires_at = _aware(message.expires_at, "expires_at")
     return run_at, expires_at
 
 
-def _aware(value: datetime, name: str) -> datetime:
-    if value.tzinfo is None:
+def _aware(value: object, name: str) -> datetime:
+    if not isinstance(value, datetime):
+        raise PayloadError(f"{name} must be a datetime, got {type(value).__name__}")
+    if value.tzinfo is None or value.utcoffset() is None:
         raise PayloadError(f"{name} must be timezone-aware (e.g. datetime.now(UTC)), got a naive datetime")
-    return value.astimezone(UTC)
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:
+        raise PayloadError(f"{name} is out of range: {value!r}") from None
 
 
 def utcnow() -> datetime:

@@ -5,7 +5,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
+from numbers import Real
 from typing import Literal
+
+from conveyor._errors import ConfigurationError
+from conveyor._limits import INT32_MAX, check_duration, check_int
 
 ExpirePolicy = Literal["expired", "dead"]
 
@@ -46,11 +50,31 @@ class QueuePolicy:
     ordered: bool = False
 
     def __post_init__(self) -> None:
-        if self.max_depth is not None and self.max_depth < 1:
-            raise ValueError(f"max_depth must be >= 1, got {self.max_depth}")
+        """Raise ConfigurationError for a policy no queue could keep (conveyor._limits). The name is
+        checked where a queue is declared (``App.queue``): a worker builds the default policy of
+        whatever queue its jobs name, including rows written before names had limits."""
+        error = ConfigurationError
+        check_duration(self.dedup_window, "dedup_window", error)
+        if self.max_depth is not None:
+            check_int(self.max_depth, "max_depth", 1, INT32_MAX, error)
+        if not isinstance(self.shedding, Mapping):
+            raise error(f"shedding must map low/normal/high to fractions, got {self.shedding!r}")
         for cls, fraction in self.shedding.items():
-            if cls not in DEFAULT_SHEDDING or not 0 < fraction <= 1:
-                raise ValueError(f"shedding needs low/normal/high fractions in (0, 1], got {cls}={fraction}")
+            if (
+                cls not in DEFAULT_SHEDDING
+                or isinstance(fraction, bool)
+                or not isinstance(fraction, Real)
+                or not 0 < fraction <= 1
+            ):
+                raise error(f"shedding needs low/normal/high fractions in (0, 1], got {cls}={fraction!r}")
+        if self.sla is not None:
+            check_duration(self.sla, "sla", error)
+        check_duration(self.retention, "retention", error)
+        check_duration(self.dead_retention, "dead_retention", error)
+        if self.on_expire not in ("expired", "dead"):
+            raise error(f"on_expire must be 'expired' or 'dead', got {self.on_expire!r}")
+        if self.concurrency is not None:
+            check_int(self.concurrency, "concurrency", 1, INT32_MAX, error)
 
     def limit_for(self, priority: int) -> int | None:
         """The live depth past which a send of this priority is refused (None: no limit)."""

@@ -7,6 +7,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from conveyor._errors import ConfigurationError
+from conveyor._limits import check_seconds
+
 
 class Backoff(Protocol):
     """Delay in seconds before the next attempt, given how many attempts have run (1 after the first)."""
@@ -27,8 +30,14 @@ class ExponentialBackoff:
     cap: float = 3600.0
     jitter: bool = True
 
+    def __post_init__(self) -> None:
+        check_seconds(self.base, "backoff base", ConfigurationError)
+        check_seconds(self.cap, "backoff cap", ConfigurationError)
+
     def delay(self, attempts: int) -> float:
-        ceiling = min(self.cap, self.base * (2 ** max(0, attempts)))
+        # A float power, capped: 2 ** attempts as an int cannot be turned into a float past ~1,000
+        # attempts (OverflowError), and max_attempts may be up to 1,000,000.
+        ceiling = min(self.cap, self.base * 2.0 ** min(max(0, attempts), 1000))
         return random.uniform(0.0, ceiling) if self.jitter else ceiling
 
     def describe(self) -> str:
@@ -43,8 +52,10 @@ class FixedSchedule:
     delays: Sequence[float]
 
     def __post_init__(self) -> None:
-        if not self.delays or any(d < 0 for d in self.delays):
-            raise ValueError("a fixed backoff schedule needs one or more non-negative delays")
+        if isinstance(self.delays, str | bytes) or not isinstance(self.delays, Sequence) or not self.delays:
+            raise ConfigurationError("a fixed backoff schedule needs one or more non-negative delays")
+        for delay in self.delays:
+            check_seconds(delay, "a fixed backoff delay", ConfigurationError)
 
     def delay(self, attempts: int) -> float:
         index = min(max(attempts, 1), len(self.delays)) - 1

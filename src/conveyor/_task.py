@@ -7,6 +7,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Literal, ParamSpec, TypeVar
 
+from conveyor._errors import ConfigurationError
+from conveyor._limits import INT32_MAX, INT32_MIN, MAX_ATTEMPTS, check_int, check_name, check_seconds
 from conveyor._retry import Backoff, ExponentialBackoff
 
 if TYPE_CHECKING:
@@ -24,7 +26,9 @@ DEFAULT_DEAD_ON: tuple[type[BaseException], ...] = (ValueError, KeyError, TypeEr
 
 @dataclass(frozen=True, slots=True)
 class TaskOptions:
-    """The policy of one task's jobs (see DESIGN §2)."""
+    """The policy of one task's jobs (see DESIGN §2). Raises ConfigurationError for a value out of
+    range: a bad queue name, max_attempts or max_deliveries outside 1..1,000,000, a timeout that is
+    not a finite positive number of seconds (NaN, infinity), a priority outside 32 bits."""
 
     queue: str = "default"
     max_attempts: int = 5
@@ -42,12 +46,27 @@ class TaskOptions:
     version: int = 1
 
     def __post_init__(self) -> None:
-        if self.max_attempts < 1:
-            raise ValueError(f"max_attempts must be >= 1, got {self.max_attempts}")
-        if self.visibility_timeout <= 0:
-            raise ValueError(f"visibility_timeout must be > 0, got {self.visibility_timeout}")
-        if self.max_deliveries is not None and self.max_deliveries < 1:
-            raise ValueError(f"max_deliveries must be >= 1, got {self.max_deliveries}")
+        """Raise ConfigurationError for an option no job could run under (conveyor._limits)."""
+        error = ConfigurationError
+        check_name(self.queue, "queue", error)
+        check_int(self.max_attempts, "max_attempts", 1, MAX_ATTEMPTS, error)
+        if self.max_deliveries is not None:
+            check_int(self.max_deliveries, "max_deliveries", 1, MAX_ATTEMPTS, error)
+        if isinstance(self.backoff, type) or not callable(getattr(self.backoff, "delay", None)):
+            raise error(
+                f"backoff must be an ExponentialBackoff, a FixedSchedule or a list of seconds, got {self.backoff!r}"
+            )
+        if not isinstance(self.dead_on, tuple) or not all(
+            isinstance(t, type) and issubclass(t, BaseException) for t in self.dead_on
+        ):
+            raise error(f"dead_on must list exception classes, got {self.dead_on!r}")
+        if self.timeout is not None:
+            check_seconds(self.timeout, "timeout", error, strict=True)
+        check_seconds(self.visibility_timeout, "visibility_timeout", error, strict=True)
+        if self.ack_policy not in ("auto", "manual"):
+            raise error(f"ack_policy must be 'auto' or 'manual', got {self.ack_policy!r}")
+        check_int(self.priority, "priority", INT32_MIN, INT32_MAX, error)
+        check_int(self.version, "version", 1, INT32_MAX, error)
 
     @property
     def deliveries_limit(self) -> int:

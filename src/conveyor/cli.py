@@ -7,8 +7,10 @@ from __future__ import annotations
 import getpass
 import json
 import logging
+import math
 import sys
 import time
+import unicodedata
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any, NoReturn
@@ -18,11 +20,13 @@ import click
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
+from rich.text import Text
 
 from conveyor._app import App
 from conveyor._errors import ConveyorError, JobNotFoundError
 from conveyor._ids import uuid7
 from conveyor._job import JobStatus
+from conveyor._limits import MAX_JSON_DEPTH, check_worker_options
 from conveyor.backends import DEFAULT_DATABASE_URL
 from conveyor.backends.base import (
     DeadListParams,
@@ -39,12 +43,46 @@ class CliError(click.ClickException):
     """An error shown to the user as one line."""
 
 
+class _FiniteFloat(click.FloatRange):
+    """A FloatRange that also refuses nan and inf (NaN compares false, so it passes every range)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return number
+
+
+#: Most rows a listing prints at once.
+_MAX_LIMIT = 1_000_000
+
+
 def _fail(message: str) -> NoReturn:
     raise CliError(message)
 
 
+def _settings(ctx: click.Context) -> dict[str, Any]:
+    """The global options (--db, --app, -v), wherever on the command line they were given."""
+    obj: dict[str, Any] = ctx.find_root().ensure_object(dict)
+    return obj
+
+
 def _app(ctx: click.Context) -> App:
-    app: App = ctx.obj["app"]
+    """The App the command works on, made on first use: by then every --db/--app is parsed,
+    including those given after the subcommand."""
+    settings = _settings(ctx)
+    app: App | None = settings.get("app")
+    if app is None:
+        if settings.get("app_path"):
+            from conveyor.worker.supervisor import load_app
+
+            app = load_app(settings["app_path"])
+            if settings["db_given"] or not app.database_url:
+                app.database_url = settings["database_url"]
+        else:
+            app = App(settings["database_url"])
+        settings["app"] = app
+        ctx.find_root().call_on_close(app.close)
     return app
 
 
@@ -52,41 +90,124 @@ def _dump(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, default=str))
 
 
+# Terminal control characters (ESC starts an escape sequence), bidi overrides and line separators in
+# a name could rewrite what an operator sees; they are shown escaped, as repr() would.
+_BIDI = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+
+
+def _printable(value: object, multiline: bool = False) -> str:
+    """``value`` as text safe to print on a terminal: control characters escaped (``\\x1b``);
+    with ``multiline``, newlines and tabs are kept (error messages, tracebacks)."""
+    text = str(value)
+    if text.isprintable():
+        return text
+    out = []
+    for char in text:
+        if multiline and char in "\n\t":
+            out.append(char)
+        elif char in _BIDI or unicodedata.category(char) in ("Cc", "Cf", "Zl", "Zp"):
+            code = ord(char)
+            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
+        else:
+            out.append(char)
+    return "".join(out)
+
+
+def _cell(value: object) -> Text:
+    """A table cell: printable, and never read as rich markup (a queue named "[red]" stays literal)."""
+    return Text(_printable(value))
+
+
+def _configure_logging(verbose: int) -> None:
+    level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger().setLevel(level)
+    # The connection pool logs every failed attempt; Conveyor's own error says why it gave up, in
+    # one line. Its attempts are shown with -v.
+    logging.getLogger("psycopg.pool").setLevel(logging.ERROR if verbose == 0 else logging.NOTSET)
+
+
+_DB_HELP = "Database URL (or $CONVEYOR_DATABASE_URL)."
+_APP_HELP = (
+    "module:attribute of your App ($CONVEYOR_APP): send and publish then apply its queue policies "
+    "(backpressure, dedup windows) and task defaults; contract prints its declared queues and tasks."
+)
+_VERBOSE_HELP = "More logging (-v info, -vv debug)."
+
+
 @click.group()
 @click.option(
     "--db",
     "database_url",
+    metavar="URL",
     envvar="CONVEYOR_DATABASE_URL",
     default=DEFAULT_DATABASE_URL,
     show_default=True,
-    help="Database URL (or $CONVEYOR_DATABASE_URL).",
+    help=_DB_HELP,
 )
-@click.option(
-    "--app",
-    "app_path",
-    envvar="CONVEYOR_APP",
-    default=None,
-    help="module:attribute of your App ($CONVEYOR_APP): send and publish then apply its queue policies "
-    "(backpressure, dedup windows) and task defaults.",
-)
-@click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
+@click.option("--app", "app_path", metavar="MODULE:ATTR", envvar="CONVEYOR_APP", default=None, help=_APP_HELP)
+@click.option("-v", "--verbose", count=True, help=_VERBOSE_HELP)
 @click.pass_context
 def cli(ctx: click.Context, database_url: str, app_path: str | None, verbose: int) -> None:
-    """Conveyor: a durable, at-least-once task queue on SQL."""
-    level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    ctx.ensure_object(dict)
-    ctx.obj["database_url"] = database_url
-    if app_path and ctx.invoked_subcommand != "worker":
-        from conveyor.worker.supervisor import load_app
+    """Conveyor: a durable, at-least-once task queue on SQL.
 
-        app = load_app(app_path)
-        if _db_given(ctx) or not app.database_url:
-            app.database_url = database_url
-    else:
-        app = App(database_url)
-    ctx.obj["app"] = app
-    ctx.call_on_close(app.close)
+    --db, --app and -v may be given before or after the command (conveyor migrate --db URL)."""
+    source = ctx.get_parameter_source("database_url")
+    settings = _settings(ctx)
+    settings.update(
+        database_url=database_url,
+        db_given=source is not None and source.name != "DEFAULT",
+        app_path=app_path,
+        verbose=verbose,
+    )
+    _configure_logging(verbose)
+
+
+def _set_db(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
+    if value is not None:
+        _settings(ctx).update(database_url=value, db_given=True)
+
+
+def _set_app(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
+    if value is not None:
+        _settings(ctx)["app_path"] = value
+
+
+def _add_verbose(ctx: click.Context, _param: click.Parameter, value: int) -> None:
+    if value:
+        settings = _settings(ctx)
+        settings["verbose"] = settings.get("verbose", 0) + value
+        _configure_logging(settings["verbose"])
+
+
+def _accept_global_options(group: click.Group) -> None:
+    """Let every command under ``group`` take --db, --app and -v after its name as well: users write
+    ``conveyor migrate --db URL`` (the README did) as often as ``conveyor --db URL migrate``."""
+    for command in group.commands.values():
+        taken = {opt for param in command.params for opt in param.opts}
+        extra = [
+            click.Option(
+                ["--db", "global_db"], metavar="URL", default=None, expose_value=False, callback=_set_db, help=_DB_HELP
+            ),
+            click.Option(
+                ["--app", "global_app"],
+                metavar="MODULE:ATTR",
+                default=None,
+                expose_value=False,
+                callback=_set_app,
+                help=_APP_HELP,
+            ),
+            click.Option(
+                ["-v", "--verbose", "global_verbose"],
+                count=True,
+                expose_value=False,
+                callback=_add_verbose,
+                help=_VERBOSE_HELP,
+            ),
+        ]
+        command.params.extend(o for o in extra if not taken.intersection(o.opts))
+        if isinstance(command, click.Group):
+            _accept_global_options(command)
 
 
 @cli.command()
@@ -96,7 +217,7 @@ def migrate(ctx: click.Context) -> None:
     from conveyor.backends import open_backend
 
     # Not through the App: it migrates the embedded default on open, and then reports nothing applied.
-    backend = open_backend(ctx.obj["database_url"])
+    backend = open_backend(_settings(ctx)["database_url"])
     try:
         applied = backend.migrate()
     finally:
@@ -138,15 +259,15 @@ def migrate(ctx: click.Context) -> None:
     "--graceful-timeout",
     default=30.0,
     show_default=True,
-    type=click.FloatRange(0),
+    type=float,
     help="Seconds running handlers get to finish on SIGTERM.",
 )
 @click.option(
     "--visibility-timeout",
     default=30.0,
     show_default=True,
-    type=click.FloatRange(0.1),
-    help="Lease length of a fetched job before its task's own setting applies.",
+    type=float,
+    help="Lease length of a fetched job before its task's own setting applies (seconds).",
 )
 @click.pass_context
 def worker(
@@ -164,6 +285,13 @@ def worker(
     from conveyor.worker.supervisor import load_app, run_processes
 
     load_app(app_path)
+    # Checked here, before any process is forked: a child that refuses its options would be restarted forever.
+    check_worker_options(
+        concurrency=concurrency,
+        prefetch=prefetch,
+        visibility_timeout=visibility_timeout,
+        graceful_timeout=graceful_timeout,
+    )
     lanes, weights = _lanes(queues)
     options: dict[str, Any] = {
         "queues": lanes,
@@ -174,7 +302,8 @@ def worker(
         "graceful_timeout": graceful_timeout,
         "visibility_timeout": visibility_timeout,
     }
-    db = ctx.obj["database_url"] if _db_given(ctx) else None
+    settings = _settings(ctx)
+    db = settings["database_url"] if settings["db_given"] else None
     code = run_processes(app_path, db, processes, options)
     ctx.exit(code)
 
@@ -199,17 +328,13 @@ def _lanes(text: str | None) -> tuple[list[str] | None, dict[str, int] | None]:
     return queues, weights or None
 
 
-def _db_given(ctx: click.Context) -> bool:
-    root = ctx.find_root()
-    source = root.get_parameter_source("database_url")
-    return source is not None and source.name != "DEFAULT"
-
-
 def _parse_json(text: str, what: str) -> dict[str, Any]:
     try:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
         _fail(f"{what} is not valid JSON: {exc}")
+    except RecursionError:
+        _fail(f"{what} is nested too deeply (at most {MAX_JSON_DEPTH} levels)")
     if not isinstance(value, dict):
         _fail(f"{what} must be a JSON object, got {type(value).__name__}")
     return value
@@ -220,12 +345,12 @@ def _parse_json(text: str, what: str) -> dict[str, Any]:
 @click.argument("task")
 @click.option("--payload", default="{}", show_default=True, help="The job's arguments, a JSON object.")
 @click.option("--headers", default=None, help="Extra headers, a JSON object.")
-@click.option("--delay", default=None, type=click.FloatRange(0), help="Seconds before the job may run.")
-@click.option("--priority", default=None, type=int, help="Higher runs first.")
+@click.option("--delay", default=None, type=float, help="Seconds before the job may run.")
+@click.option("--priority", default=None, type=int, help="Higher runs first (a 32-bit integer).")
 @click.option("--idempotency-key", default=None, help="Duplicates inside the dedup window are not enqueued.")
 @click.option("--ordering-key", default=None, help="Jobs with the same key run one at a time, in order.")
-@click.option("--ttl", default=None, type=click.FloatRange(0, min_open=True), help="Expire if not started in S s.")
-@click.option("--max-attempts", default=None, type=click.IntRange(1), help="Attempts before the DLQ.")
+@click.option("--ttl", default=None, type=float, help="Expire if not started in S s.")
+@click.option("--max-attempts", default=None, type=int, help="Attempts before the DLQ (1 to 1,000,000).")
 @click.option("--json", "as_json", is_flag=True, help="Print the job as JSON.")
 @click.pass_context
 def send(
@@ -285,7 +410,7 @@ def stats(ctx: click.Context, as_json: bool) -> None:
     for r in rows:
         age = "-" if r.oldest_pending_age is None else f"{r.oldest_pending_age:.1f}s"
         table.add_row(
-            r.queue,
+            _cell(r.queue),
             str(r.pending),
             str(r.scheduled),
             str(r.processing),
@@ -308,11 +433,11 @@ def _print_status(status: JobStatus) -> None:
     data = status.to_json()
     error = data.pop("error")
     for key, value in data.items():
-        click.echo(f"{key:>16}: {json.dumps(value) if isinstance(value, dict) else value}")
+        click.echo(f"{key:>16}: {json.dumps(value) if isinstance(value, dict) else _printable(value)}")
     if error:
-        click.echo(f"{'error':>16}: {error['type']}: {error['message']}")
+        click.echo(f"{'error':>16}: {_printable(error['type'])}: {_printable(error['message'], multiline=True)}")
         if error["traceback"]:
-            click.echo(error["traceback"].rstrip())
+            click.echo(_printable(error["traceback"].rstrip(), multiline=True))
 
 
 @cli.command()
@@ -364,7 +489,7 @@ def _dead_all(app: App, queue: str | None, task: str | None, error_type: str | N
 @click.option("--queue", default=None)
 @click.option("--task", default=None)
 @click.option("--error-type", default=None)
-@click.option("--limit", default=100, show_default=True, type=click.IntRange(1))
+@click.option("--limit", default=100, show_default=True, type=click.IntRange(1, _MAX_LIMIT))
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
 def dlq_list(
@@ -380,7 +505,12 @@ def dlq_list(
         table.add_column(column, no_wrap=True, overflow="ellipsis", min_width=36 if column == "id" else None)
     for r in rows:
         table.add_row(
-            str(r.id), r.queue, r.task.rsplit(".", 1)[-1], str(r.attempts), r.reason or "", r.error_type or ""
+            str(r.id),
+            _cell(r.queue),
+            _cell(r.task.rsplit(".", 1)[-1]),
+            str(r.attempts),
+            _cell(r.reason or ""),
+            _cell(r.error_type or ""),
         )
     console.print(table)
 
@@ -439,7 +569,7 @@ def _actor(actor: str | None) -> str:
 @click.option(
     "--rate",
     default=None,
-    type=click.FloatRange(0, min_open=True),
+    type=_FiniteFloat(0, 1_000_000, min_open=True),
     help="At most N jobs per second, so that a big replay cannot flood the workers.",
 )
 @click.option("--actor", default=None, help="Who (default: the OS user).")
@@ -502,17 +632,20 @@ def dlq_purge(
     actor: str | None,
     yes: bool,
 ) -> None:
-    """Delete dead letters for good (audited)."""
+    """Delete dead letters for good (audited). Asks first, unless --yes; without a terminal to ask
+    on (a script, a pipe, cron) it refuses to purge without --yes."""
+    if not yes and not sys.stdin.isatty():
+        _fail("dlq purge deletes dead letters for good and there is no terminal to confirm it on: pass --yes")
     app = _app(ctx)
     selected = _select(app, ids, all_, queue, task, error_type)
-    if not yes and sys.stdin.isatty():
+    if not yes:
         click.confirm(f"purge {len(selected)} dead letter(s) for good?", abort=True)
     purged = app.backend.dead_purge_many(DeadPurgeParams(selected, _actor(actor), reason, datetime.now(UTC)))
     click.echo(f"purged {purged} dead letter(s)")
 
 
 @cli.command()
-@click.option("--limit", default=50, show_default=True, type=click.IntRange(1))
+@click.option("--limit", default=50, show_default=True, type=click.IntRange(1, _MAX_LIMIT))
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
 def audit(ctx: click.Context, limit: int, as_json: bool) -> None:
@@ -540,7 +673,9 @@ def audit(ctx: click.Context, limit: int, as_json: bool) -> None:
     for column in ("at", "actor", "action", "jobs", "reason"):
         table.add_column(column)
     for e in entries:
-        table.add_row(e.at.strftime("%Y-%m-%d %H:%M:%S"), e.actor, e.action, str(len(e.job_ids)), e.reason)
+        table.add_row(
+            e.at.strftime("%Y-%m-%d %H:%M:%S"), _cell(e.actor), _cell(e.action), str(len(e.job_ids)), _cell(e.reason)
+        )
     console.print(table)
 
 
@@ -580,10 +715,10 @@ def schedules_list(ctx: click.Context, as_json: bool) -> None:
         table.add_column(column, no_wrap=True, overflow="ellipsis")
     for s in rows:
         table.add_row(
-            s.name,
-            s.cron,
-            s.task,
-            s.queue,
+            _cell(s.name),
+            _cell(s.cron),
+            _cell(s.task),
+            _cell(s.queue),
             "paused" if s.paused else "active",
             s.next_run_at.strftime("%Y-%m-%d %H:%M"),
             s.last_run_at.strftime("%Y-%m-%d %H:%M") if s.last_run_at else "-",
@@ -601,21 +736,21 @@ def _cron(expression: str) -> Any:
 @click.argument("name")
 @click.option("--cron", "expression", required=True, help='Five cron fields, UTC (e.g. "*/5 * * * *").')
 @click.option("--task", required=True)
-@click.option("--queue", default="default", show_default=True)
+@click.option("--queue", default=None, help="Queue of its jobs (default: the task's queue with --app, else default).")
 @click.option("--payload", default="{}", show_default=True, help="A JSON object.")
 @click.option("--priority", default=0, show_default=True, type=int)
 @click.pass_context
 def schedules_add(
-    ctx: click.Context, name: str, expression: str, task: str, queue: str, payload: str, priority: int
+    ctx: click.Context, name: str, expression: str, task: str, queue: str | None, payload: str, priority: int
 ) -> None:
     """Add (or redefine) a schedule at runtime."""
-    from conveyor.backends.base import Schedule, SchedulesUpsertParams
-
-    cron = _cron(expression)
-    body = json.dumps(_parse_json(payload, "--payload"), separators=(",", ":"))
-    schedule = Schedule(name, cron.expression, task, queue, body, cron.next_after(datetime.now(UTC)), priority=priority)
-    _app(ctx).backend.schedules_upsert(SchedulesUpsertParams([schedule]))
-    click.echo(f"schedule {name}: {cron.expression} -> {task} on {queue}, next tick {schedule.next_run_at.isoformat()}")
+    schedule = _app(ctx).add_schedule(
+        name, expression, task, queue=queue, payload=_parse_json(payload, "--payload"), priority=priority
+    )
+    click.echo(
+        f"schedule {_printable(schedule.name)}: {schedule.cron} -> {_printable(schedule.task)} on "
+        f"{_printable(schedule.queue)}, next tick {schedule.next_run_at.isoformat()}"
+    )
 
 
 def _update(ctx: click.Context, name: str, **changes: Any) -> None:
@@ -631,7 +766,7 @@ def _update(ctx: click.Context, name: str, **changes: Any) -> None:
 def schedules_pause(ctx: click.Context, name: str) -> None:
     """Stop firing a schedule until it is resumed."""
     _update(ctx, name, paused=True)
-    click.echo(f"schedule {name} paused")
+    click.echo(f"schedule {_printable(name)} paused")
 
 
 @schedules.command("resume")
@@ -643,7 +778,7 @@ def schedules_resume(ctx: click.Context, name: str) -> None:
     if schedule is None:
         _fail(f"no schedule named {name!r}")
     _update(ctx, name, paused=False, next_run_at=_cron(schedule.cron).next_after(datetime.now(UTC)))
-    click.echo(f"schedule {name} resumed")
+    click.echo(f"schedule {_printable(name)} resumed")
 
 
 @schedules.command("set")
@@ -654,7 +789,7 @@ def schedules_set(ctx: click.Context, name: str, expression: str) -> None:
     """Change a schedule's cron expression."""
     cron = _cron(expression)
     _update(ctx, name, cron=cron.expression, next_run_at=cron.next_after(datetime.now(UTC)))
-    click.echo(f"schedule {name}: {cron.expression}")
+    click.echo(f"schedule {_printable(name)}: {cron.expression}")
 
 
 @schedules.command("remove")
@@ -666,7 +801,7 @@ def schedules_remove(ctx: click.Context, name: str) -> None:
 
     if not _app(ctx).backend.schedules_delete(SchedulesDeleteParams(name)):
         _fail(f"no schedule named {name!r}")
-    click.echo(f"schedule {name} removed")
+    click.echo(f"schedule {_printable(name)} removed")
 
 
 # -- topics ------------------------------------------------------------------------------------
@@ -692,7 +827,7 @@ def topics_list(ctx: click.Context, as_json: bool) -> None:
     for column in ("topic", "queue", "task", "filter"):
         table.add_column(column)
     for r in rows:
-        table.add_row(r.topic, r.queue, r.task, r.filter)
+        table.add_row(_cell(r.topic), _cell(r.queue), _cell(r.task), _cell(r.filter))
     console.print(table)
 
 
@@ -705,7 +840,7 @@ def topics_list(ctx: click.Context, as_json: bool) -> None:
 def topics_subscribe(ctx: click.Context, topic: str, queue: str, task: str, filter_: str | None) -> None:
     """Bind QUEUE to TOPIC."""
     sub = _app(ctx).subscribe(topic, queue, task, _parse_json(filter_, "--filter") if filter_ else None)
-    click.echo(f"{topic} -> {sub.queue} ({sub.task}) filter {sub.filter}")
+    click.echo(f"{_printable(topic)} -> {_printable(sub.queue)} ({_printable(sub.task)}) filter {sub.filter}")
 
 
 @topics.command("unsubscribe")
@@ -716,7 +851,7 @@ def topics_unsubscribe(ctx: click.Context, topic: str, queue: str) -> None:
     """Remove QUEUE's subscription to TOPIC."""
     if not _app(ctx).unsubscribe(topic, queue):
         _fail(f"queue {queue!r} is not subscribed to {topic!r}")
-    click.echo(f"{queue} unsubscribed from {topic}")
+    click.echo(f"{_printable(queue)} unsubscribed from {_printable(topic)}")
 
 
 @cli.command()
@@ -737,28 +872,14 @@ def publish(ctx: click.Context, topic: str, payload: str, headers: str | None, a
 
 
 @cli.command()
-@click.option(
-    "--app",
-    "app_path",
-    envvar="CONVEYOR_APP",
-    default=None,
-    help="module:attribute of your App, for its declared queues and tasks ($CONVEYOR_APP).",
-)
 @click.option("--format", "fmt", type=click.Choice(["md", "json", "yaml"]), default="md", show_default=True)
 @click.pass_context
-def contract(ctx: click.Context, app_path: str | None, fmt: str) -> None:
-    """Print every queue's declared policy and every topic's subscriptions: the queue contract."""
+def contract(ctx: click.Context, fmt: str) -> None:
+    """Print every queue's declared policy and every topic's subscriptions: the queue contract
+    (with --app, the App's declared queues and tasks too)."""
     from conveyor._contract import build, render
 
-    app = _app(ctx)
-    if app_path:
-        from conveyor.worker.supervisor import load_app
-
-        app = load_app(app_path)
-        if _db_given(ctx):
-            app.database_url = ctx.obj["database_url"]
-        ctx.call_on_close(app.close)
-    click.echo(render(build(app), fmt), nl=False)
+    click.echo(render(build(_app(ctx)), fmt), nl=False)
 
 
 def _mount_pipeline() -> None:
@@ -772,6 +893,7 @@ def _mount_pipeline() -> None:
 
 
 _mount_pipeline()
+_accept_global_options(cli)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -789,14 +911,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             if exc.ctx is not None
             else ""
         )
-        click.echo(f"conveyor: error: {exc.format_message()}{hint}", err=True)
+        click.echo(f"conveyor: error: {_printable(exc.format_message())}{hint}", err=True)
         return 2
     except click.ClickException as exc:
-        click.echo(f"conveyor: error: {exc.format_message()}", err=True)
+        click.echo(f"conveyor: error: {_printable(exc.format_message())}", err=True)
         return exc.exit_code
     except ConveyorError as exc:
         first, *_ = str(exc).strip().splitlines() or [type(exc).__name__]
-        click.echo(f"conveyor: error: {first}", err=True)
+        click.echo(f"conveyor: error: {_printable(first)}", err=True)
         return 1
     except KeyboardInterrupt:
         return 130

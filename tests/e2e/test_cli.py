@@ -38,7 +38,16 @@ class Run:
 
 def conveyor(db: str | None, *args: str, timeout: float = 60, env: dict[str, str] | None = None) -> Run:
     argv = [*_command(), *(["--db", db] if db else []), *args]
-    done = subprocess.run(argv, cwd=REPO, env=child_env(env), capture_output=True, text=True, timeout=timeout)
+    # No terminal on stdin, as in a script or CI, whatever terminal pytest itself runs in.
+    done = subprocess.run(
+        argv,
+        cwd=REPO,
+        env=child_env(env),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     return Run(done.returncode, done.stdout, done.stderr)
 
 
@@ -115,7 +124,7 @@ def test_bad_input_is_one_line_and_enqueues_nothing(sqlite_url: str) -> None:
     assert_one_line_error(conveyor(sqlite_url, "send", "e2e", "t", "--payload", "[1, 2]"), "must be a JSON object")
     assert_one_line_error(conveyor(sqlite_url, "send", "e2e", "t", "--payload", "{}", "--headers", "x"), "--headers")
     assert_one_line_error(conveyor(sqlite_url, "send", "e2e", "t", "--payload", '{"x": NaN}'), "not JSON")
-    assert_one_line_error(conveyor(sqlite_url, "send", "e2e", "t", "--delay", "-1"), "--delay", code=2)
+    assert_one_line_error(conveyor(sqlite_url, "send", "e2e", "t", "--delay", "-1"), "delay must be >= 0", code=1)
     assert_one_line_error(conveyor(sqlite_url, "send", "e2e"), "TASK", code=2)
     assert_one_line_error(conveyor(sqlite_url, "job", "not-a-uuid"), "not-a-uuid")
     assert_one_line_error(conveyor(sqlite_url, "job", "0190f1b4-3a5e-7c3d-9b1e-7f5d2a9c4e81"), "0190f1b4")

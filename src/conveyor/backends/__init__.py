@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from conveyor._errors import ConfigurationError
+from conveyor.backends._redact import redact_url
 from conveyor.backends.base import Backend
 
 DEFAULT_DATABASE_URL = "sqlite:///conveyor.db"
@@ -13,10 +14,14 @@ def open_backend(url: str) -> Backend:
 
     ``postgresql://user@host:port/db`` (or ``postgres://``), ``sqlite:///relative.db``,
     ``sqlite:////absolute/path.db``, ``memory://`` (a private in-memory SQLite database, for tests).
-    Raises :class:`ConfigurationError` for anything else."""
+    Raises :class:`ConfigurationError` for anything else; its message never shows a password."""
+    if not isinstance(url, str):
+        raise ConfigurationError(f"a database URL must be a string, got {type(url).__name__}")
     scheme, sep, rest = url.partition("://")
     if not sep:
-        raise ConfigurationError(f"not a database URL: {url!r} (expected postgresql://... or sqlite:///path.db)")
+        raise ConfigurationError(
+            f"not a database URL: {redact_url(url)!r} (expected postgresql://... or sqlite:///path.db)"
+        )
     if scheme in ("postgresql", "postgres"):
         from conveyor.backends.postgres import PostgresBackend
 
@@ -26,12 +31,12 @@ def open_backend(url: str) -> Backend:
 
         path = rest[1:] if rest.startswith("/") else rest
         if not path:
-            raise ConfigurationError(f"sqlite URL has no file path: {url!r} (try sqlite:///conveyor.db)")
+            raise ConfigurationError(f"sqlite URL has no file path: {redact_url(url)!r} (try sqlite:///conveyor.db)")
         return SqliteBackend(path)
     if scheme == "memory":
         from conveyor.backends.sqlite import MemoryBackend
 
         return MemoryBackend()
     raise ConfigurationError(
-        f"unsupported database URL scheme {scheme!r} in {url!r} (supported: postgresql, sqlite, memory)"
+        f"unsupported database URL scheme {scheme!r} in {redact_url(url)!r} (supported: postgresql, sqlite, memory)"
     )

@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 
 from conveyor._app import App
+from conveyor._limits import check_worker_options
 from conveyor._message import utcnow
 from conveyor.backends.base import Delivery, JobsReleaseParams, LeaseRef, QueuesStatsParams
 from conveyor.worker._shared import BackendCalls, Counters, Registry, log
@@ -50,8 +51,12 @@ class Worker:
         worker_id: str | None = None,
         clock: Callable[[], datetime] = utcnow,
     ) -> None:
-        if concurrency < 1:
-            raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+        check_worker_options(
+            concurrency=concurrency,
+            prefetch=prefetch,
+            visibility_timeout=visibility_timeout,
+            graceful_timeout=graceful_timeout,
+        )
         declared = sorted({t.options.queue for t in app.tasks.values()}) or ["default"]
         self.app = app
         self.queues = list(queues) if queues else declared

@@ -10,9 +10,10 @@ from datetime import datetime
 
 from conveyor._app import App
 from conveyor._cron import Cron
-from conveyor._errors import ConfigurationError
+from conveyor._errors import ConveyorError
+from conveyor._limits import preview
 from conveyor._message import Message
-from conveyor.backends.base import ScheduleFireParams, SchedulesUpsertParams
+from conveyor.backends.base import Schedule, ScheduleFireParams, SchedulesUpsertParams
 from conveyor.worker._shared import BackendCalls, log
 
 
@@ -31,6 +32,7 @@ class Scheduler:
         self.interval = interval
         self._stop = asyncio.Event()
         self._declared = False
+        self._skipped: dict[str, datetime] = {}
 
     async def declare(self) -> None:
         """Store the app's declared schedules (existing ones keep their pause state and next tick)."""
@@ -50,25 +52,33 @@ class Scheduler:
         for schedule in schedules:
             if schedule.paused or schedule.next_run_at > now:
                 continue
+            # One schedule that cannot fire (a bad cron, a name or payload past a limit, a statement
+            # the database refuses) is logged and skipped: it must not block the schedules after it.
+            # An unreachable database is not its fault: calls.call waits that out.
             try:
-                following = Cron.parse(schedule.cron).next_after(now)
-            except ConfigurationError as exc:
-                log.error("schedule %s: %s", schedule.name, exc)
-                continue
-            due = schedule.next_run_at
-            message = Message(
-                task=schedule.task,
-                payload=json.loads(schedule.payload),
-                queue=schedule.queue,
-                priority=schedule.priority,
-                headers={"schedule": schedule.name, "tick": due.isoformat()},
-            )
-            job = self.app._new_job(message, now)
-            params = ScheduleFireParams(schedule.name, due, following, job, now)
-            if await self.calls.call(self.calls.backend.schedule_fire, params, what="schedule fire"):
-                fired += 1
-                log.info("schedule %s fired tick %s as job %s", schedule.name, due.isoformat(), job.id)
+                fired += await self._fire(schedule, now)
+            except (ConveyorError, ValueError) as exc:
+                if self._skipped.get(schedule.name) != schedule.next_run_at:  # once per tick, not per second
+                    self._skipped[schedule.name] = schedule.next_run_at
+                    log.error("schedule %s cannot fire, skipped: %s", preview(schedule.name), exc)
         return fired
+
+    async def _fire(self, schedule: Schedule, now: datetime) -> int:
+        following = Cron.parse(schedule.cron).next_after(now)
+        due = schedule.next_run_at
+        message = Message(
+            task=schedule.task,
+            payload=json.loads(schedule.payload),
+            queue=schedule.queue,
+            priority=schedule.priority,
+            headers={"schedule": schedule.name, "tick": due.isoformat()},
+        )
+        job = self.app._new_job(message, now)
+        params = ScheduleFireParams(schedule.name, due, following, job, now)
+        if await self.calls.call(self.calls.backend.schedule_fire, params, what="schedule fire"):
+            log.info("schedule %s fired tick %s as job %s", schedule.name, due.isoformat(), job.id)
+            return 1
+        return 0
 
     async def run(self) -> None:
         while not self._stop.is_set():

@@ -13,11 +13,13 @@ from typing import Any
 from uuid import UUID
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.pq import TransactionStatus
 from psycopg.rows import TupleRow, tuple_row
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from conveyor._errors import BackendError, BackendUnavailable, ConfigurationError
+from conveyor.backends._redact import hide, redact_url, scrub
 from conveyor.backends._sql import load_migrations, load_queries
 from conveyor.backends.base import (
     ArchivePruneParams,
@@ -104,6 +106,39 @@ def _first_line(exc: BaseException) -> str:
     return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
+def _check_url(url: str, secrets: set[str]) -> None:
+    """Raise ConfigurationError for a URL libpq cannot parse, or with a port that is not a number,
+    at once: the pool would otherwise retry it in the background until every call timed out."""
+    try:
+        params = conninfo_to_dict(url)
+    except psycopg.Error as exc:
+        raise ConfigurationError(
+            f"malformed PostgreSQL URL {redact_url(url)!r}: {scrub(_first_line(exc), secrets)}"
+        ) from None
+    for port in str(params.get("port") or "").split(","):
+        if port and not (port.isdigit() and 0 < int(port) < 65536):
+            raise ConfigurationError(
+                f"malformed PostgreSQL URL {redact_url(url)!r}: port {scrub(port, secrets)!r} is not a number "
+                "from 1 to 65535"
+            )
+
+
+class _Pool(ConnectionPool[Conn]):
+    """A connection pool that remembers why its last connection attempt failed, so that a caller
+    who timed out waiting for a connection is told the reason (refused, bad password, ...)."""
+
+    last_error = ""
+
+    def _connect(self, timeout: float | None = None) -> Conn:
+        try:
+            conn = super()._connect(timeout)
+        except Exception as exc:
+            self.last_error = _first_line(exc)
+            raise
+        self.last_error = ""
+        return conn
+
+
 def _receipt(value: str) -> UUID | None:
     """A receipt as the database stores it; None for text that cannot be one (it is stale)."""
     try:
@@ -144,7 +179,10 @@ class PostgresBackend:
         durable_acks: bool = False,
     ) -> None:
         if not url.startswith(("postgresql://", "postgres://")):
-            raise ConfigurationError(f"not a PostgreSQL URL: {url!r}")
+            raise ConfigurationError(f"not a PostgreSQL URL: {redact_url(url)!r}")
+        # The password never reaches a message or a log line: ours are scrubbed, the drivers' filtered.
+        self._secrets = hide(url)
+        _check_url(url, self._secrets)
         self._url = url
         self._connect_timeout = connect_timeout
         self._q = load_queries(_PACKAGE)
@@ -167,7 +205,7 @@ class PostgresBackend:
     # Connections
     # ---------------------------------------------------------------------------------------
 
-    def _new_pool(self, name: str, min_size: int, max_size: int, synchronous_commit: bool) -> ConnectionPool[Conn]:
+    def _new_pool(self, name: str, min_size: int, max_size: int, synchronous_commit: bool) -> _Pool:
         kwargs: dict[str, Any] = {
             "autocommit": True,
             # libpq wants whole seconds and at least 2.
@@ -175,7 +213,7 @@ class PostgresBackend:
         }
         if not synchronous_commit:
             kwargs["options"] = "-c synchronous_commit=off"
-        pool: ConnectionPool[Conn] = ConnectionPool(
+        pool = _Pool(
             self._url,
             min_size=min_size,
             max_size=max_size,
@@ -208,17 +246,26 @@ class PostgresBackend:
         try:
             yield
         except PoolTimeout as exc:
+            why = self._pool.last_error or self._acks.last_error
             raise BackendUnavailable(
                 f"PostgreSQL unreachable ({action}): no connection within {self._connect_timeout:g}s"
+                + (f" ({scrub(why, self._secrets)})" if why else "")
             ) from exc
+        except psycopg.errors.ProgramLimitExceeded as exc:
+            # An OperationalError to psycopg, but no retry can fix it (an index entry too large, too
+            # many parameters): reporting it as "unavailable" made callers retry it forever.
+            raise BackendError(f"PostgreSQL refused {action}: {self._line(exc)}") from exc
         except psycopg.OperationalError as exc:
-            raise BackendUnavailable(f"PostgreSQL unavailable ({action}): {_first_line(exc)}") from exc
+            raise BackendUnavailable(f"PostgreSQL unavailable ({action}): {self._line(exc)}") from exc
         except psycopg.errors.UndefinedTable as exc:
             raise BackendError(
-                f"the Conveyor schema is missing in this database ({_first_line(exc)}): run `conveyor migrate`"
+                f"the Conveyor schema is missing in this database ({self._line(exc)}): run `conveyor migrate`"
             ) from exc
         except psycopg.Error as exc:
-            raise BackendError(f"PostgreSQL failed {action}: {_first_line(exc)}") from exc
+            raise BackendError(f"PostgreSQL failed {action}: {self._line(exc)}") from exc
+
+    def _line(self, exc: BaseException) -> str:
+        return scrub(_first_line(exc), self._secrets)
 
     @contextmanager
     def _connection(self, action: str, ack: bool = False) -> Iterator[Conn]:

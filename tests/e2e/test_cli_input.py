@@ -1,0 +1,253 @@
+"""The real ``conveyor`` command and bad input (issue 14): one line on stderr, a non-zero exit,
+nothing written; global options on either side of the command; names printed escaped."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import socket
+import time
+
+import pytest
+
+from . import e2e_app
+from ._support import APP_PATH
+from .test_cli import Run, assert_one_line_error, conveyor, send, stats
+
+SECRET = "S3cr3t-pw"
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _incompressible(chars: int) -> str:
+    rng = random.Random(chars)
+    return "".join(chr(0x4E00 + rng.randrange(20_000)) for _ in range(chars))
+
+
+# -- global options on either side -------------------------------------------------------------
+
+
+def test_global_options_are_taken_after_the_command_too(database_url: str) -> None:
+    """The README's ``conveyor migrate --db URL`` failed with "No such option: --db"."""
+    migrated = conveyor(None, "migrate", "--db", database_url)
+    assert migrated.code == 0 and migrated.out.startswith("applied "), migrated
+    job = conveyor(None, "send", "e2e", e2e_app.WORK, "--payload", '{"kind": "ok", "n": 1}', "--db", database_url)
+    assert job.code == 0, job
+    assert conveyor(None, "stats", "--json", "--db", database_url).json()[0]["pending"] == 1
+    # Nested groups: after the leaf command, or between the group and it.
+    assert conveyor(None, "dlq", "list", "--db", database_url, "--json").json() == []
+    assert conveyor(None, "dlq", "--db", database_url, "list", "--json").json() == []
+    assert conveyor(None, "schedules", "list", "--json", "--db", database_url).json() == []
+    # The later --db wins; -v and --app work after the command as well.
+    other = conveyor("sqlite:////nonexistent-dir/x.db", "stats", "--json", "--db", database_url)
+    assert other.json()[0]["queue"] == "e2e"
+    verbose = conveyor(None, "stats", "--json", "--db", database_url, "-vv")
+    assert verbose.code == 0 and json.loads(verbose.out)[0]["pending"] == 1
+    contract = conveyor(None, "contract", "--format", "json", "--app", APP_PATH, "--db", database_url)
+    assert contract.code == 0 and "e2e" in [q["queue"] for q in json.loads(contract.out)["queues"]], contract
+    # And before the command, as always.
+    assert conveyor(database_url, "stats", "--json").json()[0]["pending"] == 1
+
+
+# -- numbers ----------------------------------------------------------------------------------
+
+SEND_OPTIONS = [
+    (["--delay", "nan"], "delay must be a finite number"),
+    (["--delay", "inf"], "delay must be a finite number"),
+    (["--delay", "1e300"], "100 years"),
+    (["--ttl", "nan"], "ttl must be a finite number"),
+    (["--ttl", "-inf"], "ttl must be a finite number"),
+    (["--priority", "99999999999"], "priority must be between -2,147,483,648 and 2,147,483,647"),
+    (["--priority", "-2147483649"], "priority must be between"),
+    (["--max-attempts", "0"], "max_attempts must be between 1 and 1,000,000"),
+    (["--max-attempts", "99999999999"], "max_attempts must be between"),
+    (["--idempotency-key", ""], "idempotency_key must not be empty"),
+    (["--ordering-key", "k" * 513], "ordering_key is 513 bytes, over the 512-byte limit"),
+    (["--payload", "[" * 5000 + "]" * 5000], "--payload is nested too deeply"),
+    (["--payload", '{"a":' * 150 + "1" + "}" * 150], "payload is nested deeper than 100 levels"),
+    (["--payload", '{"a": "x\\u0000y"}'], "NUL character"),
+    (["--headers", '{"a": "\\ud800"}'], "not valid Unicode"),
+]
+
+
+def test_bad_send_options_are_one_line_and_write_nothing(sqlite_url: str) -> None:
+    assert conveyor(sqlite_url, "migrate").code == 0
+    for options, message in SEND_OPTIONS:
+        assert_one_line_error(conveyor(sqlite_url, "send", "e2e", "t", *options), message)
+    assert stats(sqlite_url) == {}
+
+
+def test_bad_numbers_elsewhere_are_one_line(sqlite_url: str) -> None:
+    assert conveyor(sqlite_url, "migrate").code == 0
+    cases = [
+        (["dlq", "list", "--limit", "99999999999999999999"], "--limit"),
+        (["audit", "--limit", "0"], "--limit"),
+        (["dlq", "replay", "--all", "--queue", "q", "--reason", "r", "--rate", "nan"], "--rate"),
+        (["dlq", "replay", "--all", "--queue", "q", "--reason", "r", "--rate", "inf"], "--rate"),
+        (["worker", APP_PATH, "--burst", "--visibility-timeout", "nan"], "visibility_timeout must be a finite"),
+        (["worker", APP_PATH, "--burst", "--visibility-timeout", "0"], "visibility_timeout must be > 0"),
+        (["worker", APP_PATH, "--burst", "--graceful-timeout", "nan"], "graceful_timeout must be a finite"),
+        (["worker", APP_PATH, "--burst", "-p", "2", "--graceful-timeout", "inf"], "graceful_timeout must be a finite"),
+        (["schedules", "add", "s", "--cron", "* * * * *", "--task", "t", "--priority", "2147483648"], "priority"),
+    ]
+    for argv, message in cases:
+        assert_one_line_error(conveyor(sqlite_url, *argv), message)
+    assert conveyor(sqlite_url, "schedules", "list", "--json").json() == []
+
+
+def test_visibility_timeout_nan_cannot_lease_a_job_and_lose_it(sqlite_url: str) -> None:
+    """SQLite stores now + NaN as NULL: the lease never expired and rescue never returned the job."""
+    job = send(sqlite_url, e2e_app.WORK, {"kind": "ok", "n": 1})
+    assert_one_line_error(
+        conveyor(sqlite_url, "worker", APP_PATH, "--queues", "e2e", "--burst", "--visibility-timeout", "nan"),
+        "visibility_timeout must be a finite number",
+    )
+    row = stats(sqlite_url)["e2e"]
+    assert (row["pending"], row["processing"]) == (1, 0)
+    assert conveyor(sqlite_url, "job", job, "--json").json()["deliveries"] == 0
+    drained = conveyor(sqlite_url, "worker", APP_PATH, "--queues", "e2e", "--burst", timeout=120)
+    assert drained.code == 0, drained
+    assert conveyor(sqlite_url, "job", job, "--json").json()["state"] == "completed"
+
+
+# -- names and keys ----------------------------------------------------------------------------
+
+
+def test_names_and_keys_past_the_limits_are_one_line_and_write_nothing(database_url: str) -> None:
+    """On PostgreSQL a key past the btree limit was reported as "database unavailable"."""
+    assert conveyor(database_url, "migrate").code == 0
+    assert_one_line_error(conveyor(database_url, "send", "q" * 201, "t"), "queue is 201 characters long")
+    assert_one_line_error(conveyor(database_url, "send", "e2e", "t" * 201), "task is 201 characters long")
+    key = _incompressible(1000)  # 3,000 bytes
+    assert_one_line_error(
+        conveyor(database_url, "send", "e2e", "t", "--idempotency-key", key), "idempotency_key is 3000 bytes"
+    )
+    # Bytes that are not UTF-8 on the command line arrive as lone surrogates.
+    assert_one_line_error(conveyor(database_url, "send", "q\udcff", "t"), "queue is not valid Unicode")
+    assert stats(database_url) == {}
+    for argv, message in [
+        (["schedules", "add", "", "--cron", "* * * * *", "--task", "t"], "schedule name must not be empty"),
+        (["schedules", "add", "s", "--cron", "* * * * *", "--task", ""], "schedule task must not be empty"),
+        (["schedules", "add", key, "--cron", "* * * * *", "--task", "t"], "schedule name is 1000 characters long"),
+        (["schedules", "add", "s", "--cron", "* * * * *", "--task", "t", "--queue", key], "schedule queue is 1000"),
+        (["topics", "subscribe", key, "q", "--task", "t"], "topic is 1000 characters long"),
+    ]:
+        assert_one_line_error(conveyor(database_url, *argv), message)
+    assert conveyor(database_url, "schedules", "list", "--json").json() == []
+    assert conveyor(database_url, "topics", "list", "--json").json() == []
+
+
+# -- dlq purge ---------------------------------------------------------------------------------
+
+
+def test_dlq_purge_never_deletes_without_yes_when_stdin_is_not_a_terminal(sqlite_url: str) -> None:
+    dead = [send(sqlite_url, e2e_app.WORK, {"kind": "permanent", "n": n}) for n in range(2)]
+    assert conveyor(sqlite_url, "worker", APP_PATH, "--queues", "e2e", "--burst", timeout=120).code == 0
+    assert stats(sqlite_url)["e2e"]["dead"] == 2
+    for argv in (["--all", "--queue", "e2e"], [dead[0]]):
+        refused = conveyor(sqlite_url, "dlq", "purge", *argv, "--reason", "cleanup")
+        assert_one_line_error(refused, "pass --yes")
+    assert stats(sqlite_url)["e2e"]["dead"] == 2
+    assert conveyor(sqlite_url, "audit", "--json").json() == []
+    purged = conveyor(sqlite_url, "dlq", "purge", "--all", "--queue", "e2e", "--reason", "cleanup", "--yes")
+    assert (purged.code, purged.out) == (0, "purged 2 dead letter(s)\n"), purged
+    assert conveyor(sqlite_url, "dlq", "list", "--json").json() == []
+
+
+# -- printing names ----------------------------------------------------------------------------
+
+EVIL_QUEUE = "q\x1b[2J\x07"
+EVIL_TASK = "t\x1b]0;pwned\x07\u202e"
+MARKUP_QUEUE = "[/]"
+
+
+def _assert_printable(text: str) -> None:
+    assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f\u202e]", text), repr(text)
+
+
+def test_control_characters_in_names_are_escaped_when_printed(sqlite_url: str) -> None:
+    """An ESC in a queue or task name reached the operator's terminal raw (it can clear the screen,
+    retitle the window, or hide text); a name that looks like rich markup crashed the table."""
+    evil = send_to(sqlite_url, EVIL_QUEUE, EVIL_TASK)
+    send_to(sqlite_url, MARKUP_QUEUE, "t")
+    table = wide(sqlite_url, "stats")
+    assert table.code == 0 and table.err == "", table
+    _assert_printable(table.out)
+    assert "q\\x1b[2J\\x07" in table.out and "[/]" in table.out
+    shown = conveyor(sqlite_url, "job", evil)
+    assert shown.code == 0, shown
+    _assert_printable(shown.out)
+    assert "t\\x1b]0;pwned\\x07\\u202e" in shown.out
+    # JSON output is escaped by JSON itself, and keeps the names exact.
+    assert conveyor(sqlite_url, "job", evil, "--json").json()["queue"] == EVIL_QUEUE
+
+    # Dead letters: an unknown task is dead-lettered without running.
+    worker = conveyor(
+        sqlite_url, "worker", APP_PATH, "--queues", f"{EVIL_QUEUE},{MARKUP_QUEUE}", "--burst", timeout=120
+    )
+    assert worker.code == 0, worker
+    listed = wide(sqlite_url, "dlq", "list")
+    assert listed.code == 0 and listed.err == "", listed
+    _assert_printable(listed.out)
+    assert "q\\x1b[2J" in listed.out
+
+    added = conveyor(sqlite_url, "schedules", "add", "s\x1b[31m", "--cron", "* * * * *", "--task", EVIL_TASK)
+    assert added.code == 0, added
+    _assert_printable(added.out)
+    listed = wide(sqlite_url, "schedules", "list")
+    assert listed.code == 0, listed
+    _assert_printable(listed.out)
+    assert "s\\x1b[31m" in listed.out
+    subscribed = conveyor(sqlite_url, "topics", "subscribe", "o\x1b[8m", EVIL_QUEUE, "--task", "[bold]t")
+    assert subscribed.code == 0, subscribed
+    _assert_printable(subscribed.out)
+    topics = wide(sqlite_url, "topics", "list")
+    assert topics.code == 0, topics
+    _assert_printable(topics.out)
+    assert "[bold]t" in topics.out
+    # Errors that quote a name are escaped too.
+    missing = conveyor(sqlite_url, "schedules", "pause", "nope\x1b[2J")
+    _assert_printable(assert_one_line_error(missing, "no schedule named"))
+
+
+def wide(db: str, *args: str) -> Run:
+    """``conveyor`` with a terminal width that fits whole names in its tables."""
+    return conveyor(db, *args, env={"COLUMNS": "250"})
+
+
+def send_to(db: str, queue: str, task: str) -> str:
+    run = conveyor(db, "send", queue, task, "--json")
+    assert run.code == 0, run
+    return str(run.json()["id"])
+
+
+# -- passwords ---------------------------------------------------------------------------------
+
+
+def test_passwords_never_appear_and_a_malformed_url_fails_fast() -> None:
+    refused = conveyor(f"postgresql://bob:{SECRET}@127.0.0.1:{_closed_port()}/db", "stats", timeout=60)
+    assert_one_line_error(refused, "PostgreSQL unreachable", "refused")
+    assert SECRET not in refused.out + refused.err
+    for url in (
+        f"postgresql://bob:{SECRET}@[::1/db",
+        f"postgresql://bob:{SECRET}@localhost:notaport/db",
+        f"mysql://bob:{SECRET}@localhost/db",
+    ):
+        started = time.monotonic()
+        run = conveyor(url, "stats")
+        assert time.monotonic() - started < 5, run  # no pool retrying in the background until a timeout
+        line = assert_one_line_error(run, "bob:***@")
+        assert SECRET not in line + run.out
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_migrate_with_a_malformed_url_is_one_line(where: str) -> None:
+    url = f"postgresql://bob:{SECRET}@localhost/db?bogus=1"
+    run = conveyor(url, "migrate") if where == "before" else conveyor(None, "migrate", "--db", url)
+    line = assert_one_line_error(run, "malformed PostgreSQL URL")
+    assert SECRET not in line

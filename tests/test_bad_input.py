@@ -1,0 +1,436 @@
+"""Bad input through the Python API (issue 14): a clear error, nothing written, the same on every engine.
+
+Every value a caller gives (message fields, task, queue, backoff and worker options, schedule and
+topic names) is checked once above the seam (``conveyor._limits``), so the memory, SQLite and
+PostgreSQL engines refuse exactly the same things, before anything is written."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import random
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from conveyor import (
+    App,
+    ConfigurationError,
+    ExponentialBackoff,
+    FixedSchedule,
+    JobContext,
+    Message,
+    PayloadError,
+    Retry,
+    Worker,
+)
+from conveyor._limits import MAX_JSON_DEPTH, MAX_KEY_BYTES, MAX_NAME_CHARS
+from conveyor.backends.base import DeadListParams, QueuesStatsParams, Schedule, SchedulesUpsertParams
+from conveyor.testing import drain
+from conveyor.worker._shared import BackendCalls, Counters
+from conveyor.worker.scheduler import Scheduler
+
+NAN = math.nan
+INF = math.inf
+
+
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
+def app(request: pytest.FixtureRequest, tmp_path: os.PathLike[str]) -> Iterator[App]:
+    if request.param == "memory":
+        url = "memory://"
+    elif request.param == "sqlite":
+        url = f"sqlite:///{os.fspath(tmp_path)}/conveyor.db"
+    else:
+        url = str(request.getfixturevalue("postgres_database"))
+    a = App(url, migrate=True)
+    yield a
+    a.close()
+
+
+def _nothing_written(app: App) -> None:
+    assert app.backend.queues_stats(QueuesStatsParams(datetime.now(UTC))) == []
+    assert app.backend.schedules_list() == []
+
+
+def _deep(levels: int) -> dict[str, Any]:
+    """A JSON object nested ``levels`` deep (the object itself is level 1)."""
+    value: dict[str, Any] = {}
+    for _ in range(levels - 1):
+        value = {"a": value}
+    return value
+
+
+# -- numbers -----------------------------------------------------------------------------------
+
+BAD_ENVELOPES: list[tuple[dict[str, Any], str]] = [
+    ({"delay": NAN}, "delay must be a finite number"),
+    ({"delay": INF}, "delay must be a finite number"),
+    ({"delay": -1}, "delay must be >= 0"),
+    ({"delay": 1e12}, "100 years"),
+    ({"delay": "10"}, "delay must be a number of seconds"),
+    ({"ttl": NAN}, "ttl must be a finite number"),
+    ({"ttl": -INF}, "ttl must be a finite number"),
+    ({"ttl": 0}, "ttl must be > 0"),
+    ({"priority": 2**31}, "priority must be between -2,147,483,648 and 2,147,483,647"),
+    ({"priority": -(2**31) - 1}, "priority must be between"),
+    ({"priority": 1.5}, "priority must be an integer"),
+    ({"priority": NAN}, "priority must be an integer"),
+    ({"priority": True}, "priority must be an integer"),
+    ({"max_attempts": 0}, "max_attempts must be between 1 and 1,000,000"),
+    ({"max_attempts": -3}, "max_attempts must be between"),
+    ({"max_attempts": 2.0}, "max_attempts must be an integer"),
+    ({"max_attempts": 10**7}, "max_attempts must be between"),
+    ({"run_at": "2030-01-01T00:00:00Z"}, "run_at must be a datetime"),
+    ({"run_at": datetime(2030, 1, 1)}, "timezone-aware"),
+    ({"expires_at": 12.5}, "expires_at must be a datetime"),
+    ({"run_at": datetime.max.replace(tzinfo=UTC), "ttl": 60}, "past the last representable time"),
+]
+
+
+@pytest.mark.parametrize(("envelope", "message"), BAD_ENVELOPES, ids=lambda v: repr(v)[:40])
+def test_bad_numbers_and_times_are_refused_before_anything_is_written(
+    app: App, envelope: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(PayloadError, match=message):
+        app.send("t", {"x": 1}, queue="q", **envelope)
+    # In a batch, the good message before it is not written either.
+    with pytest.raises(PayloadError, match=message):
+        app.send_many([Message("t", {"x": 0}, queue="q"), Message("t", {"x": 1}, queue="q", **envelope)])
+    _nothing_written(app)
+
+
+def test_numbers_at_the_limits_are_stored_as_given(app: App) -> None:
+    low = app.send("t", {}, queue="q", priority=-(2**31), max_attempts=1_000_000, delay=0)
+    high = app.send("t", {}, queue="q", priority=2**31 - 1, max_attempts=1, ttl=0.001, delay=3600)
+    assert (low.status().priority, low.status().max_attempts) == (-(2**31), 1_000_000)
+    assert (high.status().priority, high.status().max_attempts) == (2**31 - 1, 1)
+
+
+# -- names and keys ----------------------------------------------------------------------------
+
+
+def _incompressible(chars: int) -> str:
+    """Random CJK text (3 bytes a character): PostgreSQL cannot compress it to fit an index entry."""
+    rng = random.Random(chars)
+    return "".join(chr(0x4E00 + rng.randrange(20_000)) for _ in range(chars))
+
+
+LONG_NAME = "n" * (MAX_NAME_CHARS + 1)
+LONG_KEY = _incompressible(MAX_KEY_BYTES // 3 + 1)
+
+BAD_FIELDS: list[tuple[dict[str, Any], str]] = [
+    ({"queue": LONG_NAME}, f"queue is {MAX_NAME_CHARS + 1} characters long, over the {MAX_NAME_CHARS}"),
+    ({"task": LONG_NAME}, "task is 201 characters long"),
+    ({"task": ""}, "task must not be empty"),
+    ({"queue": ""}, "queue must not be empty"),
+    ({"queue": 7}, "queue must be a string, got int"),
+    ({"task": None}, "task must be a string, got NoneType"),
+    ({"queue": "a\x00b"}, "queue contains a NUL character"),
+    ({"task": "t\ud800"}, "task is not valid Unicode"),
+    ({"idempotency_key": LONG_KEY}, f"idempotency_key is {len(LONG_KEY.encode())} bytes, over the 512-byte"),
+    ({"ordering_key": "k" * (MAX_KEY_BYTES + 1)}, "ordering_key is 513 bytes"),
+    ({"idempotency_key": 42}, "idempotency_key must be a string, got int"),
+    ({"ordering_key": b"bytes"}, "ordering_key must be a string, got bytes"),
+    ({"idempotency_key": ""}, "idempotency_key must not be empty"),
+    ({"idempotency_key": "k\x00"}, "idempotency_key contains a NUL"),
+    ({"ordering_key": "\udcff"}, "ordering_key is not valid Unicode"),
+]
+
+
+@pytest.mark.parametrize(("fields", "message"), BAD_FIELDS, ids=lambda v: repr(v)[:40])
+def test_names_and_keys_past_the_limits_are_refused_before_anything_is_written(
+    app: App, fields: dict[str, Any], message: str
+) -> None:
+    """Today PostgreSQL's btree limit was reported as "database unavailable" (and retried forever);
+    SQLite took what PostgreSQL refuses. Now every engine refuses the same, before the insert."""
+    fields = dict(fields)  # the parameters are shared by the engines
+    task = fields.pop("task", "t")
+    with pytest.raises(PayloadError, match=message):
+        app.send_many([Message("t", {}, queue="q"), Message(task, {}, **{"queue": "q", **fields})])
+    _nothing_written(app)
+
+
+def test_names_and_keys_at_the_limits_are_accepted(app: App) -> None:
+    key = "é" * (MAX_KEY_BYTES // 2)  # 512 bytes
+    job = app.send("t" * MAX_NAME_CHARS, {}, queue="q" * MAX_NAME_CHARS, idempotency_key=key, ordering_key=key)
+    status = job.status()
+    assert (status.queue, status.task) == ("q" * MAX_NAME_CHARS, "t" * MAX_NAME_CHARS)
+    again = app.send("t" * MAX_NAME_CHARS, {}, queue="q" * MAX_NAME_CHARS, idempotency_key=key)
+    assert again.id == job.id
+
+
+# -- JSON --------------------------------------------------------------------------------------
+
+
+def test_deeply_nested_payloads_are_refused(app: App) -> None:
+    app.send("t", _deep(MAX_JSON_DEPTH), queue="q")  # at the limit: accepted
+    for levels in (MAX_JSON_DEPTH + 1, 990, 100_000):  # 990 used to be accepted, 100,000 a RecursionError
+        with pytest.raises(PayloadError, match=f"nested deeper than {MAX_JSON_DEPTH} levels"):
+            app.send("t", _deep(levels), queue="deep")
+    with pytest.raises(PayloadError, match="nested deeper"):
+        app.send("t", {}, queue="deep", headers=_deep(MAX_JSON_DEPTH + 1))
+    # Brackets inside strings do not nest.
+    app.send("t", {"text": "[" * 500 + "{" * 500}, queue="q")
+    assert [s.queue for s in app.backend.queues_stats(QueuesStatsParams(datetime.now(UTC)))] == ["q"]
+
+
+def test_nul_in_payload_or_headers_is_refused_on_every_engine(app: App) -> None:
+    """PostgreSQL's jsonb cannot store \\u0000; refusing it everywhere keeps one meaning per job."""
+    for payload, headers in (
+        ({"s": "a\x00b"}, None),
+        ({"nested": [{"k": "\x00"}]}, None),
+        ({"key\x00": 1}, None),
+        ({}, {"tenant": "acme\x00"}),
+    ):
+        with pytest.raises(PayloadError, match="NUL character"):
+            app.send("t", payload, queue="q", headers=headers)
+    with pytest.raises(PayloadError, match="not valid Unicode"):
+        app.send("t", {"s": "\ud83d"}, queue="q")
+    _nothing_written(app)
+
+
+ROUND_TRIP = {
+    "backslash-u0000 as text": "\\u0000",
+    "backslashes": "\\\\u0000 \\",
+    "controls": "\x01\x07\x08\x1b[31m\x7f\x9b",
+    "newlines": "a\nb\r\nc\td",
+    "unicode": "é ß 中文 🚀 \u202e \ufeff",
+    "quotes": "\"'`",
+    "numbers": [0, -1, 2**53, 1.5, -0.0, 1e-300],
+    "empty": ["", {}, [], None, True, False],
+}
+
+
+def test_payloads_and_headers_round_trip_identically_on_every_engine(app: App) -> None:
+    job = app.send("t", ROUND_TRIP, queue="q", headers={"tricky": "\\u0000 \x1b é"})
+    status = job.status()
+    assert status.payload == ROUND_TRIP
+    assert status.headers["tricky"] == "\\u0000 \x1b é"
+
+
+# -- options -----------------------------------------------------------------------------------
+
+BAD_TASK_OPTIONS: list[tuple[dict[str, Any], str]] = [
+    ({"visibility_timeout": NAN}, "visibility_timeout must be a finite number"),
+    ({"visibility_timeout": INF}, "visibility_timeout must be a finite number"),
+    ({"visibility_timeout": 0}, "visibility_timeout must be > 0"),
+    ({"timeout": NAN}, "timeout must be a finite number"),
+    ({"timeout": -1}, "timeout must be > 0"),
+    ({"max_attempts": 0}, "max_attempts must be between 1"),
+    ({"max_attempts": NAN}, "max_attempts must be an integer"),
+    ({"max_deliveries": 0}, "max_deliveries must be between 1"),
+    ({"max_deliveries": 10**9}, "max_deliveries must be between"),
+    ({"priority": 2**40}, "priority must be between"),
+    ({"version": 0}, "version must be between 1"),
+    ({"backoff": [1, NAN]}, "a fixed backoff delay must be a finite number"),
+    ({"backoff": [-5]}, "a fixed backoff delay must be >= 0"),
+    ({"backoff": []}, "needs one or more"),
+    ({"backoff": ExponentialBackoff}, "backoff must be"),
+    ({"dead_on": ["ValueError"]}, "dead_on must list exception classes"),
+    ({"ack_policy": "sometimes"}, "ack_policy must be"),
+    ({"queue": ""}, "queue must not be empty"),
+    ({"queue": LONG_NAME}, "queue is 201 characters long"),
+    ({"name": LONG_NAME}, "task name is 201 characters long"),
+    ({"name": ""}, "task name must not be empty"),
+]
+
+
+@pytest.mark.parametrize(("options", "message"), BAD_TASK_OPTIONS, ids=lambda v: repr(v)[:40])
+def test_bad_task_options_raise_configuration_error(options: dict[str, Any], message: str) -> None:
+    app = App("memory://")
+    with pytest.raises(ConfigurationError, match=message):
+
+        @app.task(**options)
+        def handler() -> None:
+            pass
+
+    assert app.tasks == {}
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: ExponentialBackoff(base=NAN), "backoff base must be a finite number"),
+        (lambda: ExponentialBackoff(cap=INF), "backoff cap must be a finite number"),
+        (lambda: ExponentialBackoff(base=-1), "backoff base must be >= 0"),
+        (lambda: FixedSchedule([60, INF]), "a fixed backoff delay must be a finite number"),
+        (lambda: FixedSchedule("60"), "needs one or more"),  # type: ignore[arg-type]
+    ],
+)
+def test_bad_backoff_values_raise_configuration_error(make: Any, message: str) -> None:
+    with pytest.raises(ConfigurationError, match=message):
+        make()
+
+
+def test_exponential_backoff_survives_a_million_attempts() -> None:
+    """max_attempts may be 1,000,000: 2 ** attempts must not overflow a float on the way."""
+    backoff = ExponentialBackoff(jitter=False)  # base 1.0 s, cap 3600 s
+    assert backoff.delay(10_000) == 3600
+
+
+BAD_QUEUE_OPTIONS: list[tuple[dict[str, Any], str]] = [
+    ({"max_depth": 0}, "max_depth must be between 1"),
+    ({"max_depth": 2**31}, "max_depth must be between"),
+    ({"max_depth": NAN}, "max_depth must be an integer"),
+    ({"dedup_window": timedelta(0)}, "dedup_window must be positive"),
+    ({"dedup_window": 60}, "dedup_window must be a datetime.timedelta"),
+    ({"retention": timedelta(days=-1)}, "retention must be positive"),
+    ({"sla": 30.0}, "sla must be a datetime.timedelta"),
+    ({"shedding": {"low": NAN}}, "shedding needs low/normal/high fractions"),
+    ({"shedding": {"low": "half"}}, "shedding needs"),
+    ({"on_expire": "drop"}, "on_expire must be"),
+    ({"concurrency": 0}, "concurrency must be between 1"),
+]
+
+
+@pytest.mark.parametrize(("options", "message"), BAD_QUEUE_OPTIONS, ids=lambda v: repr(v)[:40])
+def test_bad_queue_options_raise_configuration_error(options: dict[str, Any], message: str) -> None:
+    app = App("memory://")
+    with pytest.raises(ConfigurationError, match=message):
+        app.queue("q", **options)
+    with pytest.raises(ConfigurationError, match="queue is 201 characters long"):
+        app.queue(LONG_NAME)
+    assert app.queues == {}
+
+
+def test_bad_app_options_raise_configuration_error() -> None:
+    with pytest.raises(ConfigurationError, match="max_payload_bytes must be between 1"):
+        App("memory://", max_payload_bytes=0)
+    with pytest.raises(ConfigurationError, match=r"dedup_window must be a datetime\.timedelta"):
+        App("memory://", dedup_window=3600)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"visibility_timeout": NAN}, "visibility_timeout must be a finite number"),
+        ({"visibility_timeout": 0}, "visibility_timeout must be > 0"),
+        ({"graceful_timeout": INF}, "graceful_timeout must be a finite number"),
+        ({"concurrency": 0}, "concurrency must be between 1"),
+        ({"prefetch": 0}, "prefetch must be between 1"),
+    ],
+)
+def test_bad_worker_options_raise_before_anything_is_leased(options: dict[str, Any], message: str) -> None:
+    """A lease of NaN seconds is stored as NULL on SQLite: the job would never expire or be rescued."""
+    app = App("memory://")
+    app.send("t", {}, queue="q")
+    with pytest.raises(ConfigurationError, match=message):
+        Worker(app, ["q"], burst=True, **options)
+    assert app.backend.queues_stats(QueuesStatsParams(datetime.now(UTC)))[0].pending == 1
+
+
+def test_handler_side_numbers_are_checked_where_the_handler_gives_them() -> None:
+    """ctx.extend(nan) would store a lease that never expires; Retry(delay=inf) a run_at past any date."""
+    app = App("memory://")
+    seen: list[str] = []
+
+    @app.task(queue="q", max_attempts=1)
+    def extend_nan(ctx: JobContext) -> None:
+        try:
+            ctx.extend(NAN)
+        except ConfigurationError as exc:
+            seen.append(str(exc))
+            raise
+
+    @app.task(queue="q", max_attempts=2)
+    def retry_inf() -> None:
+        raise Retry(delay=INF)
+
+    @app.task(queue="q", max_attempts=2, ack_policy="manual")
+    def nack_nan(ctx: JobContext) -> None:
+        ctx.nack(NAN)
+
+    extend_nan.delay()
+    retry_inf.delay()
+    nack_nan.delay()
+    result = drain(app)
+    assert seen == ["ctx.extend seconds must be a finite number of seconds, got nan"]
+    # A ConfigurationError is a ValueError: the handler is wrong, so the job is dead at once.
+    assert (result.dead, result.completed, result.retried) == (3, 0, 0)
+    errors = sorted(str(r.error_message) for r in app.backend.dead_list(DeadListParams()))
+    assert errors == [
+        "Retry delay must be a finite number of seconds, got inf",
+        "ctx.extend seconds must be a finite number of seconds, got nan",
+        "ctx.nack delay must be a finite number of seconds, got nan",
+    ]
+
+
+def test_a_processed_key_past_the_limit_fails_its_handler_not_the_worker(app: App) -> None:
+    """ctx.once keys are index entries too (the processed_keys table)."""
+
+    @app.task(queue="q")
+    def once(ctx: JobContext) -> None:
+        ctx.once("k" * (MAX_KEY_BYTES + 1))
+
+    job = once.delay()
+    assert drain(app).dead == 1
+    status = job.status()
+    assert status.error is not None and "ctx.once key is 513 bytes" in status.error.message
+
+
+# -- schedules and topics ----------------------------------------------------------------------
+
+
+def test_bad_schedules_are_refused_before_anything_is_written(app: App) -> None:
+    with pytest.raises(ConfigurationError, match="schedule name must not be empty"):
+        app.add_schedule("", "* * * * *", "t")
+    with pytest.raises(ConfigurationError, match="schedule task must not be empty"):
+        app.add_schedule("s", "* * * * *", "")
+    with pytest.raises(ConfigurationError, match="schedule name is 201 characters long"):
+        app.add_schedule(LONG_NAME, "* * * * *", "t")
+    with pytest.raises(ConfigurationError, match="schedule queue is 201"):
+        app.add_schedule("s", "* * * * *", "t", queue=LONG_NAME)
+    with pytest.raises(ConfigurationError, match="priority must be between"):
+        app.add_schedule("s", "* * * * *", "t", priority=2**31)
+    with pytest.raises(PayloadError, match="NUL"):
+        app.add_schedule("s", "* * * * *", "t", payload={"x": "\x00"})
+    with pytest.raises(ConfigurationError, match="schedule name must not be empty"):
+
+        @app.periodic("* * * * *", name="")
+        def nameless() -> None:
+            pass
+
+    _nothing_written(app)
+    added = app.add_schedule("ok", "*/5 * * * *", "t", queue="reports", payload={"scope": "all"})
+    assert [(s.name, s.queue, json.loads(s.payload)) for s in app.backend.schedules_list()] == [
+        ("ok", "reports", {"scope": "all"})
+    ]
+    assert added.cron == "*/5 * * * *"
+
+
+def test_bad_topic_names_are_refused(app: App) -> None:
+    with pytest.raises(ConfigurationError, match="topic is 201 characters long"):
+        app.subscribe(LONG_NAME, "q", "t")
+    with pytest.raises(ConfigurationError, match="queue must not be empty"):
+        app.subscribe("orders", "", "t")
+    with pytest.raises(PayloadError, match="topic contains a NUL"):
+        app.publish("or\x00ders", {})
+    assert app.publish("orders", {}) == []
+
+
+def test_one_failing_schedule_does_not_block_the_others(app: App) -> None:
+    """Schedules fire in name order; one that cannot fire (stored before names had limits, or by
+    hand) is logged and skipped, and the ones after it still fire."""
+    now = datetime.now(UTC)
+    due = now - timedelta(seconds=1)
+    rows = [
+        # A queue name past the limit: PostgreSQL's index refused its job ("unavailable", forever).
+        Schedule("a-long-queue", "* * * * *", "t", _incompressible(1500), "{}", due),
+        Schedule("b-not-an-object", "* * * * *", "t", "q", "[1]", due),
+        Schedule("c-bad-cron", "not a cron", "t", "q", "{}", due),
+        Schedule("d-good", "* * * * *", "t", "q", "{}", due),
+    ]
+    app.backend.schedules_upsert(SchedulesUpsertParams(rows))
+    scheduler = Scheduler(app, BackendCalls(app.backend, Counters()), lambda: now)
+
+    async def run_once() -> int:
+        return await asyncio.wait_for(scheduler.run_once(), timeout=30)
+
+    assert asyncio.run(run_once()) == 1
+    stats = app.backend.queues_stats(QueuesStatsParams(now))
+    assert [(s.queue, s.pending) for s in stats] == [("q", 1)]
+    assert asyncio.run(run_once()) == 0  # the bad ones are skipped again, without harm
