@@ -59,7 +59,10 @@ CAUSES = {
 }
 #: Causes under which a worker may run a job whose lease it no longer holds (so another worker
 #: may run it at the same time).
-LEASE_LOSS = {"stop_worker", "pg_restart", "proxy_cut"}
+LEASE_LOSS = {"stop_worker", "pg_restart", "proxy_cut", "exit"}
+#: A worker that exits on its own may have stopped flushing outcomes long before it exits (a dead
+#: completer, then a graceful stop of up to --graceful-timeout, 10 s in these runs).
+EXIT_MARGIN = 15.0
 
 
 @dataclass(frozen=True)
@@ -456,7 +459,8 @@ class Checker:
         """The faults that can explain this run having been wasted (its outcome never recorded)."""
         out: list[str] = []
         death = self.deaths.get(run.pid)
-        if death is not None and run.start <= death.t and (run.end is None or run.end >= death.t - FLUSH_MARGIN):
+        margin = EXIT_MARGIN if death is not None and death.cause == "exit" else FLUSH_MARGIN
+        if death is not None and run.start <= death.t and (run.end is None or run.end >= death.t - margin):
             is_own_crash = death.cause == "crash" and run.task == mix.CRASH
             if not is_own_crash:
                 out.append(death.cause)

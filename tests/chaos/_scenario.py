@@ -13,13 +13,14 @@ the run itself fails.
 from __future__ import annotations
 
 import contextlib
+import json
 import random
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 from uuid import UUID
 
 import psycopg
@@ -202,7 +203,24 @@ def through_public_api(app: App, rows: Sequence[Row]) -> tuple[list[Row], list[s
     return out, disagree
 
 
-def run(scenario: Scenario, workdir: Path, log: Callable[[str], None] = lambda _m: None) -> Report:
+class Probe(Protocol):
+    """Something that watches a run from beside it (the long form's sampler of depth and dead rows)."""
+
+    def start(self, url: str, t0: float) -> None: ...
+
+    def stop(self) -> None: ...
+
+    def finish(self, url: str, t0: float) -> dict[str, Any]:
+        """Read what it needs from the database before the cluster goes; kept in the report."""
+        ...
+
+
+def run(
+    scenario: Scenario,
+    workdir: Path,
+    log: Callable[[str], None] = lambda _m: None,
+    probe: Probe | None = None,
+) -> Report:
     """Run ``scenario`` with its files under ``workdir``; return the checker's report."""
     workdir.mkdir(parents=True, exist_ok=True)
     rng = random.Random(scenario.seed)
@@ -247,6 +265,9 @@ def run(scenario: Scenario, workdir: Path, log: Callable[[str], None] = lambda _
         fleet.wait_running(60)
         t_start = time.time()
         log("workers running")
+        if probe is not None:
+            stack.callback(probe.stop)
+            probe.start(url, t_start)
 
         injector = Injector(
             scenario.faults,
@@ -272,6 +293,10 @@ def run(scenario: Scenario, workdir: Path, log: Callable[[str], None] = lambda _
         fleet.wait_running(60)
         codes = fleet.stop_all()
         t_end = time.time()
+        probed: dict[str, Any] = {}
+        if probe is not None:
+            probe.stop()
+            probed = probe.finish(url, t_start)
 
         runs, malformed = read_run_log(run_log)
         archive, live = read_tables(url)
@@ -295,6 +320,8 @@ def run(scenario: Scenario, workdir: Path, log: Callable[[str], None] = lambda _
         report.extra["drained"] = drained
         report.extra["proxy_connections"] = proxy.connections_total
         report.extra["kinds"] = sorted(POLICIES)
+        report.extra.update(probed)
+        (workdir / "events.json").write_text(json.dumps(events.items, indent=1, default=str))
         (workdir / "report.txt").write_text(report.format() + "\n\n" + report.format_throughput() + "\n")
         return report
     raise AssertionError("unreachable")  # pragma: no cover - ExitStack does not swallow exceptions

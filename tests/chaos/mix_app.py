@@ -137,8 +137,12 @@ def register(app: App, config: MixConfig) -> None:
     async def fast(n: int, ctx: JobContext) -> dict[str, int]:
         # The one async handler of the mix: it runs on the worker's event loop, the others in threads.
         record("start", ctx)
-        if config.fast_sleep:
-            await asyncio.sleep(config.fast_sleep)
+        try:
+            if config.fast_sleep:
+                await asyncio.sleep(config.fast_sleep)
+        except BaseException as exc:  # cancelled: the worker's loop is going away
+            record("end", ctx, type(exc).__name__)
+            raise
         record("end", ctx, "ok")
         return {"n": n}
 
