@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import fcntl
 import json
+import logging
 import shlex
 import sys
 import tempfile
@@ -79,12 +80,12 @@ def split(total: dict[str, int], fraction: float) -> tuple[dict[str, int], dict[
 
 def schedule(seconds: float, blocker_seconds: float, with_blocker: bool) -> list[Fault]:
     """Baseline, the blocker alone, a pause to recover, then every other fault to the end."""
-    baseline = max(15.0, 0.1 * seconds)
+    baseline = max(15.0, 0.125 * seconds)
     faults: list[Fault] = []
     start = baseline
     if with_blocker:
         faults.append(Fault(baseline, "vacuum_blocker"))
-        start = baseline + blocker_seconds + max(15.0, 0.1 * seconds)
+        start = baseline + blocker_seconds + max(15.0, 0.125 * seconds)
     end = seconds - 5
     step = (end - start) / len(FAULTS)
     if step < 3:
@@ -195,11 +196,15 @@ def phases(report: Report, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         rates = [r["jobs_per_s"] for r in inside]
         p99s = sorted(r["latency_p99_s"] for r in inside if r["latency_p99_s"] is not None)
         deads = [r["dead_rows_max"] for r in inside if r["dead_rows_max"] is not None]
+        drains = sorted(
+            x["jobs_per_s"] for x in report.extra.get("bursts", []) if a <= x["at"] < b and x["jobs_per_s"] is not None
+        )
         out.append({
             "phase": name, "from_s": round(a), "to_s": round(b), "windows": len(inside),
             "jobs_per_s_mean": round(sum(rates) / len(rates)), "jobs_per_s_min": min(rates),
             "latency_p99_s_median": p99s[len(p99s) // 2] if p99s else None,
             "dead_rows_max": max(deads) if deads else None,
+            "burst_drain_jobs_per_s": drains,
         })  # fmt: skip
     return out
 
@@ -207,13 +212,27 @@ def phases(report: Report, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def markdown(report: Report, meta: dict[str, Any], rows: list[dict[str, Any]], summary: list[dict[str, Any]]) -> str:
     lines = [f"# Chaos run {meta['stamp']}", "", f"`{meta['command']}` ({meta['commit']})", "", "```"]
     lines += [report.format(), "```", "", "## Phases", ""]
-    lines += ["| phase | s | jobs/s mean | jobs/s min | p99 latency (median of windows) | dead rows max |"]
-    lines += ["| --- | --- | --- | --- | --- | --- |"]
+    lines += ["| phase | s | jobs/s mean | jobs/s min | p99 latency s (median of windows) | dead rows max | "
+              "bursts drained at (jobs/s) |"]  # fmt: skip
+    lines += ["| --- | --- | --- | --- | --- | --- | --- |"]
     for p in summary:
         lines.append(
             f"| {p['phase']} | {p['from_s']}-{p['to_s']} | {p['jobs_per_s_mean']} | {p['jobs_per_s_min']} | "
-            f"{p['latency_p99_s_median']} | {p['dead_rows_max']} |"
+            f"{p['latency_p99_s_median']} | {p['dead_rows_max']} | "
+            f"{', '.join(f'{x:,}' for x in p['burst_drain_jobs_per_s'])} |"
         )
+    lines += [
+        "",
+        "## Bursts",
+        "",
+        "| at s | jobs | drained in s | jobs/s | faults active |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for x in report.extra.get("bursts", []):
+        t0 = report.t_start + x["at"]
+        t1 = t0 + (x["drain_s"] or 0)
+        active = sorted({f["fault"] for f in report.faults if f["t"] <= t1 and max(f["t_end"], f["t"]) >= t0})
+        lines.append(f"| {x['at']} | {x['jobs']:,} | {x['drain_s']} | {x['jobs_per_s']} | {', '.join(active)} |")
     lines += ["", "## Restarts", "", "| at s | restart took s | first finish after s | rate back to half s |"]
     lines += ["| --- | --- | --- | --- |"]
     for r in report.recoveries:
@@ -251,19 +270,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-hostile", action="store_true", help="only well-behaved jobs")
     parser.add_argument("--crash", type=int, default=10, help="jobs that os._exit their worker (each twice)")
     parser.add_argument("--hang", type=int, default=10, help="jobs whose first attempt hangs past its timeout")
-    parser.add_argument("--upfront", type=float, default=0.1, help="share of the jobs sent before the workers start")
+    parser.add_argument("--upfront", type=float, default=0.05, help="share of the jobs sent before the workers start")
+    parser.add_argument("--burst-every", type=float, default=15.0, help="seconds between bursts (0: none)")
+    parser.add_argument("--burst-share", type=float, default=0.6, help="share of the jobs sent in bursts")
     parser.add_argument("--visibility-timeout", type=float, default=3.0)
     parser.add_argument("--seed", type=int, default=14)
     parser.add_argument("--workdir", type=Path, default=None, help="run log and worker logs (default: a temp dir)")
     parser.add_argument("--no-save", action="store_true", help="do not write bench/chaos/results")
     args = parser.parse_args(argv)
+    # The producer's pool reports every failed reconnection while the server restarts: expected here.
+    logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
 
     total = composition(args.jobs, not args.no_hostile, args.crash, args.hang)
-    upfront, paced = split(total, args.upfront)
+    count = int(args.seconds // args.burst_every) if args.burst_every > 0 else 0
+    size = round(args.jobs * args.burst_share / count) if count else 0
+    bursts = [(args.burst_every * (k + 0.5), size) for k in range(count)]
+    rest = {**total, mix.FAST: total[mix.FAST] - size * count}
+    if rest[mix.FAST] < 0:
+        raise SystemExit("--burst-share leaves no room for the other jobs")
+    upfront, paced = split(rest, args.upfront / max(1e-9, 1 - args.burst_share))
     scenario = Scenario(
         name="long",
         upfront=upfront,
         paced=paced,
+        bursts=bursts,
         produce_seconds=args.seconds,
         faults=schedule(args.seconds, args.blocker_seconds, not args.no_blocker),
         mix=mix.MixConfig(visibility_timeout=args.visibility_timeout, long_seconds=2 * args.visibility_timeout),
@@ -278,8 +308,9 @@ def main(argv: list[str] | None = None) -> int:
     def log(message: str) -> None:
         print(f"[{time.monotonic() - t:7.1f}s] {message}", flush=True)
 
-    log(f"{args.jobs:,} jobs ({sum(paced.values()):,} at {sum(paced.values()) / args.seconds:.0f}/s), "
-        f"{len(scenario.faults)} faults, files in {workdir}")  # fmt: skip
+    log(f"{args.jobs:,} jobs: {sum(upfront.values()):,} up front, {sum(paced.values()):,} at "
+        f"{sum(paced.values()) / args.seconds:.0f}/s, {count} bursts of {size:,}; {len(scenario.faults)} faults; "
+        f"files in {workdir}")  # fmt: skip
     with bench_lock():
         report = run(scenario, workdir, log=log, probe=Sampler())
     rows = windows(report)

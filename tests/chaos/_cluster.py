@@ -19,7 +19,9 @@ class ChaosCluster(PgCluster):
     would report Conveyor losing jobs that the server lost. Here the server default is ``on`` (what
     production runs): inserts wait for the WAL, and only Conveyor's own outcome statements commit
     asynchronously (its ``durable_acks=False`` default), so a crash can lose outcomes, never jobs.
-    ``fsync=off`` stays: it only matters when the operating system crashes, which no fault does."""
+    ``fsync=off`` stays: it only matters when the operating system crashes, which no fault does.
+    ``autovacuum_naptime=5s`` (default 1 min) lets the jobs table's own autovacuum thresholds act
+    within a run of a few minutes, so that what a vacuum blocker changes can be seen."""
 
     def start(self) -> None:
         if not self._initialised:
@@ -27,7 +29,7 @@ class ChaosCluster(PgCluster):
             self._initialised = True
         options = (
             f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off "
-            "-c synchronous_commit=on -c full_page_writes=off -c max_connections=200"
+            "-c synchronous_commit=on -c full_page_writes=off -c max_connections=200 -c autovacuum_naptime=5s"
         )
         self._run("pg_ctl", "-D", str(self.data), "-l", str(self.logfile), "-o", options, "-w", "-t", "60", "start")
 

@@ -48,6 +48,9 @@ class Scenario:
     #: Jobs a producer sends while the faults run, by task, spread over ``produce_seconds``.
     paced: Mapping[str, int] = field(default_factory=dict)
     produce_seconds: float = 30.0
+    #: Bursts of fast jobs sent at once: (seconds into the run, jobs). How fast each drains is the
+    #: queue's spare capacity at that moment (the long form's probe of degradation).
+    bursts: Sequence[tuple[float, int]] = ()
     faults: Sequence[Fault] = ()
     mix: mix.MixConfig = field(default_factory=mix.MixConfig)
     plain_workers: int = 2
@@ -85,39 +88,72 @@ def _messages(tasks: Mapping[str, int], first: int, rng: random.Random, keyed: b
     ]
 
 
-class Producer:
-    """Sends jobs and remembers what was accepted (the producer got the job's id back).
+@dataclass
+class Send:
+    """One planned send: ``messages`` at ``at`` seconds into the run; ``burst`` sends are measured."""
 
-    Paced sends carry an idempotency key: a send that failed mid-commit is sent again, and the
-    key returns the job that the first try may have created instead of enqueueing it twice."""
+    at: float
+    messages: list[Message]
+    burst: bool = False
+    sent_at: float | None = None
+    ids: list[UUID] = field(default_factory=list)
+
+
+def plan(scenario: Scenario, first: int, rng: random.Random) -> list[Send]:
+    """The sends made while the run goes on: the paced jobs in a batch every 0.5 s, and the bursts.
+
+    Every one carries an idempotency key: a send that failed mid-commit (a restart) is sent again,
+    and the key returns the job that the first try may have created instead of enqueueing it twice."""
+    paced = _messages(scenario.paced, first, rng, keyed=True)
+    sends: list[Send] = []
+    if paced:
+        batches = max(1, int(scenario.produce_seconds / 0.5))
+        size = max(1, -(-len(paced) // batches))
+        for k, i in enumerate(range(0, len(paced), size)):
+            sends.append(Send(k * scenario.produce_seconds / batches, paced[i : i + size]))
+    n = first + len(paced)
+    for at, count in scenario.bursts:
+        sends.append(Send(at, _messages({mix.FAST: count}, n, rng, keyed=True), burst=True))
+        n += count
+    return sorted(sends, key=lambda s: s.at)
+
+
+class Producer:
+    """Sends jobs and remembers what was accepted (the producer got the job's id back)."""
 
     def __init__(self, app: App) -> None:
         self.app = app
         self.accepted: dict[UUID, tuple[str, int]] = {}
+        self.sends: list[Send] = []
         self.error: BaseException | None = None
         self._thread: threading.Thread | None = None
         self._abort = threading.Event()
 
-    def send(self, messages: Sequence[Message], chunk: int = 5000) -> None:
+    def send(self, messages: Sequence[Message], chunk: int = 5000) -> list[UUID]:
+        ids: list[UUID] = []
         for i in range(0, len(messages), chunk):
             batch = list(messages[i : i + chunk])
             jobs = _retrying(lambda b=batch: self.app.send_many(b), "send")  # type: ignore[misc]
             for message, job in zip(batch, jobs, strict=True):
                 self.accepted[job.id] = (message.task, int(message.payload["n"]))
+                ids.append(job.id)
+        return ids
 
-    def start_paced(self, messages: Sequence[Message], seconds: float, t0: float) -> None:
-        def pace() -> None:
+    def start(self, sends: Sequence[Send], t0: float) -> None:
+        """Make ``sends`` at their times from a thread (a late send goes at once)."""
+        self.sends = list(sends)
+
+        def go() -> None:
             try:
-                batches = max(1, int(seconds / 0.5))
-                size = max(1, -(-len(messages) // batches))
-                for k, i in enumerate(range(0, len(messages), size)):
-                    if self._abort.wait(max(0.0, t0 + k * seconds / batches - time.time())):
+                for send in self.sends:
+                    if self._abort.wait(max(0.0, t0 + send.at - time.time())):
                         return
-                    self.send(messages[i : i + size])
+                    send.ids = self.send(send.messages)
+                    send.sent_at = time.time()
             except BaseException as exc:
                 self.error = exc
 
-        self._thread = threading.Thread(target=pace, name="chaos-producer", daemon=True)
+        self._thread = threading.Thread(target=go, name="chaos-producer", daemon=True)
         self._thread.start()
 
     def join(self, timeout: float) -> None:
@@ -132,6 +168,25 @@ class Producer:
         self._abort.set()
         if self._thread is not None:
             self._thread.join(timeout=120)
+
+
+def burst_drains(sends: Sequence[Send], archive: Sequence[Row], t0: float) -> list[dict[str, Any]]:
+    """For each burst: how fast it drained (its jobs / from the end of its send to its last finish),
+    the queue's capacity at that moment less what the steady sends took."""
+    finished = {r.id: r.finished_at for r in archive if r.finished_at is not None}
+    out = []
+    for send in sends:
+        if not send.burst or send.sent_at is None:
+            continue
+        last = max((finished[i] for i in send.ids if i in finished), default=None)
+        drain_s = None if last is None else max(last - send.sent_at, 1e-3)
+        out.append({
+            "at": round(send.sent_at - t0, 1),
+            "jobs": len(send.ids),
+            "drain_s": None if drain_s is None else round(drain_s, 2),
+            "jobs_per_s": None if drain_s is None else round(len(send.ids) / drain_s),
+        })  # fmt: skip
+    return out
 
 
 def _live_count(url: str) -> int | None:
@@ -253,7 +308,7 @@ def run(
         t_send = time.monotonic()
         producer.send(_messages(scenario.upfront, 0, rng, keyed=False))
         log(f"sent {len(producer.accepted):,} jobs in {time.monotonic() - t_send:.1f}s")
-        paced = _messages(scenario.paced, len(producer.accepted), rng, keyed=True)
+        sends = plan(scenario, len(producer.accepted), rng)
 
         fleet = Fleet(workdir, worker_url, APP_PATH, config.env(), events)
         stack.callback(fleet.cleanup)
@@ -281,11 +336,12 @@ def run(
         )
         stack.callback(injector.abort)
         injector.start(t_start)
-        producer.start_paced(paced, scenario.produce_seconds, t_start)
+        producer.start(sends, t_start)
 
         last_fault = max((f.at for f in scenario.faults), default=0.0)
+        last_send = max((s.at for s in sends), default=0.0)
         injector.join(last_fault + scenario.blocker_seconds + 600)
-        producer.join(scenario.produce_seconds + 600)
+        producer.join(last_send + 600)
         log(f"faults done at {time.time() - t_start:.0f}s; draining")
         drained = wait_drained(url, scenario.drain_timeout)
         log(f"drained: {drained} at {time.time() - t_start:.0f}s")
@@ -321,6 +377,7 @@ def run(
         report.extra["proxy_connections"] = proxy.connections_total
         report.extra["kinds"] = sorted(POLICIES)
         report.extra.update(probed)
+        report.extra["bursts"] = burst_drains(producer.sends, archive, t_start)
         (workdir / "events.json").write_text(json.dumps(events.items, indent=1, default=str))
         (workdir / "report.txt").write_text(report.format() + "\n\n" + report.format_throughput() + "\n")
         return report

@@ -76,4 +76,5 @@ def test_chaos_run(scenario: Scenario, tmp_path: Path) -> None:
     }
     # ... every accepted job was checked, and the promises held.
     assert report.accepted == sum(scenario.upfront.values()) + sum(scenario.paced.values())
+    assert not scenario.bursts
     assert report.problems() == [], report.format()
