@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import fcntl
+import itertools
 import json
 import logging
 import shlex
@@ -94,18 +95,40 @@ def schedule(seconds: float, blocker_seconds: float, with_blocker: bool) -> list
     return faults
 
 
+#: Conveyor's statements the sampler times, by a fragment of their text (queries.sql).
+STATEMENTS = {"acquire": "%picked AS MATERIALIZED%", "finish": "%INSERT INTO archive%"}
+Sample = dict[str, Any]
+
+
 class Sampler:
-    """Every second: live jobs in the table (depth) and its dead row versions (what vacuum could
-    not yet remove), on a direct connection (not through the proxy)."""
+    """Every second, on a direct connection (not through the proxy): live jobs in the table (depth),
+    its dead row versions (what vacuum could not remove yet), and the calls, rows and execution
+    time of Conveyor's acquire and finish statements so far (pg_stat_statements)."""
 
     def __init__(self) -> None:
-        self.samples: list[tuple[float, int | None, int | None]] = []
+        self.samples: list[Sample] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def start(self, url: str, t0: float) -> None:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
         self._thread = threading.Thread(target=self._run, args=(url, t0), name="chaos-sampler", daemon=True)
         self._thread.start()
+
+    def _sample(self, conn: psycopg.Connection[tuple[Any, ...]], t: float) -> Sample:
+        depth = conn.execute("SELECT count(*) FROM jobs").fetchone()
+        dead = conn.execute("SELECT n_dead_tup FROM pg_stat_user_tables WHERE relname = 'jobs'").fetchone()
+        out: Sample = {"t": t, "depth": depth[0] if depth else None, "dead": dead[0] if dead else None}
+        for name, pattern in STATEMENTS.items():
+            row = conn.execute(
+                "SELECT coalesce(sum(calls), 0), coalesce(sum(rows), 0), coalesce(sum(total_exec_time), 0) "
+                "FROM pg_stat_statements WHERE query LIKE %s AND dbid = "
+                "(SELECT oid FROM pg_database WHERE datname = current_database())",
+                (pattern,),
+            ).fetchone()
+            out[name] = (int(row[0]), int(row[1]), float(row[2])) if row else None
+        return out
 
     def _run(self, url: str, t0: float) -> None:
         conn: psycopg.Connection[tuple[Any, ...]] | None = None
@@ -114,11 +137,9 @@ class Sampler:
             try:
                 if conn is None or conn.closed:
                     conn = psycopg.connect(url, autocommit=True, connect_timeout=2)
-                depth = conn.execute("SELECT count(*) FROM jobs").fetchone()
-                dead = conn.execute("SELECT n_dead_tup FROM pg_stat_user_tables WHERE relname = 'jobs'").fetchone()
-                self.samples.append((t, int(depth[0]) if depth else None, int(dead[0]) if dead else None))
+                self.samples.append(self._sample(conn, t))
             except psycopg.Error:
-                self.samples.append((t, None, None))
+                self.samples.append({"t": t, "depth": None, "dead": None})
                 if conn is not None:
                     conn.close()
                 conn = None
@@ -148,16 +169,34 @@ class Sampler:
         }
 
 
+def statement_cost(samples: list[Sample], name: str, t0: float, t1: float) -> tuple[float | None, float | None]:
+    """Mean execution time (ms) and rows per call of statement ``name`` between two times, from the
+    counters sampled around them (a restart resets the counters: that interval is left out)."""
+    inside = [s for s in samples if t0 <= s["t"] <= t1 and s.get(name) is not None]
+    calls = rows = 0
+    total = 0.0
+    for a, b in itertools.pairwise(inside):
+        dc, dr, dt = (b[name][i] - a[name][i] for i in range(3))
+        if dc < 0:
+            continue
+        calls, rows, total = calls + dc, rows + dr, total + dt
+    if not calls:
+        return None, None
+    return total / calls, rows / calls
+
+
 def windows(report: Report) -> list[dict[str, Any]]:
     """The 5 s windows: finish rate, fast-job latency, depth and dead rows, faults active."""
     latency: dict[int, tuple[float, float]] = report.extra.get("latency", {})
-    samples: list[tuple[float, int | None, int | None]] = report.extra.get("samples", [])
+    samples: list[Sample] = report.extra.get("samples", [])
     out = []
     for start, rate in report.throughput:
         i = int(start // report.window)
-        inside = [s for s in samples if start <= s[0] < start + report.window]
-        depths = [d for _t, d, _x in inside if d is not None]
-        deads = [x for _t, _d, x in inside if x is not None]
+        inside = [s for s in samples if start <= s["t"] < start + report.window]
+        depths = [s["depth"] for s in inside if s["depth"] is not None]
+        deads = [s["dead"] for s in inside if s["dead"] is not None]
+        acquire_ms, acquire_rows = statement_cost(samples, "acquire", start - 1, start + report.window)
+        finish_ms, _ = statement_cost(samples, "finish", start - 1, start + report.window)
         t0, t1 = report.t_start + start, report.t_start + start + report.window
         active = sorted({f["fault"] for f in report.faults if f["t"] < t1 and max(f["t_end"], f["t"]) >= t0})
         p50, p99 = latency.get(i, (None, None))
@@ -168,6 +207,9 @@ def windows(report: Report) -> list[dict[str, Any]]:
             "latency_p99_s": None if p99 is None else round(p99, 2),
             "depth_max": max(depths) if depths else None,
             "dead_rows_max": max(deads) if deads else None,
+            "acquire_ms": None if acquire_ms is None else round(acquire_ms, 2),
+            "acquire_rows": None if acquire_rows is None else round(acquire_rows, 1),
+            "finish_ms": None if finish_ms is None else round(finish_ms, 2),
             "faults": active,
         })  # fmt: skip
     return out
@@ -199,8 +241,11 @@ def phases(report: Report, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         drains = sorted(
             x["jobs_per_s"] for x in report.extra.get("bursts", []) if a <= x["at"] < b and x["jobs_per_s"] is not None
         )
+        acquire_ms, acquire_rows = statement_cost(report.extra.get("samples", []), "acquire", a, b)
         out.append({
             "phase": name, "from_s": round(a), "to_s": round(b), "windows": len(inside),
+            "acquire_ms": None if acquire_ms is None else round(acquire_ms, 2),
+            "acquire_rows": None if acquire_rows is None else round(acquire_rows, 1),
             "jobs_per_s_mean": round(sum(rates) / len(rates)), "jobs_per_s_min": min(rates),
             "latency_p99_s_median": p99s[len(p99s) // 2] if p99s else None,
             "dead_rows_max": max(deads) if deads else None,
@@ -213,12 +258,12 @@ def markdown(report: Report, meta: dict[str, Any], rows: list[dict[str, Any]], s
     lines = [f"# Chaos run {meta['stamp']}", "", f"`{meta['command']}` ({meta['commit']})", "", "```"]
     lines += [report.format(), "```", "", "## Phases", ""]
     lines += ["| phase | s | jobs/s mean | jobs/s min | p99 latency s (median of windows) | dead rows max | "
-              "bursts drained at (jobs/s) |"]  # fmt: skip
-    lines += ["| --- | --- | --- | --- | --- | --- | --- |"]
+              "acquire ms/call (rows/call) | bursts drained at (jobs/s) |"]  # fmt: skip
+    lines += ["| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for p in summary:
         lines.append(
             f"| {p['phase']} | {p['from_s']}-{p['to_s']} | {p['jobs_per_s_mean']} | {p['jobs_per_s_min']} | "
-            f"{p['latency_p99_s_median']} | {p['dead_rows_max']} | "
+            f"{p['latency_p99_s_median']} | {p['dead_rows_max']} | {p['acquire_ms']} ({p['acquire_rows']}) | "
             f"{', '.join(f'{x:,}' for x in p['burst_drain_jobs_per_s'])} |"
         )
     lines += [
@@ -237,12 +282,14 @@ def markdown(report: Report, meta: dict[str, Any], rows: list[dict[str, Any]], s
     lines += ["| --- | --- | --- | --- |"]
     for r in report.recoveries:
         lines.append(f"| {r['at']} | {r['restart_s']} | {r['first_finish_s']} | {r['half_rate_back_s']} |")
-    lines += ["", "## 5 s windows", "", "| window s | jobs/s | p50 s | p99 s | depth | dead rows | faults |"]
-    lines += ["| --- | --- | --- | --- | --- | --- | --- |"]
+    lines += ["", "## 5 s windows", ""]
+    lines += ["| window s | jobs/s | p50 s | p99 s | depth | dead rows | acquire ms (rows) | finish ms | faults |"]
+    lines += ["| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         lines.append(
             f"| {r['window']} | {r['jobs_per_s']} | {r['latency_p50_s']} | {r['latency_p99_s']} | "
-            f"{r['depth_max']} | {r['dead_rows_max']} | {', '.join(r['faults'])} |"
+            f"{r['depth_max']} | {r['dead_rows_max']} | {r['acquire_ms']} ({r['acquire_rows']}) | "
+            f"{r['finish_ms']} | {', '.join(r['faults'])} |"
         )
     return "\n".join(lines) + "\n"
 

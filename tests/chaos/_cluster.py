@@ -21,7 +21,8 @@ class ChaosCluster(PgCluster):
     asynchronously (its ``durable_acks=False`` default), so a crash can lose outcomes, never jobs.
     ``fsync=off`` stays: it only matters when the operating system crashes, which no fault does.
     ``autovacuum_naptime=5s`` (default 1 min) lets the jobs table's own autovacuum thresholds act
-    within a run of a few minutes, so that what a vacuum blocker changes can be seen."""
+    within a run of a few minutes, so that what a vacuum blocker changes can be seen; and
+    ``pg_stat_statements`` is loaded, so that the long form can time Conveyor's own statements."""
 
     def start(self) -> None:
         if not self._initialised:
@@ -29,7 +30,8 @@ class ChaosCluster(PgCluster):
             self._initialised = True
         options = (
             f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off "
-            "-c synchronous_commit=on -c full_page_writes=off -c max_connections=200 -c autovacuum_naptime=5s"
+            "-c synchronous_commit=on -c full_page_writes=off -c max_connections=200 -c autovacuum_naptime=5s "
+            "-c shared_preload_libraries=pg_stat_statements"
         )
         self._run("pg_ctl", "-D", str(self.data), "-l", str(self.logfile), "-o", options, "-w", "-t", "60", "start")
 

@@ -85,6 +85,7 @@ class Injector:
         self._turn = itertools.count()
         self._stopped: set[int] = set()
         self._blockers: list[VacuumBlocker] = []
+        self._timers: list[threading.Thread] = []
 
     def start(self, t0: float) -> None:
         self._thread = threading.Thread(target=self._run, args=(t0,), name="chaos-injector", daemon=True)
@@ -107,9 +108,9 @@ class Injector:
 
     def _undo(self) -> None:
         for pid in list(self._stopped):
+            self._stopped.discard(pid)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGCONT)
-            self._stopped.discard(pid)
         for blocker in self._blockers:
             blocker.release()
         self._blockers.clear()
@@ -120,6 +121,8 @@ class Injector:
                 if self._abort.wait(max(0.0, t0 + fault.at - time.time())):
                     return
                 getattr(self, f"_{fault.kind}")()
+            for timer in self._timers:
+                timer.join()
         except BaseException as exc:
             self.error = exc
         finally:
@@ -189,15 +192,24 @@ class Injector:
         self.events.add("fault", t=t, fault="kill_tree", t_end=t, pids=pids, member=member.name)
 
     def _stop_worker(self) -> None:
+        """SIGSTOP now, SIGCONT ``stop_seconds`` later from a timer (the schedule goes on meanwhile;
+        no other fault picks a stopped process)."""
         pid, member = self._pick(None)
         t = time.time()
         os.kill(pid, signal.SIGSTOP)
         self._stopped.add(pid)
-        self._abort.wait(self.stop_seconds)
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGCONT)
-        self._stopped.discard(pid)
-        self.events.add("fault", t=t, fault="stop_worker", t_end=time.time(), pids=[pid], member=member.name)
+
+        def resume() -> None:
+            if self._abort.wait(self.stop_seconds) or pid not in self._stopped:
+                return  # _undo resumed it
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+            self._stopped.discard(pid)
+            self.events.add("fault", t=t, fault="stop_worker", t_end=time.time(), pids=[pid], member=member.name)
+
+        timer = threading.Thread(target=resume, name=f"chaos-resume-{pid}", daemon=True)
+        self._timers.append(timer)
+        timer.start()
 
     def _proxy_cut(self) -> None:
         t = time.time()
