@@ -47,7 +47,9 @@ def main() -> None:
             now = datetime.now(UTC)
             rows = conn.execute(
                 q["jobs_acquire"],
-                {"queue": QUEUE, "limit": args.batch, "visibility_timeout": 30.0, "worker_id": "raw", "now": now},
+                # start = the whole batch: every job runs at once, as in a worker with free slots.
+                {"queue": QUEUE, "limit": args.batch, "visibility_timeout": 30.0, "worker_id": "raw", "now": now,
+                 "start": args.batch},
                 prepare=True,
             ).fetchall()
             if not rows:

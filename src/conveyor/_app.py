@@ -15,6 +15,7 @@ from uuid import UUID
 
 from conveyor._cron import Cron
 from conveyor._errors import ConfigurationError, JobNotFoundError, PayloadError, QueueFull
+from conveyor._ids import MintedId
 from conveyor._job import Job, JobStatus
 from conveyor._message import (
     DEFAULT_MAX_PAYLOAD_BYTES,
@@ -91,7 +92,7 @@ class App:
             with self._lock:
                 if self._backend is None:
                     backend = open_backend(self.database_url)
-                    migrate = self._migrate if self._migrate is not None else backend.engine == "sqlite"
+                    migrate = self._migrate if self._migrate is not None else backend.engine in ("sqlite", "memory")
                     if migrate:
                         backend.migrate()
                     self._backend = backend
@@ -424,6 +425,7 @@ class App:
             message.ordering_key,
             None,
             now + self.queue_policy(queue).dedup_window if message.idempotency_key else None,
+            type(message.id) is MintedId and message.id.first_use(),
         )
 
     # -- reading -------------------------------------------------------------------------------

@@ -11,6 +11,7 @@
     ├── QueueFull                 backpressure: the queue is past its high-water mark (retry later)
     ├── BackendError              the database refused or failed a statement
     │   └── BackendUnavailable    the database cannot be reached (retry later; nothing is lost)
+    ├── HandlerTimeout            recorded as a job's error: its handler ran past the task's timeout
     └── HandlerSignal             raised *by handlers* to steer the outcome
         ├── Retry                 run again after ``delay`` seconds (counts as an attempt)
         └── Reject                dead-letter at once, no retry
@@ -68,6 +69,11 @@ class BackendError(ConveyorError):
 
 class BackendUnavailable(BackendError):
     """The database cannot be reached right now; callers retry with backoff."""
+
+
+class HandlerTimeout(ConveyorError):
+    """A handler ran past its task's ``timeout``: a transient failure, so the job is retried (or
+    dead-lettered when no attempts remain). The worker gives the handler up and frees its slot."""
 
 
 class HandlerSignal(ConveyorError):

@@ -38,7 +38,32 @@ def random_bytes(n: int) -> bytes:
         return _take_random(n)
 
 
-def uuid7() -> UUID:
+class MintedId(UUID):
+    """A job id minted here by :func:`uuid7`, which remembers whether a send has used it yet.
+
+    A job id is accepted once: a resend of an id whose job is live or archived enqueues nothing.
+    Looking an id up in the archive costs an index probe per archive partition, which a bulk send
+    of fresh ids cannot afford and does not need: an id minted in this process that no send has
+    used cannot be anywhere yet. :meth:`first_use` tells the producer which ids those are. A copy
+    (pickle, ``copy``) is a plain UUID, so it is always looked up."""
+
+    __slots__ = ("_used",)
+
+    def first_use(self) -> bool:
+        """True the first time a send uses this id (it is then fresh), False afterwards."""
+        if getattr(self, "_used", False):
+            return False
+        _set(self, "_used", True)
+        return True
+
+    def __reduce__(self) -> tuple[type[UUID], tuple[None, None, None, None, int]]:
+        return UUID, (None, None, None, None, self.int)
+
+    def __repr__(self) -> str:
+        return f"UUID('{self}')"
+
+
+def uuid7() -> MintedId:
     """A new UUIDv7 (RFC 9562), monotonic within this process.
 
     Within one millisecond a 12-bit counter in ``rand_a`` keeps ids ordered, so that jobs sent
@@ -65,7 +90,7 @@ def uuid7() -> UUID:
         | (int.from_bytes(rand, "big") & 0x3FFF_FFFF_FFFF_FFFF)
     )
     # UUID(int=value) re-checks the range and the arguments; the value is in range by construction.
-    uid: UUID = _new_uuid(UUID)
+    uid: MintedId = _new_uuid(MintedId)
     _set(uid, "int", value)
     _set(uid, "is_safe", SafeUUID.unknown)
     return uid

@@ -26,6 +26,7 @@ REJECTED = "rejected"
 UNKNOWN_TASK = "unknown_task"
 UNSUPPORTED_VERSION = "unsupported_version"
 EXPIRED = "expired"
+OUTCOME_REFUSED = "outcome_refused"
 
 
 def before_run(
@@ -67,14 +68,23 @@ def _schema_version(headers: str) -> int | None:
 
 
 def on_success(delivery: Delivery, options: TaskOptions, result: Any) -> Finish:
-    """The handler returned: the job completed (result kept if the task keeps results)."""
+    """The handler returned: the job completed (result kept if the task keeps results).
+
+    The completion is never lost to its result: a result that is not JSON is kept as its repr, one
+    over :data:`MAX_RESULT_BYTES` as a note saying so, and text no database can store (NUL, lone
+    surrogates) as its escape (see :func:`storable`)."""
     encoded: str | None = None
     if options.keep_result and result is not None:
         try:
             encoded = json.dumps(result, separators=(",", ":"), allow_nan=False)
-        except (TypeError, ValueError):
-            # A result that is not JSON is kept as its repr, so the completion is never lost.
-            encoded = json.dumps({"repr": repr(result)})
+        except (TypeError, ValueError, RecursionError):
+            encoded = json.dumps({"repr": storable(_safe_repr(result))[:MAX_RESULT_BYTES]})
+        else:
+            if "\\u0000" in encoded or "\\ud" in encoded:
+                encoded = _storable_json(encoded)
+        if len(encoded) > MAX_RESULT_BYTES:
+            note = f"the result was {len(encoded)} bytes of JSON, over the {MAX_RESULT_BYTES}-byte limit: not kept"
+            encoded = json.dumps({"note": note})
     return Finish(delivery.id, delivery.receipt, "completed", result=encoded)
 
 
@@ -109,7 +119,63 @@ def _retry_or_dead(
     return RetryItem(delivery.id, delivery.receipt, now + timedelta(seconds=seconds), error)
 
 
+#: Results are stored up to this size of JSON (larger ones are replaced by a note).
+MAX_RESULT_BYTES = 1024 * 1024
+#: Error messages and tracebacks are stored up to this many characters (the traceback's end, where the
+#: error is, is kept).
+MAX_ERROR_CHARS = 64 * 1024
+
+
 def error_info(exc: BaseException) -> ErrorInfo:
-    """The type, message and traceback of an exception, as stored on the job."""
-    text = "".join(tb_module.format_exception(type(exc), exc, exc.__traceback__))
-    return ErrorInfo(type(exc).__qualname__, str(exc), text[-8000:])
+    """The type, message and traceback of an exception, as stored on the job.
+
+    Never raises: an exception whose ``__str__`` raises is described by its type. The text is made
+    storable (:func:`storable`) and bounded (:data:`MAX_ERROR_CHARS`)."""
+    try:
+        message = str(exc)
+    except BaseException:
+        message = f"<unprintable {type(exc).__qualname__}>"
+    try:
+        text = "".join(tb_module.format_exception(type(exc), exc, exc.__traceback__))
+    except BaseException:
+        text = f"{type(exc).__qualname__}: {message}"
+    if len(message) > MAX_ERROR_CHARS:
+        message = message[:MAX_ERROR_CHARS] + f"... ({len(message) - MAX_ERROR_CHARS} more characters)"
+    return ErrorInfo(storable(type(exc).__qualname__), storable(message), storable(text[-MAX_ERROR_CHARS:]))
+
+
+def storable(text: str) -> str:
+    """``text`` as every engine can store it, the same way on each: NUL (which PostgreSQL refuses
+    and SQLite's functions cut at) becomes the six characters ``\\u0000``, and a lone surrogate
+    (not UTF-8 at all) becomes its ``\\udXXX`` escape. Other text is returned as it is."""
+    if "\x00" in text:
+        text = text.replace("\x00", "\\u0000")
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
+
+
+def _storable_json(encoded: str) -> str:
+    # The JSON text escapes NUL as \u0000 and a surrogate as \udXXX; jsonb refuses the first and
+    # any unpaired second. Re-encode from the value with every string made storable.
+    return json.dumps(_map_strings(json.loads(encoded)), separators=(",", ":"), allow_nan=False)
+
+
+def _map_strings(value: Any) -> Any:
+    if isinstance(value, str):
+        return storable(value)
+    if isinstance(value, list):
+        return [_map_strings(v) for v in value]
+    if isinstance(value, dict):
+        return {storable(k): _map_strings(v) for k, v in value.items()}
+    return value
+
+
+def _safe_repr(value: Any) -> str:
+    try:
+        return repr(value)
+    except BaseException:
+        return f"<unprintable {type(value).__qualname__}>"

@@ -1,7 +1,7 @@
 """The kit users test their own tasks with.
 
-``App("memory://")`` (or ``App(backend=MemoryBackend())``) gives an in-process queue that passes the same
-conformance suite as the SQL engines. Then, in a test::
+``App("memory://")`` (or ``App(backend=MemoryBackend())``) gives an in-process queue: the SQLite engine on a
+private in-memory database, so the kit runs the very SQL a SQLite deployment runs. Then, in a test::
 
     job = send_welcome.delay(user_id=1)
     assert_enqueued(app, send_welcome, user_id=1)
@@ -26,7 +26,7 @@ from conveyor._job import JobStatus
 from conveyor._message import utcnow
 from conveyor._task import Task
 from conveyor.backends.base import JobRecord, JobsAcquireParams, JobsListParams
-from conveyor.backends.memory import MemoryBackend
+from conveyor.backends.sqlite import MemoryBackend
 from conveyor.worker._shared import BackendCalls, Counters, Registry
 from conveyor.worker.completer import Completer
 from conveyor.worker.executor import Executor
@@ -121,7 +121,7 @@ async def _drain(app: App, queues: Sequence[str] | None, max_jobs: int, until: A
     calls = BackendCalls(app.backend, counters, threads=1)
     completer = Completer(calls, registry, counters, clock, flush_interval=0)
     buffer: asyncio.Queue[Any] = asyncio.Queue()
-    executor = Executor(app, registry, counters, buffer, completer, 1, clock)
+    executor = Executor(app, calls, registry, counters, buffer, completer, 1, clock)
     backend = app.backend
     try:
         while counters.started + counters.expired + counters.dead <= max_jobs:
@@ -132,8 +132,8 @@ async def _drain(app: App, queues: Sequence[str] | None, max_jobs: int, until: A
                 for delivery in backend.jobs_acquire(JobsAcquireParams(queue, 100, 3600, "conveyor.testing", clock())):
                     registry.add(delivery, 3600)
                     await executor.process(delivery)
-                    await completer.run_once()
                     ran += 1
+                await completer.run_once()
             if ran:
                 continue
             upcoming = [r.run_at for q in lanes for r in enqueued(app, queue=q) if r.state == "pending"]

@@ -66,7 +66,10 @@ def acquire(
     now: datetime = T0,
     visibility_timeout: float = VT,
     worker_id: str = "worker-1",
+    start: int | None = None,
 ) -> list[Delivery]:
+    """Lease up to ``limit`` jobs; by default all of them are started too (counted as delivered),
+    as a worker with that many idle slots does. ``start=0`` only leases them (a prefetch)."""
     return backend.jobs_acquire(
         JobsAcquireParams(
             queue=queue,
@@ -74,6 +77,7 @@ def acquire(
             visibility_timeout=visibility_timeout,
             worker_id=worker_id,
             now=now,
+            start=limit if start is None else start,
         )
     )
 

@@ -6,7 +6,8 @@ import json
 from dataclasses import replace
 from uuid import UUID
 
-from _factory import T0, VT, acquire, at, get, ids, insert, live_ids, new_job
+import pytest
+from _factory import T0, VT, acquire, at, complete, get, ids, insert, live_ids, new_job
 
 from conveyor._ids import uuid7
 from conveyor.backends.base import Backend, JobGetParams, JobsListParams
@@ -175,3 +176,33 @@ def test_resending_a_job_with_the_same_id_changes_nothing(backend: Backend) -> N
     assert record.id == job.id
     assert json.loads(record.payload) == {"v": 1}
     assert record.enqueued_at == T0
+
+
+@pytest.mark.parametrize("keyed", [False, True])
+@pytest.mark.parametrize("batch", [1, 100])
+def test_resending_a_job_after_it_ended_changes_nothing(backend: Backend, keyed: bool, batch: int) -> None:
+    # A job id is accepted once, on every engine: a producer that resends a job which has meanwhile
+    # run and been archived gets its id back and enqueues nothing (no second run, and the finish of
+    # a second copy can never collide with the archived one). batch=100 takes the bulk paths.
+    key = {"idempotency_key": "order-7", "dedup_until": at(3600)} if keyed else {}
+    job = new_job(**key)
+    others = [new_job() for _ in range(batch - 1)]
+    insert(backend, job, *others)
+    for delivery in acquire(backend, limit=batch):
+        complete(backend, delivery, now=at(1))
+    assert get(backend, job.id).state == "completed"
+
+    again = [job, *(new_job() for _ in range(batch - 1))]
+    assert insert(backend, *again, now=at(2))[0] == job.id
+
+    assert job.id not in live_ids(backend)
+    assert len(live_ids(backend)) == batch - 1  # the new jobs of the batch went in
+    record = get(backend, job.id)
+    assert (record.state, record.deliveries) == ("completed", 1)
+
+
+def test_a_fresh_id_is_inserted_without_looking_in_the_archive(backend: Backend) -> None:
+    # ``fresh`` promises the id was minted for this send; the job goes in like any other.
+    job = new_job(fresh=True)
+    assert insert(backend, *[job, *(new_job(fresh=True) for _ in range(99))])[0] == job.id
+    assert len(live_ids(backend)) == 100

@@ -15,6 +15,7 @@ from conveyor.backends.base import (
     JobsReleaseParams,
     JobsRescueParams,
     JobsRetryParams,
+    JobsStartParams,
     LeaseRef,
     RetryItem,
 )
@@ -152,23 +153,49 @@ def test_a_retried_job_runs_again_at_its_run_at(backend: Backend) -> None:
     assert get(backend, again.id).attempts == 2
 
 
-def test_release_undoes_the_delivery(backend: Backend) -> None:
+def test_release_hands_back_leased_jobs_uncounted(backend: Backend) -> None:
     insert(backend, new_job(), new_job())
-    a, b = acquire(backend, limit=2)
+    a, b = acquire(backend, limit=2, start=0)  # a prefetch: leased, not started
 
     released = backend.jobs_release_many(JobsReleaseParams(items=[LeaseRef(id=a.id, receipt=a.receipt)], now=at(1)))
 
     assert released == 1
     record = get(backend, a.id)
     assert record.state == "pending"
-    assert record.deliveries == 0
-    assert record.attempts == 0
-    assert record.lease_expires_at is None
+    assert (record.deliveries, record.attempts) == (0, 0)
+    assert record.lease_expires_at is None and record.started_at is None and record.first_started_at is None
     assert get(backend, b.id).state == "processing"
     # Released jobs are ready again at once, and the old receipt no longer acts.
     (again,) = acquire(backend, now=at(1))
-    assert again.id == a.id and again.deliveries == 1
+    assert again.id == a.id and again.deliveries == 1 and again.started
     assert complete(backend, a, now=at(2)) == 0
+
+
+def test_a_delivery_is_counted_when_it_starts_not_when_it_is_leased(backend: Backend) -> None:
+    insert(backend, *(new_job() for _ in range(3)))
+    leased = acquire(backend, limit=3, start=1, now=at(1))
+
+    # The first in hand-out order was started by the acquire; the others are only leased.
+    assert [d.started for d in leased] == [True, False, False]
+    assert [d.deliveries for d in leased] == [1, 0, 0]
+    assert get(backend, leased[0].id).started_at == at(1)
+    assert get(backend, leased[1].id).started_at is None
+
+    refs = [LeaseRef(d.id, d.receipt) for d in leased[1:]] + [LeaseRef(leased[0].id, "stale")]
+    started = backend.jobs_start_many(JobsStartParams(items=refs, now=at(2)))
+    assert started == [leased[1].id, leased[2].id]  # the stale receipt is skipped
+    for d in leased[1:]:
+        record = get(backend, d.id)
+        assert (record.deliveries, record.started_at, record.first_started_at) == (1, at(2), at(2))
+
+
+def test_a_worker_dying_charges_only_the_jobs_it_had_started(backend: Backend) -> None:
+    insert(backend, *(new_job() for _ in range(4)))
+    leased = acquire(backend, limit=4, start=1, now=at(0), visibility_timeout=10)
+    assert len(leased) == 4
+    # The worker dies: nothing is released, every lease expires and rescue returns the jobs.
+    assert backend.jobs_rescue_expired(JobsRescueParams(now=at(11))) == 4
+    assert [get(backend, d.id).deliveries for d in leased] == [1, 0, 0, 0]
 
 
 def test_rescue_returns_expired_leases_and_keeps_the_delivery_count(backend: Backend) -> None:

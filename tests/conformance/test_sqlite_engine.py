@@ -7,12 +7,11 @@ from collections.abc import Iterator
 from contextlib import closing
 
 import pytest
-from _factory import T0, acquire, insert, new_job
+from _factory import acquire, insert, new_job
 
 from conveyor._errors import BackendError, BackendUnavailable
 from conveyor.backends import open_backend
 from conveyor.backends._sql import load_migrations, load_queries
-from conveyor.backends.base import JobsInsertParams
 from conveyor.backends.sqlite import SqliteBackend, _connection
 
 
@@ -101,8 +100,3 @@ def test_a_statement_error_is_a_backend_error(sqlite_url: str) -> None:
         assert not isinstance(info.value, BackendUnavailable)
     finally:
         backend.close()
-
-
-def test_the_caller_connection_must_be_a_sqlite3_connection(sqlite_backend: SqliteBackend) -> None:
-    with pytest.raises(BackendError, match=r"sqlite3\.Connection"):
-        sqlite_backend.jobs_insert_many(JobsInsertParams(jobs=[new_job()], now=T0, conn=object()))

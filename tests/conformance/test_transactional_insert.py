@@ -8,9 +8,11 @@ from contextlib import closing, contextmanager
 from typing import Any
 
 import psycopg
+import pytest
 from _factory import T0, acquire, at, insert, live_ids, new_job
 
-from conveyor.backends.base import Backend, JobsInsertParams, NewJob
+from conveyor import ConfigurationError
+from conveyor.backends.base import Backend, JobsInsertParams, NewJob, ProcessedKeyClaimParams
 
 
 @contextmanager
@@ -58,3 +60,14 @@ def test_dedup_applies_on_the_callers_connection(backend: Backend, database_url:
         conn.commit()
 
     assert live_ids(backend, queue="outbox") == [held.id]
+
+
+def test_a_conn_of_the_wrong_kind_is_a_configuration_error(backend: Backend) -> None:
+    # Every engine refuses the same way, before writing anything: a psycopg connection handed to
+    # SQLite (or the reverse) is a mistake in the caller's set-up, not a database failure. The
+    # in-memory engine refuses any conn: there is no transaction of the caller's to join.
+    with pytest.raises(ConfigurationError, match="conn"):
+        _insert_on(object(), backend, new_job("outbox"))
+    with pytest.raises(ConfigurationError, match="conn"):
+        backend.processed_keys_claim(ProcessedKeyClaimParams("k", at(60), T0, conn=object()))
+    assert live_ids(backend, queue="outbox") == []

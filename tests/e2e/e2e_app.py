@@ -28,6 +28,7 @@ from conveyor import App, JobContext
 WORK = "e2e.work"
 SLOW = "e2e.slow"
 CRASH = "e2e.crash"
+EXIT = "e2e.exit"
 WORK_QUEUE = "e2e"
 SLOW_QUEUE = "slow"
 CRASH_QUEUE = "crash"
@@ -122,6 +123,22 @@ def register(app: App) -> None:
         """A poison job: it kills the process running it (think OOM kill or segfault)."""
         record("run", ctx)
         os.kill(os.getpid(), signal.SIGKILL)
+
+    @app.task(
+        name=EXIT,
+        queue=CRASH_QUEUE,
+        max_attempts=CRASH_MAX_DELIVERIES,
+        max_deliveries=CRASH_MAX_DELIVERIES,
+        backoff=BACKOFF,
+        visibility_timeout=VISIBILITY_TIMEOUT,
+    )
+    def exits(how: str, ctx: JobContext) -> None:
+        """A hostile job: ``how="os._exit"`` ends the process at once (no cleanup: a real crash);
+        ``how="SystemExit"`` raises SystemExit, as library code sometimes does."""
+        record("run", ctx)
+        if how == "os._exit":
+            os._exit(1)
+        raise SystemExit(3)
 
 
 app = App()

@@ -66,7 +66,7 @@ def insert(backend: Backend, queue: str, n: int, now: datetime, **kw: object) ->
 
 def finish(backend: Backend, queue: str, n: int, now: datetime, state: str = "completed") -> None:
     deliveries = backend.jobs_acquire(
-        JobsAcquireParams(queue=queue, limit=n, visibility_timeout=60, worker_id="w1", now=now)
+        JobsAcquireParams(queue=queue, limit=n, visibility_timeout=60, worker_id="w1", now=now, start=n)
     )
     assert len(deliveries) == n
     error = ErrorInfo("ValueError", "bad input") if state == "dead" else None

@@ -115,7 +115,7 @@ def test_requeue_lost_twice_enqueues_once(spark: SparkSession, database_url: str
         app.send_many([Message(task="fulfil", payload={}, queue="orders", idempotency_key=k) for k in ("a1", "a2")])
         now = datetime.now(UTC)
         (d,) = backend.jobs_acquire(
-            JobsAcquireParams(queue="orders", limit=1, visibility_timeout=60, worker_id="w", now=now)
+            JobsAcquireParams(queue="orders", limit=1, visibility_timeout=60, worker_id="w", now=now, start=1)
         )
         backend.jobs_finish_many(JobsFinishParams(items=[Finish(d.id, d.receipt, "completed")], now=now))
         biz = write_csv(

@@ -85,6 +85,7 @@ def main() -> None:
                     "visibility_timeout": 30.0,
                     "worker_id": "explain",
                     "now": datetime.now(UTC),
+                    "start": args.batch,
                 },
             ).fetchall()
             print("\n".join(str(row[0]) for row in plan))
@@ -104,6 +105,7 @@ def main() -> None:
                         visibility_timeout=30,
                         worker_id=worker,
                         now=datetime.now(UTC),
+                        start=args.batch,
                     )
                 )
                 if not deliveries:

@@ -166,7 +166,7 @@ def test_the_hot_statements_use_their_indexes(pg: PostgresBackend, postgres_data
         acquire_plan = _plan(
             conn,
             queries["jobs_acquire"],
-            {"queue": "plans", "limit": 100, "visibility_timeout": 30.0, "worker_id": "x", "now": T0},
+            {"queue": "plans", "limit": 100, "visibility_timeout": 30.0, "worker_id": "x", "now": T0, "start": 10},
         )
         finish_plan = _plan(
             conn,

@@ -202,8 +202,10 @@ def test_poison_job_dead_lettered_before_running(app: App) -> None:
     backend = app.backend
     now = datetime.now(UTC)
     for i in range(2):
-        # Simulate a worker that took the job and died: acquire, then let the lease expire.
-        got = backend.jobs_acquire(JobsAcquireParams("q", 1, 1.0, "dead-worker", now + timedelta(seconds=10 * i)))
+        # Simulate a worker that started the job and died: acquire and start, then let the lease expire.
+        got = backend.jobs_acquire(
+            JobsAcquireParams("q", 1, 1.0, "dead-worker", now + timedelta(seconds=10 * i), start=1)
+        )
         assert len(got) == 1
         backend.jobs_rescue_expired(JobsRescueParams(now + timedelta(seconds=10 * i + 5)))
     drain(app)

@@ -12,7 +12,7 @@ def open_backend(url: str) -> Backend:
     """Open the backend a database URL names.
 
     ``postgresql://user@host:port/db`` (or ``postgres://``), ``sqlite:///relative.db``,
-    ``sqlite:////absolute/path.db``, ``memory://`` (in-process, for tests).
+    ``sqlite:////absolute/path.db``, ``memory://`` (a private in-memory SQLite database, for tests).
     Raises :class:`ConfigurationError` for anything else."""
     scheme, sep, rest = url.partition("://")
     if not sep:
@@ -29,7 +29,7 @@ def open_backend(url: str) -> Backend:
             raise ConfigurationError(f"sqlite URL has no file path: {url!r} (try sqlite:///conveyor.db)")
         return SqliteBackend(path)
     if scheme == "memory":
-        from conveyor.backends.memory import MemoryBackend
+        from conveyor.backends.sqlite import MemoryBackend
 
         return MemoryBackend()
     raise ConfigurationError(

@@ -12,9 +12,11 @@ Vocabulary
 - A *delivery* is one hand-out of a job to a worker. Each delivery carries a fresh *receipt*; every
   later call about that delivery (finish, retry, release, extend) names the receipt, so that a
   worker whose lease expired cannot overwrite the outcome of a newer delivery (SQS's rule).
-- ``deliveries`` counts hand-outs (incremented by acquire); ``attempts`` counts handler runs whose
-  outcome was recorded (incremented by retry and finish). ``deliveries > attempts`` therefore means a
-  delivery was lost (a worker died or hung).
+- ``deliveries`` counts *starts*: a leased job is counted when a worker's handler slot takes it
+  (``jobs_start_many``, or ``jobs_acquire`` with ``start``), not when it is leased into a prefetch
+  buffer, so the jobs a worker only held in its buffer when it died are not charged for its death.
+  ``attempts`` counts handler runs whose outcome was recorded (incremented by retry and finish).
+  ``deliveries > attempts`` therefore means a started delivery was lost (a worker died or hung).
 
 Times are timezone-aware UTC ``datetime``s. Payloads, headers and results cross the seam as JSON
 text: they are encoded once by the producer and decoded once by the worker.
@@ -50,9 +52,11 @@ class NewJob:
     is held (its window has not passed) inserting the same ``(queue, idempotency_key)`` again
     inserts nothing and returns the id of the job that holds the key. After the window the key
     may be taken again by a new job. With a key but no ``dedup_until`` the key is held with no end.
-    Inserting a job whose id is live (pending or processing) changes nothing (a producer's resend
-    while the first copy is queued). A resend after the job ended is not detected by id (checking
-    the whole archive per insert is too dear): producers that resend must use idempotency keys."""
+    A job id is accepted once: inserting a job whose id is live (pending or processing) or archived
+    changes nothing and answers that id (a producer's resend). ``fresh`` is the caller's promise
+    that the id was minted for this job and never sent before (see ``conveyor._ids.MintedId``):
+    an engine may then skip looking for the id in the archive, which bulk inserts could not afford.
+    An id whose archived row retention has already deleted can be inserted again."""
 
     id: UUID
     queue: str
@@ -68,11 +72,15 @@ class NewJob:
     ordering_key: str | None = None
     replay_of: UUID | None = None
     dedup_until: datetime | None = None
+    fresh: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class Delivery:
-    """One hand-out of a job to a worker, as returned by ``jobs_acquire``."""
+    """One hand-out of a job to a worker, as returned by ``jobs_acquire``.
+
+    ``deliveries`` counts this delivery only when ``started`` (acquired with ``start``); otherwise
+    the job is counted when it is started (``jobs_start_many``), as ``deliveries + 1``."""
 
     id: UUID
     queue: str
@@ -91,6 +99,7 @@ class Delivery:
     ordering_key: str | None
     receipt: str
     lease_expires_at: datetime
+    started: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,9 +227,10 @@ class JobsInsertParams:
 @dataclass(frozen=True, slots=True)
 class JobsAcquireParams:
     """Lease up to ``limit`` ready jobs of one queue: ``pending``, ``run_at <= now``; order
-    priority DESC, run_at, id. Each gets ``deliveries + 1``, a fresh receipt,
-    ``lease_expires_at = now + visibility_timeout``, ``worker_id``, ``started_at = now`` and
-    ``first_started_at = coalesce(first_started_at, now)``.
+    priority DESC, run_at, id. Each gets a fresh receipt, ``lease_expires_at = now +
+    visibility_timeout`` and ``worker_id``. The first ``start`` of them in that order are also
+    started, as by ``jobs_start_many`` (their Delivery says ``started``): a worker passes the number
+    of idle handler slots, so the jobs that run at once are counted in the same round trip.
 
     Per-key FIFO: a job with an ``ordering_key`` is eligible only while it is the head of its key,
     i.e. no other live row (pending or processing) of the same queue and key has a smaller id. So
@@ -232,6 +242,18 @@ class JobsAcquireParams:
     limit: int
     visibility_timeout: float
     worker_id: str
+    now: datetime
+    start: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class JobsStartParams:
+    """Count deliveries as started, just before their handlers run: ``deliveries + 1``,
+    ``started_at = now``, ``first_started_at = coalesce(first_started_at, now)``. Stale receipts
+    are skipped. Poison protection relies on this count, so it must be stored before the handler
+    runs (a handler that kills its worker is then counted)."""
+
+    items: Sequence[LeaseRef]
     now: datetime
 
 
@@ -255,8 +277,8 @@ class JobsRetryParams:
 
 @dataclass(frozen=True, slots=True)
 class JobsReleaseParams:
-    """Hand deliveries that never started back to ``pending`` at once, undoing the delivery
-    (``deliveries - 1``, receipt and lease cleared). Used by graceful shutdown."""
+    """Hand leased deliveries back to ``pending`` at once (receipt, lease and worker cleared;
+    ``deliveries`` unchanged). Used by graceful shutdown for the jobs still in its buffer."""
 
     items: Sequence[LeaseRef]
     now: datetime
@@ -535,6 +557,10 @@ class Backend(Protocol):
 
     def jobs_acquire(self, params: JobsAcquireParams) -> list[Delivery]: ...
 
+    def jobs_start_many(self, params: JobsStartParams) -> list[UUID]:
+        """Return the ids counted as started (a missing id lost its lease)."""
+        ...
+
     def jobs_finish_many(self, params: JobsFinishParams) -> int:
         """Return how many items applied (the rest were stale)."""
         ...
@@ -609,7 +635,6 @@ class PollingListener:
     """A listener for engines without notifications: it sleeps, so the fetcher polls."""
 
     interval: float = 0.05
-    _closed: bool = field(default=False)
 
     def wait(self, timeout: float) -> bool:
         import time
@@ -618,4 +643,4 @@ class PollingListener:
         return False
 
     def close(self) -> None:
-        self._closed = True
+        """Nothing to release."""

@@ -115,6 +115,7 @@ class Worker:
         )
         executor = Executor(
             self.app,
+            calls,
             self.registry,
             self.counters,
             buffer,
@@ -122,12 +123,13 @@ class Worker:
             self.concurrency,
             self.clock,
             on_take=fetcher.space.set,
+            on_stuck=self._on_stuck,
         )
+        fetcher.idle_slots = lambda: executor.idle_slots
         heartbeat = Heartbeat(calls, self.registry, self.counters, self.clock, self.heartbeat_interval)
         rescuer = Rescuer(calls, self.counters, self.clock, self.rescue_interval, ready=lambda: completer.backlog == 0)
         scheduler = Scheduler(self.app, calls, self.clock, self.schedule_interval)
         pruner = Pruner(self.app, calls, self.clock, self.prune_interval)
-        self.executor = executor
 
         log.info(
             "worker %s: queues %s, concurrency %d, engine %s",
@@ -149,9 +151,17 @@ class Worker:
         stop_wait = asyncio.create_task(self._stop_requested.wait())
         done, _ = await asyncio.wait({stop_wait, *loops.values()}, return_when=asyncio.FIRST_COMPLETED)
         for task in done:
-            if task is not stop_wait and task.exception() is not None:
-                log.error("worker loop %s failed: %r", task.get_name(), task.exception())
-                self.exit_code = 1
+            if task is stop_wait:
+                continue
+            # A loop ended on its own: the worker cannot go on without it. Stop the way that loses
+            # nothing (what is buffered goes back, running handlers finish, outcomes are flushed) and
+            # exit non-zero, so that a supervisor restarts the process.
+            self.exit_code = 1
+            error = task.exception()
+            if error is not None:
+                log.error("worker loop %s failed; stopping", task.get_name(), exc_info=error)
+            else:
+                log.error("worker loop %s ended unexpectedly; stopping", task.get_name())
         watch.cancel()
         stop_wait.cancel()
 
@@ -165,7 +175,8 @@ class Worker:
         if cut:
             log.warning("%d handler(s) still running after %ss; their leases will expire", cut, self.graceful_timeout)
         # 4. Flush every outcome, then stop the maintenance loops.
-        await completer.stop()
+        if not await completer.stop():
+            self.exit_code = 1
         for loop in (heartbeat, rescuer, scheduler, pruner):
             loop.stop()
         for name in ("completer", "heartbeat", "rescuer", "scheduler", "pruner"):
@@ -228,6 +239,15 @@ class Worker:
 
         asyncio.run(main())
         return self.exit_code
+
+    def _on_stuck(self, stuck: int) -> None:
+        # A thread cannot be stopped, so a handler that hangs past its timeout keeps one for good; a
+        # worker with as many of those as slots only gets them back as a new process.
+        log.error(
+            "%d handler thread(s) hang past their timeout; stopping so that a supervisor restarts this process", stuck
+        )
+        self.exit_code = 1
+        self.stop()
 
     def _on_signal(self, sig: signal.Signals) -> None:
         if self._stopping:

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
+from typing import cast
 
-from conveyor._policy import Outcome
-from conveyor.backends.base import Finish, JobsFinishParams, JobsRetryParams, RetryItem
+from conveyor._errors import BackendError, BackendUnavailable
+from conveyor._policy import OUTCOME_REFUSED, Outcome, storable
+from conveyor.backends.base import ErrorInfo, Finish, JobsFinishParams, JobsRetryParams, RetryItem
 from conveyor.worker._shared import BackendCalls, Counters, Registry, log
 
 
@@ -71,33 +73,11 @@ class Completer:
     async def _flush(self, batch: list[Outcome]) -> None:
         finishes = [o for o in batch if isinstance(o, Finish)]
         retries = [o for o in batch if isinstance(o, RetryItem)]
-        now = self.clock()
         stale = 0
-        give_up = self._should_give_up
         if finishes:
-            applied = await self.calls.call(
-                self.calls.backend.jobs_finish_many,
-                JobsFinishParams(finishes, now),
-                give_up=give_up,
-                what="finish",
-            )
-            stale += len(finishes) - applied
-            for f in finishes:
-                if f.state == "completed":
-                    self.counters.completed += 1
-                elif f.state == "dead":
-                    self.counters.dead += 1
-                elif f.state == "expired":
-                    self.counters.expired += 1
+            stale += len(finishes) - await self._write(finishes)
         if retries:
-            applied = await self.calls.call(
-                self.calls.backend.jobs_retry_many,
-                JobsRetryParams(retries, now),
-                give_up=give_up,
-                what="retry",
-            )
-            stale += len(retries) - applied
-            self.counters.retried += len(retries)
+            stale += len(retries) - await self._write(retries)
         if stale:
             # Acks carry the receipt so that a worker whose lease expired cannot overwrite the
             # outcome of the newer delivery; such acks change nothing and are counted here.
@@ -105,6 +85,65 @@ class Completer:
             log.warning("%d stale ack(s): their leases had expired and the jobs were redelivered", stale)
         for outcome in batch:
             self.registry.drop(outcome.id)
+
+    async def _write(self, items: Sequence[Outcome]) -> int:
+        """Write outcomes of one kind in one statement; return how many applied (the rest were stale).
+
+        One outcome the database refuses (a value it cannot store, a constraint) must not take its
+        batch down with it: a refused statement is split in halves until the refused outcomes are
+        found, and each of those alone ends its job dead (reason ``outcome_refused``)."""
+        try:
+            applied = await self._statement(items)
+        except BackendUnavailable:
+            raise
+        except BackendError as exc:
+            if len(items) > 1:
+                middle = len(items) // 2
+                return await self._write(items[:middle]) + await self._write(items[middle:])
+            return await self._refused(items[0], exc)
+        self._count(items)
+        return applied
+
+    async def _statement(self, items: Sequence[Outcome]) -> int:
+        now, backend, give_up = self.clock(), self.calls.backend, self._should_give_up
+        if isinstance(items[0], Finish):
+            finishes = JobsFinishParams(cast(Sequence[Finish], items), now)
+            return await self.calls.call(backend.jobs_finish_many, finishes, give_up=give_up, what="finish")
+        retries = JobsRetryParams(cast(Sequence[RetryItem], items), now)
+        return await self.calls.call(backend.jobs_retry_many, retries, give_up=give_up, what="retry")
+
+    async def _refused(self, outcome: Outcome, exc: BackendError) -> int:
+        what = outcome.state if isinstance(outcome, Finish) else "retry"
+        log.error("the database refused the %s outcome of job %s (%s); dead-lettering it", what, outcome.id, exc)
+        dead = Finish(
+            outcome.id,
+            outcome.receipt,
+            "dead",
+            reason=OUTCOME_REFUSED,
+            error=ErrorInfo("OutcomeRefused", storable(f"the database refused this job's {what} outcome: {exc}")),
+            ran=outcome.ran if isinstance(outcome, Finish) else True,
+        )
+        try:
+            applied = await self._statement([dead])
+        except BackendUnavailable:
+            raise
+        except BackendError as again:
+            # Nothing more can be written for this job: its lease will expire and it runs again.
+            log.error("could not dead-letter job %s either (%s); its lease will expire", outcome.id, again)
+            return 1
+        self._count([dead])
+        return applied
+
+    def _count(self, items: Sequence[Outcome]) -> None:
+        for item in items:
+            if isinstance(item, RetryItem):
+                self.counters.retried += 1
+            elif item.state == "completed":
+                self.counters.completed += 1
+            elif item.state == "dead":
+                self.counters.dead += 1
+            elif item.state == "expired":
+                self.counters.expired += 1
 
     def _should_give_up(self) -> bool:
         return self._give_up_at is not None and time.monotonic() >= self._give_up_at
@@ -119,16 +158,20 @@ class Completer:
                 await asyncio.sleep(self.flush_interval)
             await self.run_once()
 
-    async def stop(self, timeout: float = 60.0) -> None:
-        """Flush what is left (retrying for up to ``timeout`` s if the database is away), then end."""
+    async def stop(self, timeout: float = 60.0) -> bool:
+        """Flush what is left (retrying for up to ``timeout`` s if the database is away), then end.
+
+        Returns whether everything was written."""
         self._stopping = True
         self._wake.set()
         self._give_up_at = time.monotonic() + timeout
         try:
             await self.run_once()
-        except Exception as exc:  # the database stayed away past the timeout
+        except Exception as exc:  # the database stayed away past the timeout, or a bug
             log.error(
                 "could not flush %d outcome(s) before exit: %s; their leases will expire and the jobs will run again",
                 len(self._pending),
                 exc,
             )
+            return False
+        return True

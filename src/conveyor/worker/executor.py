@@ -1,8 +1,14 @@
-"""The execute loop: N concurrent slots run handlers; ``async def`` on the event loop, ``def`` in threads."""
+"""The execute loop: N concurrent slots run handlers; ``async def`` on the event loop, ``def`` in threads.
+
+A slot takes a leased job from the prefetch buffer, decides whether it may run (poison, TTL, unknown
+task), counts it as started in the database (batched with the other slots' starts), runs it, and hands
+the outcome to the completer. Whatever the handler raises or does (an exception of any kind, a hang
+past its timeout) is that job's outcome; the slot itself carries on."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import json
 import queue
@@ -15,29 +21,26 @@ from typing import Any, ParamSpec, TypeVar
 
 from conveyor._app import App
 from conveyor._context import JobContext
+from conveyor._errors import HandlerTimeout
 from conveyor._policy import Outcome, before_run, on_failure, on_manual, on_success
 from conveyor._task import Task
-from conveyor.backends.base import Delivery, LeaseRef, LeasesExtendParams
-from conveyor.worker._shared import Counters, Registry, log
+from conveyor.backends.base import Delivery, JobsStartParams, LeaseRef, LeasesExtendParams
+from conveyor.worker._shared import BackendCalls, Counters, Registry, log
 from conveyor.worker.completer import Completer
-
-
-class HandlerTimeout(Exception):
-    """A handler ran past its task's ``timeout`` (a transient failure: it retries)."""
-
 
 P = ParamSpec("P")
 T = TypeVar("T")
 
 
 class HandlerThreads(_PoolExecutor):
-    """A thread pool for ``def`` handlers whose threads are daemons.
+    """A thread pool for ``def`` handlers whose threads are daemons and can be abandoned.
 
     ``ThreadPoolExecutor`` joins its threads when the interpreter exits, so a handler still running
     after the graceful timeout would keep the worker process alive until it returned (for ever, if
-    it hangs), although the worker had given it up. Abandoned handlers must not hold the exit:
-    their leases expire and rescue hands the jobs to another worker. Threads start on demand, up
-    to ``max_workers``, and are reused."""
+    it hangs), although the worker had given it up. And a Python thread cannot be stopped: a handler
+    that hangs past its task's timeout keeps its thread. :meth:`abandon` gives such a thread up: it no
+    longer counts towards ``max_workers`` (a new thread takes its place, so the worker keeps its
+    concurrency) and it ends when its call finally returns. Threads start on demand and are reused."""
 
     def __init__(self, max_workers: int, name: str = "conveyor-handler") -> None:
         self._max_workers = max_workers
@@ -46,7 +49,16 @@ class HandlerThreads(_PoolExecutor):
         self._idle = threading.Semaphore(0)
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
+        self._running: dict[Future[Any], threading.Thread] = {}
+        self._abandoned: set[threading.Thread] = set()
+        self._started = 0
         self._shut = False
+
+    @property
+    def abandoned(self) -> int:
+        """Threads given up on whose calls are still running."""
+        with self._lock:
+            return len(self._abandoned)
 
     def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Future[T]:
         with self._lock:
@@ -54,22 +66,53 @@ class HandlerThreads(_PoolExecutor):
                 raise RuntimeError("cannot run handlers after shutdown")
             future: Future[T] = Future()
             self._work.put((future, functools.partial(fn, *args, **kwargs)))
-            if not self._idle.acquire(blocking=False) and len(self._threads) < self._max_workers:
-                thread = threading.Thread(target=self._run, name=f"{self._name}-{len(self._threads)}", daemon=True)
-                thread.start()
-                self._threads.append(thread)
+            if not self._idle.acquire(blocking=False):
+                self._grow()
             return future
 
+    def _grow(self) -> None:
+        # Called with the lock held: start a thread if the pool is below its size.
+        if len(self._threads) < self._max_workers:
+            thread = threading.Thread(target=self._run, name=f"{self._name}-{self._started}", daemon=True)
+            self._started += 1
+            thread.start()
+            self._threads.append(thread)
+
+    def abandon(self, future: Future[Any]) -> None:
+        """Give up the thread running ``future`` (its handler hung past its timeout).
+
+        A call not yet started is cancelled instead."""
+        if future.cancel():
+            return
+        with self._lock:
+            thread = self._running.get(future)
+            if thread is None or thread in self._abandoned:
+                return
+            self._abandoned.add(thread)
+            self._threads.remove(thread)
+            self._grow()
+
     def _run(self) -> None:
+        me = threading.current_thread()
         while (item := self._work.get()) is not None:
             future, call = item
             if future.set_running_or_notify_cancel():
+                with self._lock:
+                    self._running[future] = me
                 try:
                     result = call()
-                except BaseException as exc:
+                except Exception as exc:
                     future.set_exception(exc)
+                except BaseException as exc:
+                    future.set_exception(_Raised(exc))
                 else:
                     future.set_result(result)
+                with self._lock:
+                    del self._running[future]
+                    if me in self._abandoned:
+                        # Given up while it ran: a replacement has taken its place in the pool.
+                        self._abandoned.discard(me)
+                        return
             del item, future, call
             self._idle.release()
 
@@ -84,19 +127,66 @@ class HandlerThreads(_PoolExecutor):
                         break
                     if item is not None:
                         item[0].cancel()
-            for _ in self._threads:
+            threads = list(self._threads)
+            for _ in threads:
                 self._work.put(None)
         if wait:
-            for thread in self._threads:
+            for thread in threads:
                 thread.join()
 
 
+class Starts:
+    """Counts deliveries as started in the database, batching the slots that start at the same time.
+
+    The count must be stored before a handler runs (poison protection reads it), so a slot waits for
+    it; slots that take jobs while a statement is in flight share the next one (a group commit)."""
+
+    def __init__(self, calls: BackendCalls, clock: Callable[[], datetime]) -> None:
+        self.calls = calls
+        self.clock = clock
+        self._waiting: list[tuple[Delivery, asyncio.Future[bool]]] = []
+        self._flushing = False
+
+    async def start(self, delivery: Delivery) -> bool:
+        """Count ``delivery`` as started; False if its lease was lost meanwhile."""
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._waiting.append((delivery, future))
+        if not self._flushing:
+            self._flushing = True
+            asyncio.get_running_loop().create_task(self._flush(), name="starts")
+        return await future
+
+    async def _flush(self) -> None:
+        try:
+            while self._waiting:
+                batch, self._waiting = self._waiting, []
+                params = JobsStartParams([LeaseRef(d.id, d.receipt) for d, _ in batch], self.clock())
+                try:
+                    started = set(await self.calls.call(self.calls.backend.jobs_start_many, params, what="start"))
+                except BaseException as exc:
+                    for _, future in batch:
+                        if not future.done():
+                            future.set_exception(exc)
+                    if isinstance(exc, asyncio.CancelledError):
+                        raise
+                    continue
+                for delivery, future in batch:
+                    if not future.done():
+                        future.set_result(delivery.id in started)
+        finally:
+            self._flushing = False
+
+
 class Executor:
-    """Runs deliveries from the buffer through their task's handler and hands outcomes to the completer."""
+    """Runs deliveries from the buffer through their task's handler and hands outcomes to the completer.
+
+    ``on_stuck`` is called once when as many handler threads hang past their timeout as there are
+    slots: a thread cannot be stopped, so only a new process gets them back."""
 
     def __init__(
         self,
         app: App,
+        calls: BackendCalls,
         registry: Registry,
         counters: Counters,
         buffer: asyncio.Queue[Delivery | None],
@@ -104,6 +194,7 @@ class Executor:
         concurrency: int,
         clock: Callable[[], datetime],
         on_take: Callable[[], None] = lambda: None,
+        on_stuck: Callable[[int], None] = lambda stuck: None,
     ) -> None:
         self.app = app
         self.registry = registry
@@ -113,9 +204,17 @@ class Executor:
         self.concurrency = concurrency
         self.clock = clock
         self.on_take = on_take
+        self.on_stuck = on_stuck
         self.running = 0
+        self.starts = Starts(calls, clock)
         self._threads = HandlerThreads(concurrency)
         self._slots: list[asyncio.Task[None]] = []
+        self._stuck_reported = False
+
+    @property
+    def idle_slots(self) -> int:
+        """Slots waiting for a job now."""
+        return max(0, self.concurrency - self.running)
 
     # The worker passes itself as the lease keeper so that ``ctx.extend`` reaches the database.
     def extend(self, delivery: Delivery, seconds: float) -> bool:
@@ -139,12 +238,20 @@ class Executor:
         task = self.app.tasks.get(delivery.task)
         options = task.options if task else None
         on_expire = self.app.queue_policy(delivery.queue).on_expire
-        outcome: Outcome | None = before_run(delivery, options, self.clock(), on_expire)
+        # The decision is taken on the delivery as it would be counted: started now (or already, when
+        # the acquire started it), so poison protection compares the number of starts with its limit.
+        counted = delivery if delivery.started else dataclasses.replace(delivery, deliveries=delivery.deliveries + 1)
+        outcome: Outcome | None = before_run(counted, options, self.clock(), on_expire)
         if outcome is None:
             assert task is not None
+            if not delivery.started and not await self.starts.start(delivery):
+                held.lost = True
+                self.counters.lost_leases += 1
+                self.registry.drop(delivery.id)
+                return None
             held.state = "running"
             self.counters.started += 1
-            outcome = await self._run(task, delivery)
+            outcome = await self._run(task, counted)
         self.completer.add(outcome)
         return outcome
 
@@ -156,34 +263,63 @@ class Executor:
             if task.wants_context:
                 kwargs["ctx"] = ctx
             if task.is_async:
-                call: Any = task.fn(**kwargs)
+                result = await self._run_async(task, kwargs, options.timeout)
             else:
-                loop = asyncio.get_running_loop()
-                call = loop.run_in_executor(self._threads, functools.partial(task.fn, **kwargs))
-            if options.timeout is not None:
-                try:
-                    result = await asyncio.wait_for(call, options.timeout)
-                except TimeoutError:
-                    raise HandlerTimeout(f"handler ran longer than {options.timeout}s") from None
-            else:
-                result = await call
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
+                result = await self._run_sync(task, kwargs, options.timeout)
+        except asyncio.CancelledError as exc:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise  # this slot is being stopped: not the handler's outcome
+            return on_failure(delivery, options, exc, self.clock())
+        except BaseException as exc:
+            # Anything a handler raises, SystemExit and KeyboardInterrupt from library code included,
+            # is a failed attempt of its job, never the end of the worker. (A real Ctrl-C or SIGTERM
+            # reaches the worker's signal handlers, not the handler.)
             return on_failure(delivery, options, exc, self.clock())
         if options.ack_policy == "manual":
             return on_manual(delivery, options, ctx, self.clock())
         return on_success(delivery, options, result)
 
-    async def run_once(self) -> Outcome | None:
-        """Process one buffered delivery if there is one (for tests); None if the buffer is empty."""
+    async def _run_async(self, task: Task[Any, Any], kwargs: dict[str, Any], timeout: float | None) -> Any:
+        if timeout is None:
+            return await task.fn(**kwargs)
+        # Not asyncio.wait_for: it waits for the cancelled handler to finish, and a handler that
+        # swallows the cancellation would then hold this slot for ever.
+        running = asyncio.ensure_future(task.fn(**kwargs))
+        done, _ = await asyncio.wait({running}, timeout=timeout)
+        if not done:
+            running.cancel()
+            running.add_done_callback(_consume)
+            raise HandlerTimeout(f"handler ran longer than {timeout}s")
+        return running.result()
+
+    async def _run_sync(self, task: Task[Any, Any], kwargs: dict[str, Any], timeout: float | None) -> Any:
+        future = self._threads.submit(functools.partial(task.fn, **kwargs))
+        waiting = asyncio.wrap_future(future)
+        if timeout is None:
+            try:
+                return await waiting
+            except _Raised as raised:
+                raise raised.exception from None
+        done, _ = await asyncio.wait({waiting}, timeout=timeout)
+        if not done:
+            # The thread cannot be stopped: give it up so that a new one takes its slot.
+            self._threads.abandon(future)
+            waiting.add_done_callback(_consume)
+            stuck = self._threads.abandoned
+            log.warning(
+                "handler of %s ran past its %ss timeout; its thread is abandoned (%d stuck)",
+                task.name, timeout,
+                stuck,
+            )
+            if stuck >= self.concurrency and not self._stuck_reported:
+                self._stuck_reported = True
+                self.on_stuck(stuck)
+            raise HandlerTimeout(f"handler ran longer than {timeout}s")
         try:
-            delivery = self.buffer.get_nowait()
-        except asyncio.QueueEmpty:
-            return None
-        if delivery is None:
-            return None
-        return await self.process(delivery)
+            return waiting.result()
+        except _Raised as raised:
+            raise raised.exception from None
 
     async def _slot(self) -> None:
         while True:
@@ -196,8 +332,11 @@ class Executor:
                 await self.process(delivery)
             except asyncio.CancelledError:
                 raise
-            except Exception:  # a bug in Conveyor itself; the lease expiry will redeliver the job
+            except Exception:
+                # A bug in Conveyor itself, or a database that refused the start: forget the job, so
+                # that its lease is no longer extended; it expires and rescue hands the job out again.
                 log.exception("internal error processing job %s", delivery.id)
+                self.registry.drop(delivery.id)
             finally:
                 self.running -= 1
 
@@ -217,3 +356,21 @@ class Executor:
         # exit); their leases expire and rescue returns the jobs.
         self._threads.shutdown(wait=False, cancel_futures=True)
         return len(pending)
+
+
+class _Raised(Exception):
+    """Carries a handler's BaseException (SystemExit, GeneratorExit, ...) from its thread to its slot.
+
+    A future's exception reaches an awaiting task by being *thrown* into its coroutines, and a thrown
+    GeneratorExit closes every coroutine it passes instead of being caught; carried in an Exception
+    and raised again in the slot, it is an ordinary failed attempt."""
+
+    def __init__(self, exception: BaseException) -> None:
+        super().__init__(repr(exception))
+        self.exception = exception
+
+
+def _consume(future: asyncio.Future[Any]) -> None:
+    """Retrieve an abandoned call's outcome, so that asyncio does not log it as never retrieved."""
+    if not future.cancelled():
+        future.exception()

@@ -65,6 +65,8 @@ class Fetcher:
         self._listen_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="conveyor-listen")
         self.idle = False
         self.weights = dict(weights) if weights else None
+        #: How many handler slots wait for a job now (the worker connects it to the executor).
+        self.idle_slots: Callable[[], int] = lambda: 0
 
     def _vt_for(self, queue: str) -> float:
         """The lease taken at acquire: the longest visibility timeout of the queue's tasks (the
@@ -118,10 +120,17 @@ class Fetcher:
                 got += await self._acquire(queue, self.capacity - self.buffer.qsize())
         return got
 
+    def _start_now(self, limit: int) -> int:
+        """How many of the jobs about to be acquired will run at once: as many as slots wait for a
+        job while the buffer is empty. The acquire counts those as started in the same round trip."""
+        return min(limit, self.idle_slots()) if self.buffer.qsize() == 0 else 0
+
     async def _acquire(self, queue: str, limit: int) -> int:
         if limit <= 0:
             return 0
-        params = JobsAcquireParams(queue, limit, self._vt_for(queue), self.worker_id, self.clock())
+        params = JobsAcquireParams(
+            queue, limit, self._vt_for(queue), self.worker_id, self.clock(), start=self._start_now(limit)
+        )
         deliveries = await self.calls.call(
             self.calls.backend.jobs_acquire, params, give_up=self._stop.is_set, what="acquire"
         )
@@ -193,8 +202,9 @@ class Fetcher:
             limit = self.capacity - self.buffer.qsize()
             if limit <= 0:
                 return []
+            params = JobsAcquireParams(queue, limit, vt, self.worker_id, self.clock(), start=self._start_now(limit))
             try:
-                return backend.jobs_acquire(JobsAcquireParams(queue, limit, vt, self.worker_id, self.clock()))
+                return backend.jobs_acquire(params)
             except Exception as exc:  # the event loop acquires next, with its retries and error handling
                 log.debug("acquire on notification failed (%s); the fetch loop retries", exc)
                 return []

@@ -37,6 +37,7 @@ from conveyor.backends.base import (
     JobsReleaseParams,
     JobsRescueParams,
     JobsRetryParams,
+    JobsStartParams,
     KeysPruneParams,
     LeaseRef,
     LeasesExtendParams,
@@ -91,6 +92,11 @@ _COPY_TYPES = [
     "uuid", "text", "text", "text", "text", "integer", "timestamptz", "timestamptz", "timestamptz",
     "integer", "integer", "text",
 ]  # fmt: skip
+
+
+def _copyable(job: NewJob) -> bool:
+    """Whether COPY can insert the job: it has no key to claim, replays nothing, and its id is fresh."""
+    return job.fresh and job.idempotency_key is None and job.replay_of is None
 
 
 def _first_line(exc: BaseException) -> str:
@@ -289,7 +295,7 @@ class PostgresBackend:
             raise ConfigurationError(f"conn= must be an open psycopg (sync) Connection, not {type(conn).__name__}")
         # Decided on the first job, so that rows built lazily (see App.send_many) are built while
         # they stream; a later keyed or replayed job sends the batch down the statement path.
-        copyable = len(jobs) >= _COPY_MIN and jobs[0].idempotency_key is None and jobs[0].replay_of is None
+        copyable = _copyable(jobs[0]) and len(jobs) >= _COPY_MIN
         with self._errors("jobs_insert_many"):
             if conn is not None:
                 if copyable and not conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE:
@@ -310,8 +316,9 @@ class PostgresBackend:
         """COPY ``jobs`` in a transaction (a savepoint inside the caller's) and notify their queues.
 
         False, with nothing inserted, if a job id is already live (a producer's resend: the
-        statement path then inserts the others and skips it) or if a job has an idempotency key
-        or replays one (those need the statement's key claims)."""
+        statement path then inserts the others and skips it), or if a job has an idempotency key,
+        replays one or has an id that is not fresh (those need the statement's key claims or its
+        archive probe)."""
         try:
             with conn.transaction():
                 cur = conn.cursor()
@@ -319,7 +326,7 @@ class PostgresBackend:
                     copy.set_types(_COPY_TYPES)
                     write = copy.write_row
                     for j in jobs:
-                        if j.idempotency_key is not None or j.replay_of is not None:
+                        if not _copyable(j):
                             raise _NotCopyable
                         write((
                             j.id, j.queue, j.task, "\x01" + j.payload, "\x01" + j.headers, j.priority, j.run_at, now,
@@ -352,7 +359,7 @@ class PostgresBackend:
                 "id": j.id, "queue": j.queue, "task": j.task, "payload": j.payload, "headers": j.headers,
                 "priority": j.priority, "run_at": j.run_at, "now": now, "expires_at": j.expires_at,
                 "max_attempts": j.max_attempts, "max_deliveries": j.max_deliveries,
-                "ordering_key": j.ordering_key, "replay_of": j.replay_of,
+                "ordering_key": j.ordering_key, "replay_of": j.replay_of, "fresh": j.fresh,
             }  # fmt: skip
             cur.execute(self._q["jobs_insert_one"], one, prepare=True)
             return
@@ -369,6 +376,7 @@ class PostgresBackend:
             "max_deliveries": [j.max_deliveries for j in jobs],
             "ordering_keys": [j.ordering_key for j in jobs],
             "replay_ofs": [j.replay_of for j in jobs],
+            "freshes": [j.fresh for j in jobs],
             "now": now,
         }
         if not keyed:
@@ -397,10 +405,19 @@ class PostgresBackend:
                 "visibility_timeout": float(params.visibility_timeout),
                 "worker_id": params.worker_id,
                 "now": params.now,
+                "start": max(0, params.start),
             },
             ack=True,
         )
         return [Delivery(*row) for row in rows]
+
+    def jobs_start_many(self, params: JobsStartParams) -> list[UUID]:
+        """Count deliveries as started in one statement; return the ids still held."""
+        ids, receipts = self._leases(params.items)
+        if not ids:
+            return []
+        rows = self._fetchall("jobs_start_many", {"ids": ids, "receipts": receipts, "now": params.now}, ack=True)
+        return [row[0] for row in rows]
 
     def jobs_finish_many(self, params: JobsFinishParams) -> int:
         """Archive deliveries in their terminal state in one statement; return how many applied."""
@@ -459,7 +476,7 @@ class PostgresBackend:
         return ids, receipts
 
     def jobs_release_many(self, params: JobsReleaseParams) -> int:
-        """Undo deliveries that never started (back to pending now); return how many applied."""
+        """Hand leased jobs that never started back to pending now; return how many applied."""
         ids, receipts = self._leases(params.items)
         if not ids:
             return 0

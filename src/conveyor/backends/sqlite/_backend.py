@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import threading
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 from uuid import UUID
 
-from conveyor._errors import BackendError
+from conveyor._errors import BackendError, ConfigurationError
 from conveyor.backends import base
 from conveyor.backends._sql import load_queries
 from conveyor.backends.sqlite import _convert as cv
 from conveyor.backends.sqlite import _schema
-from conveyor.backends.sqlite._connection import ConnectionPool, translated
+from conveyor.backends.sqlite._connection import ConnectionPool, Connections, MemoryConnection, translated
 
 _QUERIES = load_queries("conveyor.backends.sqlite")
 
@@ -27,17 +28,30 @@ class SqliteBackend:
     """The storage contract on one SQLite file; the embedded default that needs no server.
 
     Safe to share between threads (a small pool of connections) and between worker processes on
-    the same file (WAL mode, every write in ``BEGIN IMMEDIATE``). There are no notifications:
-    ``listen`` returns a polling listener. Errors surface as :class:`conveyor.BackendError`, or
-    :class:`conveyor.BackendUnavailable` when the file stayed locked past the busy timeout."""
+    the same file (WAL mode, every write in ``BEGIN IMMEDIATE``). There are no notifications across
+    processes: ``listen`` returns a polling listener. Errors surface as :class:`conveyor.BackendError`,
+    or :class:`conveyor.BackendUnavailable` when the file stayed locked past the busy timeout.
+
+    ``SqliteBackend(":memory:")`` is a private in-memory database instead (``memory://``, the
+    testing kit's engine, see :class:`MemoryBackend`): the same SQL on one connection, gone with
+    the process, with real notifications (every writer is in this process)."""
 
     engine = "sqlite"
     notifies = False
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self._pool = ConnectionPool(path)
+        self._pool: Connections
+        if path == ":memory:":
+            self._commits = _Commits()
+            self._pool = MemoryConnection(on_commit=self._commits.committed)
+            self.engine = "memory"
+            self.notifies = True
+        else:
+            self._pool = ConnectionPool(path)
         self._q = _QUERIES
+        if isinstance(self._pool, MemoryConnection):
+            _schema.migrate_memory(self._pool, self._q)  # a private in-memory database is always new
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -50,8 +64,22 @@ class SqliteBackend:
         self._pool.close()
 
     def listen(self, queues: Sequence[str]) -> base.Listener:
-        """A polling listener: SQLite cannot notify other processes of inserts."""
+        """A polling listener on a file (SQLite cannot notify other processes); on a private
+        in-memory database, a listener woken by every committed write (a wake-up may be spurious)."""
+        if isinstance(self._pool, MemoryConnection):
+            return _CommitListener(self._commits)
         return base.PollingListener()
+
+    def _caller_connection(self, conn: object) -> sqlite3.Connection:
+        """The caller's own connection (``conn=``), whose transaction a call joins."""
+        if isinstance(self._pool, MemoryConnection):
+            raise ConfigurationError(
+                "an in-memory database cannot join a caller's transaction (conn=...); drop conn, or test "
+                "transactional enqueues against sqlite:///file.db or postgresql://"
+            )
+        if not isinstance(conn, sqlite3.Connection):
+            raise ConfigurationError(f"conn= must be an open sqlite3.Connection, not {type(conn).__name__}")
+        return conn
 
     # ------------------------------------------------------------------ producing
 
@@ -63,10 +91,9 @@ class SqliteBackend:
         statements run on that connection and are not committed: the caller's transaction
         decides."""
         if params.conn is not None:
-            if not isinstance(params.conn, sqlite3.Connection):
-                raise BackendError(f"the SQLite backend needs a sqlite3.Connection as conn, not {type(params.conn)!r}")
+            conn = self._caller_connection(params.conn)
             with translated():
-                return self._insert(params.conn, params.jobs, params.now)
+                return self._insert(conn, params.jobs, params.now)
         with self._pool.write() as conn:
             return self._insert(conn, params.jobs, params.now)
 
@@ -121,6 +148,7 @@ class SqliteBackend:
         """Lease up to ``limit`` ready jobs (see JobsAcquireParams), in hand-out order."""
         if params.limit <= 0:
             return []
+        now = cv.to_db_time(params.now)
         with self._pool.write() as conn:
             rows = conn.execute(
                 self._q["jobs_acquire"],
@@ -129,11 +157,25 @@ class SqliteBackend:
                     "limit": params.limit,
                     "visibility_timeout": params.visibility_timeout,
                     "worker_id": params.worker_id,
-                    "now": cv.to_db_time(params.now),
+                    "now": now,
                 },
             ).fetchall()
-        rows.sort(key=lambda r: (-r["priority"], r["run_at"], r["id"]))
-        return [cv.delivery(row) for row in rows]
+            rows.sort(key=lambda r: (-r["priority"], r["run_at"], r["id"]))
+            starting = rows[: max(0, params.start)]
+            if starting:
+                items = json.dumps([{"id": row["id"], "receipt": row["receipt"]} for row in starting])
+                conn.execute(self._q["jobs_start"], {"items": items, "now": now}).fetchall()
+        return [cv.delivery(row, started=i < len(starting)) for i, row in enumerate(rows)]
+
+    def jobs_start_many(self, params: base.JobsStartParams) -> list[UUID]:
+        """Count deliveries as started; return the ids that still held their lease."""
+        items = _lease_refs(params.items)
+        if items == "[]":
+            return []
+        with self._pool.write() as conn:
+            rows = conn.execute(self._q["jobs_start"], {"items": items, "now": cv.to_db_time(params.now)}).fetchall()
+        started = {row[0] for row in rows}
+        return [item.id for item in params.items if cv.to_db_id(item.id) in started]
 
     def jobs_finish_many(self, params: base.JobsFinishParams) -> int:
         """Archive deliveries in their terminal state; return how many applied (the rest were stale)."""
@@ -181,7 +223,7 @@ class SqliteBackend:
             return conn.execute(self._q["jobs_retry"], {"items": json.dumps(items)}).rowcount
 
     def jobs_release_many(self, params: base.JobsReleaseParams) -> int:
-        """Undo deliveries that never started; return how many applied."""
+        """Hand leased jobs that never started back to pending; return how many applied."""
         items = _lease_refs(params.items)
         if items == "[]":
             return 0
@@ -385,7 +427,7 @@ class SqliteBackend:
             "now": cv.to_db_time(params.now),
         }
         if params.conn is not None:
-            conn = _caller_connection(params.conn)
+            conn = self._caller_connection(params.conn)
             with translated():
                 return bool(conn.execute(self._q["processed_keys_claim"], args).fetchall())
         with self._pool.write() as conn:
@@ -529,10 +571,58 @@ def _lease_refs(items: Sequence[base.LeaseRef]) -> str:
     return json.dumps([{"id": cv.to_db_id(item.id), "receipt": item.receipt} for item in items])
 
 
-def _caller_connection(conn: object) -> sqlite3.Connection:
-    if not isinstance(conn, sqlite3.Connection):
-        raise BackendError(f"the SQLite backend needs a sqlite3.Connection as conn, not {type(conn)!r}")
-    return conn
+
+
+class MemoryBackend(SqliteBackend):
+    """A private in-memory database for tests: ``App(backend=MemoryBackend())`` is ``App("memory://")``.
+
+    The SQLite engine's own SQL on one connection, so a test passes here only if the same calls
+    pass on a SQLite file. Nothing is shared between two instances and nothing survives the
+    process. ``conn=`` is refused with ConfigurationError (there is no transaction of yours to
+    join: test transactional enqueues against a SQLite file or PostgreSQL)."""
+
+    def __init__(self) -> None:
+        super().__init__(":memory:")
+
+
+class _Commits:
+    """Counts the writes committed on a private in-memory database and wakes whoever waits for one."""
+
+    def __init__(self) -> None:
+        self.condition = threading.Condition()
+        self.count = 0
+
+    def committed(self) -> None:
+        with self.condition:
+            self.count += 1
+            self.condition.notify_all()
+
+
+class _CommitListener:
+    """Wakes when a write commits on a private in-memory database (every writer is in this process).
+
+    A write that commits while nobody waits is remembered, so the next ``wait`` returns at once: a
+    fetcher that found nothing and then waits cannot miss a job inserted in between."""
+
+    def __init__(self, commits: _Commits) -> None:
+        self._commits = commits
+        self._seen = commits.count
+        self._closed = False
+
+    def wait(self, timeout: float) -> bool:
+        """Block up to ``timeout`` seconds; True if a write committed since the last wait."""
+        commits = self._commits
+        with commits.condition:
+            if not self._closed:
+                commits.condition.wait_for(lambda: commits.count != self._seen or self._closed, max(0.0, timeout))
+            woken = commits.count != self._seen
+            self._seen = commits.count
+            return woken
+
+    def close(self) -> None:
+        with self._commits.condition:
+            self._closed = True
+            self._commits.condition.notify_all()
 
 
 def _satisfies_the_contract(backend: SqliteBackend) -> base.Backend:

@@ -1,4 +1,8 @@
-"""Connections to one SQLite file: opening with the right pragmas, pooling, transactions, errors.
+"""Connections to one SQLite database: opening with the right pragmas, pooling, transactions, errors.
+
+A file is shared through a pool of connections (:class:`ConnectionPool`); a private in-memory
+database lives on exactly one connection (:class:`MemoryConnection`), since each connection to
+``:memory:`` is a database of its own. Both hand out connections through ``write()`` and ``read()``.
 
 SQLite serialises writers per database file. Every write transaction here starts with
 ``BEGIN IMMEDIATE``, which takes the file's write lock before the first read, so a read-then-write
@@ -11,7 +15,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from conveyor._errors import BackendError, BackendUnavailable
@@ -55,6 +59,8 @@ def _open(path: str) -> sqlite3.Connection:
     try:
         conn.row_factory = sqlite3.Row
         conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+        if path == ":memory:":
+            return conn
         _enable_wal(conn)
         # NORMAL is durable against application crashes in WAL mode and skips an fsync per commit;
         # only an OS crash or power loss can lose the last few transactions.
@@ -151,3 +157,65 @@ class ConnectionPool:
             idle, self._idle = self._idle, []
         for conn in idle:
             conn.close()
+
+
+class MemoryConnection:
+    """A private in-memory database on one connection, shared by threads under one lock.
+
+    The same ``write()`` / ``read()`` as :class:`ConnectionPool`. ``on_commit`` runs after every
+    committed write (the backend wakes its listeners there: nothing outside this process can write)."""
+
+    def __init__(self, on_commit: Callable[[], None] = lambda: None) -> None:
+        self._conn = _open(":memory:")
+        self._lock = threading.RLock()
+        self._on_commit = on_commit
+        self._closed = False
+
+    @contextmanager
+    def _held(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            if self._closed:
+                raise BackendError("the in-memory backend is closed")
+            yield self._conn
+
+    @contextmanager
+    def write(self) -> Iterator[sqlite3.Connection]:
+        """The connection inside ``BEGIN IMMEDIATE``: committed on success, rolled back on error."""
+        with self._held() as conn, translated():
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.rollback()
+                raise
+        self._on_commit()
+
+    @contextmanager
+    def read(self) -> Iterator[sqlite3.Connection]:
+        """The connection inside a deferred ``BEGIN`` (one snapshot; no other thread writes meanwhile)."""
+        with self._held() as conn, translated():
+            conn.execute("BEGIN")
+            try:
+                yield conn
+            finally:
+                if conn.in_transaction:
+                    conn.rollback()
+
+    def copy_to(self, target: MemoryConnection) -> None:
+        """Replace ``target``'s database with a copy of this one (SQLite's online backup)."""
+        with self._held() as source, target._held() as conn, translated():
+            source.backup(conn)
+
+    def close(self) -> None:
+        """Drop the database; calls made afterwards raise BackendError."""
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self._conn.close()
+
+
+#: What the backend talks to: a pool of connections to a file, or the one connection of a private
+#: in-memory database.
+Connections = ConnectionPool | MemoryConnection

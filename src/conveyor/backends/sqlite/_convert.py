@@ -50,8 +50,8 @@ def from_db_id_or_none(value: str | None) -> UUID | None:
     return None if value is None else UUID(value)
 
 
-def delivery(row: sqlite3.Row) -> Delivery:
-    """A ``jobs_acquire`` RETURNING row as a Delivery."""
+def delivery(row: sqlite3.Row, started: bool = False) -> Delivery:
+    """A ``jobs_acquire`` RETURNING row as a Delivery (``started``: counted by this acquire)."""
     return Delivery(
         id=UUID(row["id"]),
         queue=row["queue"],
@@ -63,13 +63,14 @@ def delivery(row: sqlite3.Row) -> Delivery:
         enqueued_at=from_db_time(row["enqueued_at"]),
         expires_at=from_db_time_or_none(row["expires_at"]),
         attempts=row["attempts"],
-        deliveries=row["deliveries"],
+        deliveries=row["deliveries"] + (1 if started else 0),
         max_attempts=row["max_attempts"],
         max_deliveries=row["max_deliveries"],
         idempotency_key=row["idempotency_key"],
         ordering_key=row["ordering_key"],
         receipt=row["receipt"],
         lease_expires_at=from_db_time(row["lease_expires_at"]),
+        started=started,
     )
 
 

@@ -1,13 +1,14 @@
-"""Applying the numbered migrations in ``sql/`` to one SQLite file, once, however many processes try."""
+"""Applying the numbered migrations in ``sql/`` to one SQLite database, once, however many processes try."""
 
 from __future__ import annotations
 
 import sqlite3
+import threading
 import time
 from collections.abc import Iterator
 
 from conveyor.backends._sql import Migration, load_migrations
-from conveyor.backends.sqlite._connection import ConnectionPool
+from conveyor.backends.sqlite._connection import Connections, MemoryConnection
 
 _PACKAGE = "conveyor.backends.sqlite"
 
@@ -34,7 +35,7 @@ def _has_code(text: str) -> bool:
     return any(line.strip() and not line.strip().startswith("--") for line in text.splitlines())
 
 
-def migrate(pool: ConnectionPool, queries: dict[str, str]) -> list[str]:
+def migrate(pool: Connections, queries: dict[str, str]) -> list[str]:
     """Apply every migration not yet recorded in ``schema_migrations``; return their names.
 
     The check and the apply share one ``BEGIN IMMEDIATE`` transaction: a second process calling
@@ -55,3 +56,22 @@ def migrate(pool: ConnectionPool, queries: dict[str, str]) -> list[str]:
             )
             applied.append(migration.name)
     return applied
+
+
+_template: MemoryConnection | None = None
+_template_lock = threading.Lock()
+
+
+def migrate_memory(target: MemoryConnection, queries: dict[str, str]) -> None:
+    """Give a new in-memory database the fully migrated schema.
+
+    The migrations run once per process, on a template database that every new one is then
+    copied from (SQLite's online backup): a test suite that opens an in-memory database per
+    test pays for a copy, not for every DDL statement."""
+    global _template
+    with _template_lock:
+        if _template is None:
+            template = MemoryConnection()
+            migrate(template, queries)
+            _template = template
+        _template.copy_to(target)

@@ -238,7 +238,9 @@ LISTEN conveyor_jobs
 --   just committed, because this statement's snapshot cannot see it, whereas the updated row is
 --   always returned in its latest version. The caller thus always learns the holder's job id.
 -- * inserted: a keyed job is inserted only if it holds its key after the claim. ON CONFLICT (id)
---   makes a producer's resend of the same job id a no-op.
+--   makes a producer's resend of a live job id a no-op; the archive probe (archive_id_idx, one
+--   probe per partition) does the same for a job that already ended, skipped for fresh ids
+--   (minted for this send: they cannot be there).
 -- * notified: one pg_notify per distinct queue that got a job. A plain SELECT in WITH runs only
 --   if the main query reads it, hence the count(*) the final SELECT joins to.
 -- Returns the key holders (queue, key, job_id); unkeyed jobs keep their own id. Returns at least
@@ -250,10 +252,10 @@ WITH input AS (
         %(headers)b::text[], %(priorities)b::integer[], %(run_ats)b::timestamptz[],
         %(expires_ats)b::timestamptz[], %(max_attempts)b::integer[], %(max_deliveries)b::integer[],
         %(idempotency_keys)b::text[], %(ordering_keys)b::text[], %(replay_ofs)b::uuid[],
-        %(dedup_untils)b::timestamptz[]
+        %(dedup_untils)b::timestamptz[], %(freshes)b::boolean[]
     ) WITH ORDINALITY AS t(
         id, queue, task, payload, headers, priority, run_at, expires_at, max_attempts,
-        max_deliveries, idempotency_key, ordering_key, replay_of, dedup_until, ord
+        max_deliveries, idempotency_key, ordering_key, replay_of, dedup_until, fresh, ord
     )
 ),
 keyed AS (
@@ -276,7 +278,8 @@ inserted AS (
            %(now)s, i.expires_at, i.max_attempts, i.max_deliveries, i.idempotency_key,
            i.ordering_key, i.replay_of
     FROM input AS i
-    WHERE i.idempotency_key IS NULL OR i.id IN (SELECT job_id FROM keyed)
+    WHERE (i.idempotency_key IS NULL OR i.id IN (SELECT job_id FROM keyed))
+      AND (i.fresh OR NOT EXISTS (SELECT 1 FROM archive AS a WHERE a.id = i.id))
     ON CONFLICT (id) DO NOTHING
     RETURNING queue
 ),
@@ -291,7 +294,8 @@ LEFT JOIN keyed AS k ON true
 -- The same insert for a batch without idempotency keys (the common bulk case). Without the
 -- keyed CTE the unnested rows are read once, so they stream into the INSERT instead of being
 -- materialised (a 20,000-job batch spilled a CTE to a temporary file): measured ~25%% less
--- server time. Returns one row: the number of queues notified.
+-- server time. Ids that are not fresh are looked up in the archive (a resend of a job that ended
+-- inserts nothing). Returns one row: the number of queues notified.
 WITH inserted AS (
     INSERT INTO jobs (
         id, queue, task, payload, headers, priority, run_at, enqueued_at, expires_at,
@@ -304,11 +308,12 @@ WITH inserted AS (
         %(ids)b::uuid[], %(queues)b::text[], %(tasks)b::text[], %(payloads)b::text[],
         %(headers)b::text[], %(priorities)b::integer[], %(run_ats)b::timestamptz[],
         %(expires_ats)b::timestamptz[], %(max_attempts)b::integer[], %(max_deliveries)b::integer[],
-        %(ordering_keys)b::text[], %(replay_ofs)b::uuid[]
+        %(ordering_keys)b::text[], %(replay_ofs)b::uuid[], %(freshes)b::boolean[]
     ) AS i(
         id, queue, task, payload, headers, priority, run_at, expires_at, max_attempts,
-        max_deliveries, ordering_key, replay_of
+        max_deliveries, ordering_key, replay_of, fresh
     )
+    WHERE i.fresh OR NOT EXISTS (SELECT 1 FROM archive AS a WHERE a.id = i.id)
     ON CONFLICT (id) DO NOTHING
     RETURNING queue
 )
@@ -316,26 +321,28 @@ SELECT count(*) FROM (SELECT pg_notify('conveyor_jobs', q.queue) FROM (SELECT DI
 
 -- name: jobs_insert_one
 -- One job without an idempotency key (the common delay()): scalar parameters, which psycopg adapts
--- in C, where jobs_insert_many_unkeyed's twelve one-element arrays are built in Python.
+-- in C, where jobs_insert_many_unkeyed's twelve one-element arrays are built in Python. A fresh id
+-- skips the archive probe (the planner folds `true OR ...` away).
 WITH inserted AS (
     INSERT INTO jobs (
         id, queue, task, payload, headers, priority, run_at, enqueued_at, expires_at,
         max_attempts, max_deliveries, ordering_key, replay_of
     )
-    VALUES (
+    SELECT
         %(id)s, %(queue)s, %(task)s, %(payload)s::jsonb, %(headers)s::jsonb, %(priority)s, %(run_at)s,
         %(now)s, %(expires_at)s, %(max_attempts)s, %(max_deliveries)s, %(ordering_key)s, %(replay_of)s
-    )
+    WHERE %(fresh)s OR NOT EXISTS (SELECT 1 FROM archive AS a WHERE a.id = %(id)s)
     ON CONFLICT (id) DO NOTHING
     RETURNING queue
 )
 SELECT count(pg_notify('conveyor_jobs', queue)) FROM inserted
 
 -- name: jobs_copy
--- The bulk path of jobs_insert_many: a batch without idempotency keys streams into jobs with COPY
--- (binary), which the server inserts while the client is still sending; measured 2-3x less time
--- than the unnested INSERT for 20,000 jobs. COPY has no ON CONFLICT: a batch that resends a live
--- job id fails with a unique violation and is inserted again by jobs_insert_many_unkeyed.
+-- The bulk path of jobs_insert_many: a batch of fresh ids without idempotency keys streams into jobs
+-- with COPY (binary), which the server inserts while the client is still sending; measured 2-3x less
+-- time than the unnested INSERT for 20,000 jobs. COPY has no ON CONFLICT: a batch that resends a live
+-- job id fails with a unique violation and is inserted again by jobs_insert_many_unkeyed. Fresh ids
+-- cannot be in the archive, so COPY needs no archive probe.
 COPY jobs (
     id, queue, task, payload, headers, priority, run_at, enqueued_at, expires_at,
     max_attempts, max_deliveries, ordering_key
@@ -365,8 +372,11 @@ SELECT count(pg_notify('conveyor_jobs', q)) FROM unnest(%(queues)s::text[]) AS q
 -- with a smaller id) and only while no job of its key is in flight. The second test also covers
 -- the rare case of a smaller id committed after a larger one was already handed out. Both are
 -- single probes into small partial indexes. RETURNING order is unspecified, hence the final sort.
+-- The first `start` picked rows (in delivery order: a CTE scan returns rows in the order they were
+-- stored) are also started, i.e. counted as a delivery: the worker passes its idle handler slots,
+-- so jobs that run at once need no second round trip (jobs_start_many) before they run.
 WITH picked AS MATERIALIZED (
-    SELECT j.ctid
+    SELECT j.ctid, j.id
     FROM jobs AS j
     WHERE j.queue = %(queue)s
       AND j.state = 'pending'
@@ -383,22 +393,39 @@ WITH picked AS MATERIALIZED (
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 ),
+starting AS (
+    SELECT ARRAY(SELECT id FROM picked LIMIT %(start)s) AS ids
+),
 leased AS (
     UPDATE jobs AS j SET
         state = 'processing',
-        deliveries = j.deliveries + 1,
+        deliveries = j.deliveries + CASE WHEN j.id = ANY (s.ids) THEN 1 ELSE 0 END,
         receipt = gen_random_uuid(),
         lease_expires_at = %(now)s + make_interval(secs => %(visibility_timeout)s),
         worker_id = %(worker_id)s,
-        started_at = %(now)s,
-        first_started_at = coalesce(j.first_started_at, %(now)s)
+        started_at = CASE WHEN j.id = ANY (s.ids) THEN %(now)s END,
+        first_started_at = CASE WHEN j.id = ANY (s.ids) THEN coalesce(j.first_started_at, %(now)s)
+                                ELSE j.first_started_at END
+    FROM starting AS s
     WHERE j.ctid = ANY (ARRAY(SELECT ctid FROM picked))
     RETURNING j.id, j.queue, j.task, j.payload::text AS payload, j.headers::text AS headers,
               j.priority, j.run_at, j.enqueued_at, j.expires_at, j.attempts, j.deliveries,
               j.max_attempts, j.max_deliveries, j.idempotency_key, j.ordering_key,
-              j.receipt::text AS receipt, j.lease_expires_at
+              j.receipt::text AS receipt, j.lease_expires_at, j.id = ANY (s.ids) AS started
 )
 SELECT * FROM leased ORDER BY priority DESC, run_at, id
+
+-- name: jobs_start_many
+-- Counts deliveries as started just before their handlers run (poison protection reads the count,
+-- so it is stored first: a handler that kills its worker has been counted). Matched on (id,
+-- receipt) like every outcome; returns the ids that still held their lease.
+UPDATE jobs AS j SET
+    deliveries = j.deliveries + 1,
+    started_at = %(now)s,
+    first_started_at = coalesce(j.first_started_at, %(now)s)
+FROM unnest(%(ids)b::uuid[], %(receipts)b::uuid[]) AS i(id, receipt)
+WHERE j.id = ANY (%(ids)b::uuid[]) AND j.id = i.id AND j.receipt = i.receipt
+RETURNING j.id
 
 -- name: jobs_finish_many
 -- Ends deliveries: the DELETE and the archive INSERT are one statement, so a job is never in
@@ -471,18 +498,15 @@ notified AS (
 SELECT (SELECT count(*) FROM retried), (SELECT count(*) FROM notified)
 
 -- name: jobs_release_many
--- Undoes deliveries that never started (graceful shutdown): deliveries - 1, and the start times
--- go back to NULL when this was the job's only delivery. Notifies, because the jobs are ready
--- again at once and another worker may be idle.
+-- Hands leased jobs that never started back (graceful shutdown); they were never counted, so
+-- deliveries stays. Notifies, because the jobs are ready again at once and another worker may be
+-- idle.
 WITH items AS (
     SELECT * FROM unnest(%(ids)b::uuid[], %(receipts)b::uuid[]) AS t(id, receipt)
 ),
 released AS (
     UPDATE jobs AS j SET
         state = 'pending',
-        deliveries = greatest(j.deliveries - 1, 0),
-        first_started_at = CASE WHEN j.deliveries <= 1 THEN NULL ELSE j.first_started_at END,
-        started_at = CASE WHEN j.deliveries <= 1 THEN NULL ELSE j.started_at END,
         receipt = NULL,
         lease_expires_at = NULL,
         worker_id = NULL

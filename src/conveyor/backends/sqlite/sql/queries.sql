@@ -23,16 +23,18 @@ SELECT version FROM schema_migrations ORDER BY version
 INSERT INTO schema_migrations (version, name, applied_at) VALUES (:version, :name, :now)
 
 -- name: jobs_insert
--- Plain VALUES insert, run with executemany inside one transaction: SQLite has no round trip to
--- save, so one prepared statement per row is as fast as one multi-row statement. A producer that
--- resends a job it already sent (same id, after an error it could not interpret) changes nothing.
+-- One row per job, run with executemany inside one transaction: SQLite has no round trip to save,
+-- so one prepared statement per row is as fast as one multi-row statement. A job id is accepted
+-- once: a producer that resends a job it already sent (same id, after an error it could not
+-- interpret) changes nothing, whether the job is still live (ON CONFLICT) or has ended (the
+-- archive probe, one primary-key lookup).
 INSERT INTO jobs (
     id, queue, task, payload, headers, state, priority, run_at, enqueued_at, expires_at,
     attempts, deliveries, max_attempts, max_deliveries, idempotency_key, ordering_key, replay_of
-) VALUES (
-    :id, :queue, :task, :payload, :headers, 'pending', :priority, :run_at, :now, :expires_at,
-    0, 0, :max_attempts, :max_deliveries, :idempotency_key, :ordering_key, :replay_of
 )
+SELECT :id, :queue, :task, :payload, :headers, 'pending', :priority, :run_at, :now, :expires_at,
+       0, 0, :max_attempts, :max_deliveries, :idempotency_key, :ordering_key, :replay_of
+WHERE NOT EXISTS (SELECT 1 FROM archive WHERE id = :id)
 ON CONFLICT (id) DO NOTHING
 
 -- name: idempotency_claim
@@ -57,14 +59,14 @@ SELECT job_id FROM idempotency_keys WHERE queue = :queue AND key = :key
 -- and only while no job of its key is in flight (one probe of jobs_ordering_in_flight); the
 -- second test covers a smaller id that committed after a larger one was already handed out.
 -- RETURNING does not promise any order, so the caller sorts.
+-- Leasing does not count a delivery: jobs_start does, when a handler slot takes the job (the
+-- backend runs it in this same transaction for the jobs a worker starts at once).
 UPDATE jobs
 SET state = 'processing',
-    deliveries = deliveries + 1,
     receipt = lower(hex(randomblob(16))),
     lease_expires_at = :now + :visibility_timeout,
     worker_id = :worker_id,
-    started_at = :now,
-    first_started_at = coalesce(first_started_at, :now)
+    started_at = NULL
 WHERE id IN (
     SELECT j.id
     FROM jobs AS j
@@ -90,6 +92,21 @@ WHERE id IN (
 RETURNING id, queue, task, payload, headers, priority, run_at, enqueued_at, expires_at, attempts,
     deliveries, max_attempts, max_deliveries, idempotency_key, ordering_key, receipt,
     lease_expires_at
+
+-- name: jobs_start
+-- Count deliveries as started just before their handlers run (poison protection reads the count, so
+-- it is stored first: a handler that kills its worker has been counted). Same (id, receipt) match as
+-- every outcome; RETURNING names the deliveries that still held their lease.
+UPDATE jobs
+SET deliveries = deliveries + 1,
+    started_at = :now,
+    first_started_at = coalesce(first_started_at, :now)
+FROM (
+    SELECT json_extract(value, '$.id') AS id, json_extract(value, '$.receipt') AS receipt
+    FROM json_each(:items)
+) AS r
+WHERE jobs.id = r.id AND jobs.receipt = r.receipt AND jobs.state = 'processing'
+RETURNING jobs.id
 
 -- name: jobs_finish_archive
 -- First half of finishing a batch: copy each delivery whose id and receipt still match a
@@ -154,17 +171,13 @@ FROM (
 WHERE jobs.id = r.id AND jobs.receipt = r.receipt AND jobs.state = 'processing'
 
 -- name: jobs_release
--- Undo a delivery that never started (graceful shutdown): the job is ready again at once and the
--- hand-out no longer counts, so a clean restart does not push it towards max_deliveries. If this
--- was its only delivery it is again a job that never started.
+-- Hand back leased jobs that never started (graceful shutdown): ready again at once; they were never
+-- counted as a delivery, so a clean restart does not push them towards max_deliveries.
 UPDATE jobs
 SET state = 'pending',
-    deliveries = deliveries - 1,
     receipt = NULL,
     lease_expires_at = NULL,
-    first_started_at = CASE WHEN deliveries <= 1 THEN NULL ELSE first_started_at END,
-    started_at = CASE WHEN deliveries <= 1 THEN NULL ELSE started_at END,
-    worker_id = CASE WHEN deliveries <= 1 THEN NULL ELSE worker_id END
+    worker_id = NULL
 FROM (
     SELECT json_extract(value, '$.id') AS id, json_extract(value, '$.receipt') AS receipt
     FROM json_each(:items)

@@ -1,0 +1,248 @@
+"""Hostile handlers and refused outcomes: one bad job harms only itself, never its batch or its worker."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from conveyor import App, JobContext, Worker
+from conveyor.backends.base import JobsListParams
+
+
+@pytest.fixture
+def app(database_url: str) -> Iterator[App]:
+    a = App(database_url, migrate=True)
+    yield a
+    a.close()
+
+
+def run(app: App, timeout: float = 60, **kwargs: Any) -> Worker:
+    """Run a burst worker until its queues are empty; fail the test if it takes longer than ``timeout``."""
+    worker = Worker(app, burst=True, poll_interval=0.02, **kwargs)
+    asyncio.run(asyncio.wait_for(worker.run(), timeout=timeout))
+    return worker
+
+
+def test_text_no_database_can_store_is_stored_escaped_and_harms_no_other_job(app: App) -> None:
+    # NUL made the batched finish fail on PostgreSQL (jsonb refuses \u0000, text refuses 0x00): the
+    # whole batch was redelivered until max_deliveries, and good jobs ended dead. Lone surrogates
+    # (not UTF-8 at all) are the other text no engine can take as it is.
+    @app.task(queue="q", max_attempts=1)
+    def good(i: int) -> int:
+        return i
+
+    @app.task(queue="q")
+    def nul_result() -> dict[str, Any]:
+        return {"text": "a\x00b", "key\x00": ["\ud800", "ok"]}
+
+    @app.task(queue="q", max_attempts=1)
+    def nul_error() -> None:
+        raise RuntimeError("bad\x00text \udc80")
+
+    goods = [good.delay(i=i) for i in range(10)]
+    result_job = nul_result.delay()
+    error_job = nul_error.delay()
+    goods += [good.delay(i=i) for i in range(10, 20)]
+
+    worker = run(app)
+
+    assert worker.exit_code == 0
+    assert [(j.status().state, j.status().result) for j in goods] == [("completed", i) for i in range(20)]
+    assert [j.status().deliveries for j in goods] == [1] * 20
+    result = result_job.status()
+    assert result.state == "completed"
+    assert result.result == {"text": "a\\u0000b", "key\\u0000": ["\\ud800", "ok"]}
+    error = error_job.status()
+    assert (error.state, error.reason) == ("dead", "max_attempts_exceeded")
+    assert error.error is not None
+    assert error.error.message == "bad\\u0000text \\udc80"  # whole: SQLite cut it at the NUL before
+    assert "RuntimeError: bad\\u0000text" in error.error.traceback
+
+
+def _refuse_results_containing(app: App, database_url: str, marker: str) -> None:
+    """Make the real database refuse to archive a result containing ``marker`` (a trigger)."""
+    app.backend.migrate()
+    if database_url.startswith("sqlite"):
+        with sqlite3.connect(database_url.removeprefix("sqlite:///")) as conn:
+            conn.execute(
+                f"CREATE TRIGGER refuse BEFORE INSERT ON archive WHEN NEW.result LIKE '%{marker}%' "
+                "BEGIN SELECT RAISE(ABORT, 'this result is refused'); END"
+            )
+        return
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(
+            f"""CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                IF NEW.result::text LIKE '%{marker}%' THEN RAISE EXCEPTION 'this result is refused'; END IF;
+                RETURN NEW;
+            END $$"""
+        )
+        conn.execute("CREATE TRIGGER refuse BEFORE INSERT ON archive FOR EACH ROW EXECUTE FUNCTION refuse()")
+
+
+def test_an_outcome_the_database_refuses_dead_letters_only_its_own_job(app: App, database_url: str) -> None:
+    _refuse_results_containing(app, database_url, "REFUSE-ME")
+
+    @app.task(queue="q")
+    def echo(text: str) -> str:
+        return text
+
+    jobs = [echo.delay(text=f"ok {i}") for i in range(30)]
+    refused = echo.delay(text="please REFUSE-ME")
+    jobs += [echo.delay(text=f"ok {i}") for i in range(30, 60)]
+
+    worker = run(app, concurrency=10)
+
+    assert worker.exit_code == 0
+    assert [j.status().state for j in jobs] == ["completed"] * 60
+    assert [j.status().deliveries for j in jobs] == [1] * 60
+    status = refused.status()
+    assert (status.state, status.reason, status.attempts, status.deliveries) == ("dead", "outcome_refused", 1, 1)
+    assert status.error is not None and status.error.type == "OutcomeRefused"
+    assert "this result is refused" in status.error.message
+
+
+@pytest.mark.parametrize("exc", [SystemExit(3), KeyboardInterrupt(), GeneratorExit()])
+@pytest.mark.parametrize("kind", ["def", "async def"])
+def test_a_handlers_base_exception_is_a_failed_attempt(app: App, exc: BaseException, kind: str) -> None:
+    if kind == "def":
+
+        @app.task(queue="q", name="hostile", max_attempts=3, backoff=[0.01])
+        def hostile() -> None:
+            raise exc
+    else:
+
+        @app.task(queue="q", name="hostile", max_attempts=3, backoff=[0.01])
+        async def hostile() -> None:
+            raise exc
+
+    @app.task(queue="q")
+    def good(i: int) -> int:
+        return i
+
+    bad = app.send("hostile", {})
+    goods = [good.delay(i=i) for i in range(20)]
+
+    worker = run(app, concurrency=1, prefetch=30)
+
+    assert worker.exit_code == 0
+    status = bad.status()
+    assert (status.state, status.reason, status.attempts, status.deliveries) == ("dead", "max_attempts_exceeded", 3, 3)
+    assert status.error is not None and status.error.type == type(exc).__qualname__
+    assert [(g.status().state, g.status().deliveries) for g in goods] == [("completed", 1)] * 20
+
+
+def test_a_sync_handler_past_its_timeout_frees_its_slot(app: App) -> None:
+    # Before: the hung thread kept the pool's only thread, the next job waited for it for ever and
+    # heartbeats kept that job's lease alive: nothing ran again.
+    release = threading.Event()
+
+    @app.task(queue="q", timeout=0.3, max_attempts=1)
+    def hangs() -> None:
+        release.wait(60)
+
+    @app.task(queue="q")
+    def good(i: int) -> int:
+        return i
+
+    hung = hangs.delay()
+    goods = [good.delay(i=i) for i in range(20)]
+    began = time.monotonic()
+    try:
+        worker = run(app, timeout=30, concurrency=2, prefetch=4)
+    finally:
+        release.set()
+
+    assert time.monotonic() - began < 10
+    assert worker.exit_code == 0
+    status = hung.status()
+    assert (status.state, status.reason) == ("dead", "max_attempts_exceeded")
+    assert status.error is not None and status.error.type == "HandlerTimeout"
+    assert [g.status().state for g in goods] == ["completed"] * 20
+
+
+def test_an_async_handler_that_ignores_cancellation_still_frees_its_slot(app: App) -> None:
+    @app.task(queue="q", timeout=0.2, max_attempts=1)
+    async def stubborn() -> None:
+        for _ in range(100):
+            try:
+                await asyncio.sleep(0.1)
+            except asyncio.CancelledError:
+                continue  # a handler that swallows its cancellation
+
+    @app.task(queue="q")
+    def good(i: int) -> int:
+        return i
+
+    bad = stubborn.delay()
+    goods = [good.delay(i=i) for i in range(5)]
+    worker = run(app, timeout=30, concurrency=1, prefetch=2)
+
+    assert worker.exit_code == 0
+    assert bad.status().error is not None and bad.status().error.type == "HandlerTimeout"  # type: ignore[union-attr]
+    assert [g.status().state for g in goods] == ["completed"] * 5
+
+
+def test_as_many_hung_threads_as_slots_stop_the_worker_non_zero(app: App) -> None:
+    # A thread cannot be stopped: past this many, only a new process gets them back.
+    release = threading.Event()
+
+    @app.task(queue="q", timeout=0.2, max_attempts=5, backoff=[0.01])
+    def hangs(ctx: JobContext) -> None:
+        release.wait(60)
+
+    jobs = [hangs.delay() for _ in range(2)]
+    try:
+        worker = run(app, timeout=30, concurrency=2)
+    finally:
+        release.set()
+    assert worker.exit_code == 1
+    # The timed-out attempts were recorded before the worker stopped; nothing is left leased.
+    assert all(j.status().attempts >= 1 for j in jobs)
+    assert {r.state for r in app.backend.jobs_list(JobsListParams())} <= {"pending"}
+
+
+class _FailingAcquire:
+    """Wraps a backend so that its acquires raise a bug-like error after ``after`` calls."""
+
+    def __init__(self, backend: Any, after: int) -> None:
+        self._backend = backend
+        self._left = after
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._backend, name)
+
+    def jobs_acquire(self, params: Any) -> Any:
+        if self._left <= 0:
+            raise RuntimeError("a bug in the fetch loop")
+        self._left -= 1
+        return self._backend.jobs_acquire(params)
+
+
+def test_a_failed_loop_stops_the_worker_non_zero_and_loses_nothing(app: App) -> None:
+    @app.task(queue="q")
+    def slow(i: int) -> int:
+        time.sleep(0.05)
+        return i
+
+    jobs = [slow.delay(i=i) for i in range(30)]
+    real = app.backend
+    app._backend = _FailingAcquire(real, after=1)  # type: ignore[assignment]
+    worker = Worker(app, queues=["q"], concurrency=2, prefetch=10, poll_interval=0.02)
+    asyncio.run(asyncio.wait_for(worker.run(), timeout=60))
+    app._backend = real
+
+    assert worker.exit_code == 1
+    states = [j.status().state for j in jobs]
+    # The first acquire's jobs: those started ran and were flushed, the rest went back to pending.
+    assert states.count("completed") >= 1
+    assert set(states) <= {"completed", "pending"}
+    assert [r.state for r in real.jobs_list(JobsListParams())] == ["pending"] * states.count("pending")
+    assert all(j.status().deliveries == (1 if j.status().state == "completed" else 0) for j in jobs)
