@@ -55,6 +55,7 @@ CAUSES = {
     "stop_worker": "worker SIGSTOPped past its lease",
     "pg_restart": "PostgreSQL restart (outcome lost / lease expired)",
     "proxy_cut": "connections cut (outcome lost / lease expired)",
+    "stuck": "worker stopped itself: every slot's thread hung past its timeout",
     "exit": "worker exited on its own (unexpected)",
 }
 #: Causes under which a worker may run a job whose lease it no longer holds (so another worker
@@ -193,6 +194,7 @@ class Report:
     faults: list[dict[str, Any]] = field(default_factory=list)
     unexpected_exits: list[str] = field(default_factory=list)
     crashes: int = 0
+    stuck_exits: int = 0
     final_codes: dict[str, int | None] = field(default_factory=dict)
     orphan_runs: list[str] = field(default_factory=list)
     t_start: float = 0.0
@@ -254,7 +256,8 @@ class Report:
         )
         add(
             f"handler runs: {self.runs:,} ({self.expected_runs:,} recorded attempts or poison starts, "
-            f"{extra_total:,} extra); worker crashes by poison jobs: {self.crashes}"
+            f"{extra_total:,} extra); worker crashes by poison jobs: {self.crashes}; "
+            f"workers stopped by hung threads: {self.stuck_exits}"
         )
         add("")
         add(f"{'fault injected':<22}{'count':>6}  detail")
@@ -317,6 +320,7 @@ class Report:
             "overlaps": len(self.overlaps),
             "unexpected_exits": self.unexpected_exits,
             "crashes": self.crashes,
+            "stuck_exits": self.stuck_exits,
             "final_codes": self.final_codes,
             "faults": dict(self.fault_counts()),
             "outcomes": [[t, s, r, n] for (t, s, r), n in sorted(self.outcomes.items(), key=str)],
@@ -381,6 +385,7 @@ class Checker:
         malformed_lines: int = 0,
         worker_logs: str = "",
         window: float = 5.0,
+        concurrency: Mapping[str, int] | None = None,
     ) -> None:
         self.runs = list(runs)
         self.accepted = dict(accepted)
@@ -393,6 +398,8 @@ class Checker:
         self.malformed_lines = malformed_lines
         self.worker_logs = worker_logs
         self.window = window
+        #: Handler slots of each worker process, by fleet member name.
+        self.concurrency = dict(concurrency or {})
         self.faults = sorted((e for e in self.events if e["kind"] == "fault"), key=lambda e: e["t"])
         self.deaths: dict[int, Death] = {}
 
@@ -435,8 +442,30 @@ class Checker:
             rc = event.get("rc")
             if rc is None:
                 rc = child_codes.get(pid)
+            if self._stuck(pid, event["t"], self.concurrency.get(event["member"], 4)):
+                self.deaths[pid] = Death(event["t"], "stuck", f"rc {rc}")
+                report.stuck_exits += 1
+                continue
             self.deaths[pid] = Death(event["t"], "exit", f"rc {rc}")
             report.unexpected_exits.append(f"pid {pid} ({event['member']}, {event['role']}) exited with {rc}")
+
+    def _stuck(self, pid: int, t_exit: float, concurrency: int) -> bool:
+        """Whether, before ``t_exit``, as many handler threads of ``pid`` hung past their timeout at
+        once as it has slots: the worker then stops itself (non-zero) for its supervisor to restart."""
+        edges: list[tuple[float, int]] = []
+        for run in self.runs:
+            if run.pid != pid or run.task != mix.HANG or run.attempt != 1:
+                continue
+            stuck_from = run.start + mix.HANG_TIMEOUT
+            if stuck_from > t_exit:
+                continue
+            edges += [(stuck_from, 1), (min(run.end if run.end is not None else t_exit, t_exit), -1)]
+        level = 0
+        for _t, step in sorted(edges, key=lambda e: (e[0], -e[1])):
+            level += step
+            if level >= concurrency:
+                return True
+        return False
 
     # -- jobs ------------------------------------------------------------------------------------
 
@@ -459,7 +488,7 @@ class Checker:
         """The faults that can explain this run having been wasted (its outcome never recorded)."""
         out: list[str] = []
         death = self.deaths.get(run.pid)
-        margin = EXIT_MARGIN if death is not None and death.cause == "exit" else FLUSH_MARGIN
+        margin = EXIT_MARGIN if death is not None and death.cause in ("exit", "stuck") else FLUSH_MARGIN
         if death is not None and run.start <= death.t and (run.end is None or run.end >= death.t - margin):
             is_own_crash = death.cause == "crash" and run.task == mix.CRASH
             if not is_own_crash:

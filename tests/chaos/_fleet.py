@@ -48,6 +48,7 @@ class Member:
     name: str
     argv: list[str]
     processes: int
+    concurrency: int
     log: Path
     proc: subprocess.Popen[bytes] | None = None
     generation: int = 0
@@ -113,7 +114,7 @@ class Fleet:
             sys.executable, "-m", "conveyor", "--db", self.database_url, "-v", "worker", self.app_path,
             "--concurrency", str(concurrency), "--processes", str(processes), "--graceful-timeout", "10", *extra,
         ]  # fmt: skip
-        member = Member(name, argv, processes, self.directory / f"{name}.log")
+        member = Member(name, argv, processes, concurrency, self.directory / f"{name}.log")
         self.members.append(member)
         return member
 

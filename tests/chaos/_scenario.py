@@ -369,6 +369,7 @@ def run(
             malformed_lines=malformed,
             worker_logs=fleet.outputs(tail=10**9),
             window=scenario.window,
+            concurrency={m.name: m.concurrency for m in fleet.members},
         )
         report = checker.check()
         report.policy_violations.extend(disagree)

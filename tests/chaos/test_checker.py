@@ -192,3 +192,19 @@ def test_run_log_parsing(tmp_path: Path) -> None:
     runs, malformed = read_run_log(log)
     assert malformed == 1
     assert [(r.attempt, r.start, r.end) for r in runs] == [(1, 100.5, 120.5), (2, 102.0, 102.1)]
+
+
+def test_a_worker_whose_every_thread_hung_may_stop_itself() -> None:
+    hangs = [uuid4() for _ in range(3)]
+    rows = [row(h, mix.HANG, attempts=2, error_type="HandlerTimeout") for h in hangs]
+    runs = [r for k, h in enumerate(hangs) for r in (
+        run(h, 1, 1 + k, None, task=mix.HANG), run(h, 2, 3 + k, 3.1 + k, task=mix.HANG, attempt=2),
+    )]  # fmt: skip
+    exit_event = {"kind": "process_exit", "t": T0 + 8, "pid": 1, "member": "plain0", "role": "worker", "rc": 1}
+    three_slots = Checker(
+        runs=runs, accepted={h: (mix.HANG, 0) for h in hangs}, archive=rows, live=[], events=[exit_event],
+        final_codes={"plain0": 0}, t_start=T0, t_end=T0 + 100, concurrency={"plain0": 3},
+    ).check()  # fmt: skip
+    assert (three_slots.stuck_exits, three_slots.unexpected_exits, three_slots.problems()) == (1, [], [])
+    four_slots = check(runs, rows, events=[exit_event])  # 3 hung threads of 4: not stuck, a real exit
+    assert four_slots.unexpected_exits == ["pid 1 (plain0, worker) exited with 1"]
