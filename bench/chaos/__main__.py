@@ -19,7 +19,6 @@ a problem.
 from __future__ import annotations
 
 import argparse
-import fcntl
 import itertools
 import json
 import logging
@@ -28,8 +27,6 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -40,8 +37,9 @@ from tests.chaos._checker import Report
 from tests.chaos._faults import Fault
 from tests.chaos._scenario import Scenario, run
 
+from ._lock import bench_lock
+
 RESULTS = Path(__file__).resolve().parent / "results"
-LOCK = "/tmp/conveyor-bench.lock"
 
 #: Share of each task in the mix (the rest is ``fast``); crash and hang jobs are counted, not shared.
 SHARES = {
@@ -292,20 +290,6 @@ def markdown(report: Report, meta: dict[str, Any], rows: list[dict[str, Any]], s
             f"{r['finish_ms']} | {', '.join(r['faults'])} |"
         )
     return "\n".join(lines) + "\n"
-
-
-@contextmanager
-def bench_lock() -> Iterator[None]:
-    with open(LOCK, "a") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            print(f"waiting for {LOCK} (another benchmark runs)", flush=True)
-            fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def main(argv: list[str] | None = None) -> int:
