@@ -23,6 +23,7 @@ import itertools
 import json
 import logging
 import shlex
+import shutil
 import sys
 import tempfile
 import threading
@@ -306,7 +307,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--burst-share", type=float, default=0.6, help="share of the jobs sent in bursts")
     parser.add_argument("--visibility-timeout", type=float, default=3.0)
     parser.add_argument("--seed", type=int, default=14)
-    parser.add_argument("--workdir", type=Path, default=None, help="run log and worker logs (default: a temp dir)")
+    parser.add_argument(
+        "--workdir",
+        type=Path,
+        default=None,
+        help="run log and worker logs (default: a temp dir, removed if all went well)",
+    )
     parser.add_argument("--no-save", action="store_true", help="do not write bench/chaos/results")
     args = parser.parse_args(argv)
     # The producer's pool reports every failed reconnection while the server restarts: expected here.
@@ -365,7 +371,12 @@ def main(argv: list[str] | None = None) -> int:
         (RESULTS / f"{stamp}.json").write_text(json.dumps(data, indent=1, default=str) + "\n")
         (RESULTS / f"{stamp}.md").write_text(markdown(report, meta, rows, summary))
         log(f"results in {RESULTS}/{stamp}.md")
-    return 1 if report.problems() else 0
+    if report.problems():
+        log(f"run log, events and worker logs kept in {workdir}")
+        return 1
+    if args.workdir is None:
+        shutil.rmtree(workdir, ignore_errors=True)  # tens of MB of run log: kept only when something failed
+    return 0
 
 
 def _commit() -> str:
