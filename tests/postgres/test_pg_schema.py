@@ -28,7 +28,8 @@ def _name(day: date) -> str:
 
 def test_migrate_twice_is_a_no_op(pg: PostgresBackend, admin: Conn) -> None:
     assert pg.migrate() == []
-    assert admin.execute("SELECT version, name FROM conveyor_schema_migrations").fetchall() == [(1, "0001_init.sql"), (2, "0002_rescues.sql")]
+    applied = admin.execute("SELECT version, name FROM conveyor_schema_migrations").fetchall()
+    assert applied == [(1, "0001_init.sql"), (2, "0002_rescues.sql")]
 
 
 def test_concurrent_migrators_apply_each_migration_once(postgres_database: str, admin: Conn) -> None:
