@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -62,12 +63,10 @@ def tree_rss(root: int) -> int:
     return total
 
 
-def run_report(input_dir: Path, out_dir: Path, master: str, driver_memory: str) -> dict[str, float]:
-    env = dict(os.environ, CONVEYOR_SPARK_DRIVER_MEMORY=driver_memory)
-    cmd = [sys.executable, "-m", "conveyor.pipeline", "report", "--input", str(input_dir), "--out", str(out_dir)]
-    cmd += ["--master", master]
+def _sampled(cmd: list[str], env: dict[str, str]) -> tuple[int, str, str, float, int]:
+    """Run ``cmd``; return its exit code, stdout, stderr, wall seconds and peak tree RSS (bytes)."""
     start = time.monotonic()
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     peak = 0
     done = threading.Event()
 
@@ -79,17 +78,51 @@ def run_report(input_dir: Path, out_dir: Path, master: str, driver_memory: str) 
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
-    _, err = proc.communicate()
+    out, err = proc.communicate()
     wall = time.monotonic() - start
     done.set()
     sampler.join()
+    return proc.returncode, out, err, wall, peak
+
+
+_STAGE = re.compile(r"^✓ (.+?) ([0-9.]+)s$")
+
+
+def run_floor(input_dir: Path, master: str, driver_memory: str) -> dict[str, float]:
+    """The floor: one Spark pass reading the report's columns with one grouped count (floor.py)."""
+    env = dict(os.environ, CONVEYOR_SPARK_DRIVER_MEMORY=driver_memory)
+    cmd = [sys.executable, str(Path(__file__).with_name("floor.py")), "--input", str(input_dir), "--master", master]
+    code, out, err, wall, peak = _sampled(cmd, env)
+    if code != 0:
+        raise SystemExit(f"floor failed ({code}):\n{err}")
+    result = json.loads(out.strip().splitlines()[-1])
+    return {
+        "floor_wall_s": round(wall, 1),
+        "floor_scan_s": result["scan_s"],
+        "floor_peak_rss_mib": round(peak / 2**20),
+    }
+
+
+def run_report(input_dir: Path, out_dir: Path, master: str, driver_memory: str) -> dict[str, object]:
+    env = dict(os.environ, CONVEYOR_SPARK_DRIVER_MEMORY=driver_memory, COLUMNS="200")
+    cmd = [sys.executable, "-m", "conveyor.pipeline", "report", "--input", str(input_dir), "--out", str(out_dir)]
+    cmd += ["--master", master]
+    code, _, err, wall, peak = _sampled(cmd, env)
     # The stage lines (with their times) are kept beside the report for a closer look.
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "stderr.log").write_text(err)
-    if proc.returncode != 0:
-        raise SystemExit(f"report failed ({proc.returncode}):\n{err}")
+    if code != 0:
+        raise SystemExit(f"report failed ({code}):\n{err}")
     summary = json.loads((out_dir / "summary.json").read_text())
-    return {"wall_s": round(wall, 1), "report_s": summary["elapsed_s"], "peak_rss_mib": round(peak / 2**20)}
+    stages = {m.group(1): float(m.group(2)) for m in map(_STAGE.match, err.splitlines()) if m}
+    return {
+        "wall_s": round(wall, 1),
+        "report_s": summary["elapsed_s"],
+        # Everything before the report's first stage: Python start, imports, Spark start.
+        "fixed_s": round(wall - summary["elapsed_s"], 1),
+        "peak_rss_mib": round(peak / 2**20),
+        "stages": stages,
+    }
 
 
 def main() -> None:
@@ -98,14 +131,20 @@ def main() -> None:
     parser.add_argument("--data-dir", type=Path, default=Path(tempfile.gettempdir()) / "conveyor-bench")
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--driver-memory", default="1600m")
+    parser.add_argument("--no-floor", action="store_true", help="skip the floor pass")
     args = parser.parse_args()
     for rows in args.rows or [1_000_000, 10_000_000]:
         data = args.data_dir / f"archive-{rows}"
         t0 = time.monotonic()
         generate(rows, data)
         gen_s = time.monotonic() - t0
+        floor = {} if args.no_floor else run_floor(data, args.master, args.driver_memory)
         result = run_report(data, args.data_dir / f"report-{rows}", args.master, args.driver_memory)
-        line = {"rows": rows, "master": args.master, "driver_memory": args.driver_memory, **result}
+        line: dict[str, object] = {"rows": rows, "master": args.master, "driver_memory": args.driver_memory}
+        line.update(result)
+        line.update(floor)
+        if floor:
+            line["x_floor"] = round(float(result["wall_s"]) / floor["floor_wall_s"], 2)  # type: ignore[arg-type]
         line["generate_s"] = round(gen_s, 1)
         line["cpus"] = os.cpu_count()
         line["load_avg_1m"] = round(os.getloadavg()[0], 2)

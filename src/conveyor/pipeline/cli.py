@@ -10,8 +10,9 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import unicodedata
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -53,10 +54,17 @@ _sla_options = [
     ),
     click.option(
         "--default-sla",
-        type=float,
-        default=300.0,
+        default="300",
         show_default=True,
-        help="SLA in seconds for queues without --sla.",
+        help="SLA in seconds for queues without --sla (or a declared SLA with --app).",
+    ),
+    click.option(
+        "--app",
+        "app_path",
+        default=None,
+        metavar="MODULE:APP",
+        help="Your App (default: the --app of `conveyor`): each queue's declared SLA and max_depth are used; "
+        "--sla flags override them.",
     ),
 ]
 
@@ -65,6 +73,32 @@ def _with_sla(fn: F) -> F:
     for option in reversed(_sla_options):
         fn = option(fn)
     return fn
+
+
+def _resolve_slas(
+    ctx: click.Context, sla: tuple[str, ...], default_sla: str, app_path: str | None
+) -> tuple[dict[str, timedelta], timedelta, dict[str, int]]:
+    """Per-queue SLAs, the default SLA and the declared max_depths: the App's declarations (own
+    --app, else the --app of `conveyor`), overridden by --sla flags. Raises PipelineError."""
+    from conveyor.pipeline._sla import declared, parse_sla, sla_micros
+
+    app = None
+    if app_path:
+        from conveyor.worker.supervisor import load_app
+
+        app = load_app(app_path)
+    else:
+        root = ctx.find_root()
+        if root is not ctx and root.params.get("app_path") and isinstance(root.obj, dict):
+            app = root.obj.get("app")
+    slas, depths = declared(app) if app is not None else ({}, {})
+    slas.update(parse_sla(list(sla)))
+    default_us = sla_micros(default_sla, "--default-sla")
+    return (
+        {q: timedelta(microseconds=us) for q, us in slas.items()},
+        timedelta(microseconds=default_us),
+        depths,
+    )
 
 
 def _resolve_db(ctx: click.Context, db: str | None) -> tuple[str, bool]:
@@ -198,34 +232,45 @@ def pipeline() -> None:
 @click.option("--since", default=None, help="Only jobs that ended since: 2026-01-31, 2026-01-31T12:00, 24h, 7d.")
 @_with_sla
 @_master_option
+@click.pass_context
 @_user_errors
 def report(
-    input_dir: str, out_dir: str, since: str | None, sla: tuple[str, ...], default_sla: float, master: str
+    ctx: click.Context,
+    input_dir: str,
+    out_dir: str,
+    since: str | None,
+    sla: tuple[str, ...],
+    default_sla: str,
+    app_path: str | None,
+    master: str,
 ) -> None:
     """Throughput, depth, latency, SLA, failures and a capacity plan, as Parquet tables and report.html."""
+    from conveyor.pipeline._outdir import claim_dir
     from conveyor.pipeline._progress import RichStages
     from conveyor.pipeline.export import input_paths
-    from conveyor.pipeline.report import parse_since, parse_sla
+    from conveyor.pipeline.report import REPORT_MARKER, parse_since
     from conveyor.pipeline.report import report as run_report
 
     # Everything that can be checked without Spark is checked first: starting it takes seconds.
     input_paths(input_dir)
-    slas = parse_sla(list(sla))
+    slas, default, depths = _resolve_slas(ctx, sla, default_sla, app_path)
     since_at = parse_since(since) if since else None
+    claim_dir(out_dir, REPORT_MARKER, "a report", legacy=("summary.json", "report.html"))
     spark = _session(master)
     result = run_report(
         input_dir,
         out_dir,
         since=since_at,
         sla=slas,
-        default_sla=default_sla,
+        default_sla=default,
+        declared_max_depth=depths,
         spark=spark,
         stages=RichStages(spark, console),
     )
     table = Table("queue", "jobs", "dead", "wait p95 s", "e2e p95 s", "SLA s", "breaches", "workers", "HWM")
     for queue, q in result.summary["queues"].items():
         table.add_row(
-            queue,
+            shown(queue),
             f"{q.get('jobs', 0):,}",
             f"{q.get('dead', 0):,}",
             _num(q.get("wait_p95_s")),
@@ -236,7 +281,7 @@ def report(
             str(q.get("high_water_mark", "-")),
         )
     out.print(table)
-    out.print(f"report: {Path(out_dir) / 'report.html'} (tables and summary.json beside it)")
+    out.print(f"report: {shown(str(Path(out_dir) / 'report.html'))} (tables and summary.json beside it)")
 
 
 @pipeline.command("reconcile")
@@ -285,19 +330,19 @@ def reconcile(
     requeue_lost: bool,
     out_dir: str | None,
     sla: tuple[str, ...],
-    default_sla: float,
+    default_sla: str,
+    app_path: str | None,
     db: str | None,
     master: str,
 ) -> None:
     """Classify every business record: ok, lost, stuck, dead, done_not_recorded."""
     from conveyor.pipeline.reconcile import reconcile as run_reconcile
-    from conveyor.pipeline.report import parse_sla
     from conveyor.pipeline.spark import jdbc_jars
 
     url, explicit = _resolve_db(ctx, db)
     # With only --export-dir the export is read as it is; a named database is exported first.
     database_url = url if (explicit or export_dir is None or requeue_lost) else None
-    slas = parse_sla(list(sla))
+    slas, default, _ = _resolve_slas(ctx, sla, default_sla, app_path)
     if not business.startswith("jdbc:") and not Path(business).exists():
         raise click.UsageError(f"--business {business}: no such file or directory")
     if export_dir is not None and database_url is None and not Path(export_dir).is_dir():
@@ -316,7 +361,7 @@ def reconcile(
             pending_statuses=pending_statuses,
             queue=queue,
             sla=slas,
-            default_sla=default_sla,
+            default_sla=default,
             out_dir=out_dir,
             requeue_lost=requeue_lost,
             task=task,
@@ -330,12 +375,12 @@ def reconcile(
     out.print(table)
     out.print(f"queue state as of {result.snapshot_at.isoformat()}")
     if result.lost_keys:
-        shown = ", ".join(result.lost_keys[:10]) + (" ..." if len(result.lost_keys) > 10 else "")
-        out.print(f"lost: {shown}")
+        keys = ", ".join(shown(k) for k in result.lost_keys[:10]) + (" ..." if len(result.lost_keys) > 10 else "")
+        out.print(f"lost: {keys}")
     if requeue_lost:
         out.print(f"requeued {result.requeued:,} lost records ({result.already_queued:,} keys were already queued)")
     if out_dir:
-        out.print(f"per-record table: {Path(out_dir) / 'reconcile'}")
+        out.print(f"per-record table: {shown(str(Path(out_dir) / 'reconcile'))}")
 
 
 @pipeline.command("enqueue")
@@ -389,6 +434,27 @@ def enqueue(
         f"{result.rows:,} rows: {result.enqueued:,} jobs enqueued, "
         f"{result.duplicates:,} already queued (same idempotency key)"
     )
+
+
+def shown(text: str) -> str:
+    """``text`` safe to print to a terminal through rich: control, format and surrogate characters
+    (NUL, ESC, bidi overrides, bytes that were not UTF-8) become backslash escapes, and rich's
+    markup brackets are escaped."""
+    from rich.markup import escape
+
+    return escape(printable(text))
+
+
+def printable(text: str) -> str:
+    """``text`` with every character a terminal would act on, or could not show, as a backslash
+    escape (``\\x00``, ``\\x1b``, ``\\u202e``, ``\\udcff`` for a byte that was not UTF-8)."""
+    return "".join(
+        ch.encode("ascii", "backslashreplace").decode("ascii") if unicodedata.category(ch) in _UNPRINTABLE else ch
+        for ch in text
+    )
+
+
+_UNPRINTABLE = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
 
 
 def _num(value: Any) -> str:
