@@ -24,7 +24,9 @@ def claim_dir(
     ``ignore`` do not make a directory non-empty. The marker is written before anything else, so a
     run that stops half-way leaves a directory the next run recognises. Raises
     :class:`PipelineError` for a file, or a non-empty directory that is not the command's."""
-    out = Path(path)
+    # Absolute: Spark resolves a relative path against the JVM's working directory, which need not
+    # be this process's any more (a notebook or test that changed directory after Spark started).
+    out = Path(path).absolute()
     if out.exists() and not out.is_dir():
         raise PipelineError(f"--out {out}: not a directory")
     if out.is_dir() and not (out / marker).exists():

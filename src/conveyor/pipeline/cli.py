@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import os
 import unicodedata
 from collections.abc import Callable
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 from rich.console import Console
-from rich.table import Table
+from rich.table import Column, Table
 
 from conveyor._errors import ConveyorError
 from conveyor.backends import DEFAULT_DATABASE_URL
@@ -122,25 +123,63 @@ def _one_line(exc: BaseException) -> str:
 
 
 def _user_errors(fn: F) -> F:
-    """Turn pipeline and Spark input errors into one-line click errors."""
+    """Turn pipeline and Spark input errors into one-line click errors, without passwords.
+
+    While the command runs, log lines are masked too (:mod:`conveyor.pipeline._secrets`)."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from conveyor.pipeline._secrets import redact, redacted_logs
+
+        urls = _known_urls(kwargs)
         try:
-            return fn(*args, **kwargs)
-        except click.ClickException:
+            with redacted_logs(*urls):
+                return fn(*args, **kwargs)
+        except click.UsageError:
             raise
+        except click.ClickException as exc:
+            raise click.ClickException(printable(redact(exc.format_message(), *urls))) from None
         except ConveyorError as exc:
-            raise click.ClickException(_one_line(exc)) from None
+            raise click.ClickException(printable(redact(_one_line(exc), *urls))) from None
         except Exception as exc:
             # Spark reports bad input (an unreadable file, a type it cannot cast) as its own
             # exceptions; those are user errors too. Anything else is a bug and keeps its traceback.
             module = type(exc).__module__
             if module.startswith(("pyspark", "py4j")):
-                raise click.ClickException(f"Spark: {_one_line(exc)}") from None
+                raise click.ClickException(printable(redact(f"Spark: {_one_line(exc)}", *urls))) from None
             raise
 
     return wrapper  # type: ignore[return-value]
+
+
+def _known_urls(kwargs: dict[str, Any]) -> list[str]:
+    """Every database URL a command may have been given (its options, the parent's --db, the env)."""
+    urls = [str(kwargs[k]) for k in ("db", "business") if kwargs.get(k)]
+    ctx = click.get_current_context(silent=True)
+    root = ctx.find_root() if ctx is not None else None
+    if root is not None and isinstance(root.obj, dict) and root.obj.get("database_url"):
+        urls.append(str(root.obj["database_url"]))
+    if os.environ.get("CONVEYOR_DATABASE_URL"):
+        urls.append(os.environ["CONVEYOR_DATABASE_URL"])
+    return urls
+
+
+class _Number(click.ParamType):  # type: ignore[type-arg,unused-ignore]
+    """A finite number within bounds: NaN, infinity and out-of-range values are one-line errors."""
+
+    name = "number"
+
+    def __init__(self, low: float, high: float, unit: str = "") -> None:
+        self.low, self.high, self.unit = low, high, unit
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number", param, ctx)
+        if not (math.isfinite(number) and self.low <= number <= self.high):
+            self.fail(f"{value!r} must be a finite number from {self.low:g} to {self.high:g}{self.unit}", param, ctx)
+        return number
 
 
 def _session(master: str, jars: list[str] | None = None) -> SparkSession:
@@ -159,7 +198,7 @@ def _session(master: str, jars: list[str] | None = None) -> SparkSession:
 @click.option("--include-live", is_flag=True, help="Also write a snapshot of live (pending, processing) jobs.")
 @click.option(
     "--settle",
-    type=float,
+    type=_Number(0, 86_400, " seconds"),
     default=5.0,
     show_default=True,
     help="Leave jobs that ended less than this many seconds ago for the next run.",
@@ -174,7 +213,7 @@ def _session(master: str, jars: list[str] | None = None) -> SparkSession:
 )
 @click.option(
     "--jdbc-partitions",
-    type=click.IntRange(min=1),
+    type=click.IntRange(1, 10_000),
     default=None,
     help="With --via jdbc: slices of finished_at read in parallel (default: Spark's parallelism).",
 )
@@ -217,7 +256,7 @@ def export(
     live = f", live snapshot {result.live_rows:,} jobs" if include_live else ""
     out.print(
         f"export run {result.run}: {result.archive_rows:,} new archive rows "
-        f"({result.watermark.archive_rows:,} in total){live}, {result.files} files -> {result.out_dir}"
+        f"({result.watermark.archive_rows:,} in total){live}, {result.files} files -> {shown(str(result.out_dir))}"
     )
 
 
@@ -267,7 +306,9 @@ def report(
         spark=spark,
         stages=RichStages(spark, console),
     )
-    table = Table("queue", "jobs", "dead", "wait p95 s", "e2e p95 s", "SLA s", "breaches", "workers", "HWM")
+    table = Table("jobs", "dead", "wait p95 s", "e2e p95 s", "SLA s", "breaches", "workers", "HWM")
+    # Queue names are folded, never cut: a name is what the operator acts on.
+    table.columns.insert(0, Column("queue", overflow="fold"))
     for queue, q in result.summary["queues"].items():
         table.add_row(
             shown(queue),
@@ -390,7 +431,9 @@ def reconcile(
 @click.option("--key-column", default=None, help="Column to use as idempotency key (default: a hash of the row).")
 @click.option("--payload-column", "payload_columns", multiple=True, help="Payload column (default: all).")
 @click.option("--batch-size", type=click.IntRange(1, 100_000), default=500, show_default=True)
-@click.option("--priority", type=int, default=None, help="Job priority (default: the task's).")
+@click.option(
+    "--priority", type=click.IntRange(-(2**31), 2**31 - 1), default=None, help="Job priority (default: the task's)."
+)
 @_db_option
 @_master_option
 @click.pass_context
@@ -448,10 +491,12 @@ def shown(text: str) -> str:
 def printable(text: str) -> str:
     """``text`` with every character a terminal would act on, or could not show, as a backslash
     escape (``\\x00``, ``\\x1b``, ``\\u202e``, ``\\udcff`` for a byte that was not UTF-8)."""
-    return "".join(
-        ch.encode("ascii", "backslashreplace").decode("ascii") if unicodedata.category(ch) in _UNPRINTABLE else ch
-        for ch in text
-    )
+    return "".join(_escaped(ch) if unicodedata.category(ch) in _UNPRINTABLE else ch for ch in text)
+
+
+def _escaped(ch: str) -> str:
+    code = ord(ch)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
 _UNPRINTABLE = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})

@@ -161,7 +161,7 @@ def reconcile(
                 counts[row["class"]] = int(row["count"])
             out: Path | None = None
             if out_dir is not None:
-                out = Path(out_dir)
+                out = Path(out_dir).absolute()
                 classified.coalesce(1).write.mode("overwrite").parquet(str(out / "reconcile"))
             lost = classified.where(F.col("class") == "lost").select(
                 "key", *[F.col(f"business_{c}").alias(c) for c in payload_columns]
