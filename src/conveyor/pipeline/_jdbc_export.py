@@ -207,7 +207,7 @@ def partition_dir(date: str, queue: str) -> str:
     return directory
 
 
-def spark_session_for_jdbc(master: str) -> SparkSession:
+def spark_session_for_jdbc(master: str | None) -> SparkSession:
     """A session with PostgreSQL's JDBC driver (Debian's libpostgresql-jdbc-java) on its classpath.
 
     Raises :class:`PipelineError` when the driver jar is not installed."""

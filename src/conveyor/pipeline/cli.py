@@ -41,9 +41,9 @@ _db_option = click.option(
 )
 _master_option = click.option(
     "--master",
-    default=DEFAULT_MASTER,
-    show_default=True,
-    help="Spark master URL: local[N], spark://host:7077, yarn, ...",
+    default=None,
+    help=f"Spark master URL: local[N], spark://host:7077, yarn, k8s://... (default: {DEFAULT_MASTER}, or the "
+    "one spark-submit was given).",
 )
 _sla_options = [
     click.option(
@@ -182,14 +182,14 @@ class _Number(click.ParamType):  # type: ignore[type-arg,unused-ignore]
         return number
 
 
-def _session(master: str, jars: list[str] | None = None) -> SparkSession:
+def _session(master: str | None, jars: list[str] | None = None) -> SparkSession:
     from conveyor.pipeline._progress import RichStages
     from conveyor.pipeline.spark import get_session
 
     # PySpark logs every failed query as a JSON blob with a Java stack trace; the command already
     # reports the error in one line.
     logging.getLogger("DataFrameQueryContextLogger").setLevel(logging.CRITICAL)
-    with RichStages(console=console).stage(f"starting Spark ({master})"):
+    with RichStages(console=console).stage(f"starting Spark ({master or 'default master'})"):
         return get_session(master, jars=jars or [])
 
 
@@ -228,7 +228,7 @@ def export(
     settle: float,
     via: str,
     jdbc_partitions: int | None,
-    master: str,
+    master: str | None,
     db: str | None,
 ) -> None:
     """Export the job archive incrementally to Parquet, partitioned by date and queue.
@@ -281,7 +281,7 @@ def report(
     sla: tuple[str, ...],
     default_sla: str,
     app_path: str | None,
-    master: str,
+    master: str | None,
 ) -> None:
     """Throughput, depth, latency, SLA, failures and a capacity plan, as Parquet tables and report.html."""
     from conveyor.pipeline._outdir import claim_dir
@@ -374,7 +374,7 @@ def reconcile(
     default_sla: str,
     app_path: str | None,
     db: str | None,
-    master: str,
+    master: str | None,
 ) -> None:
     """Classify every business record: ok, lost, stuck, dead, done_not_recorded."""
     from conveyor.pipeline.reconcile import reconcile as run_reconcile
@@ -448,7 +448,7 @@ def enqueue(
     batch_size: int,
     priority: int | None,
     db: str | None,
-    master: str,
+    master: str | None,
 ) -> None:
     """Enqueue one job per input row from the Spark executors; re-runs and task retries enqueue nothing twice."""
     from conveyor.pipeline._progress import RichStages

@@ -129,7 +129,7 @@ def export(
     progress: Callable[[int], None] | None = None,
     via: str = "seam",
     spark: SparkSession | None = None,
-    master: str = "local[*]",
+    master: str | None = None,
     jdbc_partitions: int | None = None,
 ) -> ExportResult:
     """Export the archive (and, with ``include_live``, a snapshot of live jobs) to Parquet.
@@ -506,7 +506,12 @@ class _JdbcExporter(_Exporter):
     """The archive read by Spark over JDBC (PostgreSQL); everything else as :class:`_Exporter`."""
 
     def __init__(
-        self, base: _Exporter, database_url: str, spark: SparkSession | None, master: str, partitions: int | None
+        self,
+        base: _Exporter,
+        database_url: str,
+        spark: SparkSession | None,
+        master: str | None,
+        partitions: int | None,
     ) -> None:
         super().__init__(base.backend, base.out, base.page_size, base.chunk_rows, base.progress)
         self.database_url = database_url

@@ -112,7 +112,7 @@ def reconcile(
     payload_columns: Sequence[str] = (),
     business_table: str | None = None,
     spark: SparkSession | None = None,
-    master: str = "local[*]",
+    master: str | None = None,
 ) -> ReconcileResult:
     """Classify every business record (see the module docstring) and optionally requeue the lost.
 

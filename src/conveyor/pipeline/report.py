@@ -165,7 +165,7 @@ def report(
     input_dir: str | os.PathLike[str],
     out_dir: str | os.PathLike[str],
     since: datetime | str | None = None,
-    master: str = "local[*]",
+    master: str | None = None,
     *,
     sla: Mapping[str, SlaValue] | None = None,
     default_sla: SlaValue = DEFAULT_SLA_SECONDS,
@@ -276,8 +276,7 @@ class _Report:
                 self._write("depth", per_minute.select("queue", "minute", "depth"), ["queue", "minute"])
             with self.stages.stage("latency percentiles and SLA"):
                 histogram = self._stashed("histogram")
-                self._write("latency", self._latency(histogram), ["queue", F.asc_nulls_first("priority")])
-                self._write("sla", self._sla(), ["queue"])
+                self._write_latency_and_sla(histogram)
             with self.stages.stage("outcomes, failures and poison candidates"):
                 self._write("outcomes", self._outcomes(), ["queue", F.asc_nulls_first("task")])
                 exceptional = self._stashed("exceptional")
@@ -508,38 +507,56 @@ class _Report:
             F.sum(F.when(breach, F.col("n")).otherwise(0)).cast("long").alias("sla_breaches"),
             F.max("sla_us").alias("sla_us"),
         )
-        # One row per (queue, priority): each metric's statistics side by side.
-        aggs: list[Any] = []
-        for m in METRICS:
+        return per_metric
 
-            def of(col: str, m: str = m) -> Any:
-                return F.max(F.when(F.col("metric") == m, F.col(col)))
-
-            aggs += [
-                F.coalesce(of("count"), F.lit(0)).cast("long").alias(f"{m}_count"),
-                (F.try_divide(of("total_ms"), of("count")) / 1000.0).alias(f"{m}_mean_s"),
-                *[(of("p")[k] / 1000.0).alias(f"{m}_p{round(p * 100)}_s") for k, p in enumerate(PERCENTILES)],
-                (of("max_ms") / 1000.0).alias(f"{m}_max_s"),
-            ]
-        aggs += [
-            (F.max("sla_us") / 1e6).alias("sla_s"),
-            F.sum("sla_breaches").cast("long").alias("sla_breaches"),
+    def _write_latency_and_sla(self, histogram: DataFrame) -> None:
+        """The latency table (one row per queue and priority, each metric's statistics side by
+        side) and the SLA table, pivoted here from the per-metric statistics: those are a few rows
+        per queue, and a Spark job for each table cost more than the work."""
+        stats: dict[tuple[str, int | None], dict[str, Any]] = {}
+        for r in self._latency(histogram).collect():
+            row = stats.setdefault((r["queue"], r["priority"]), {"queue": r["queue"], "priority": r["priority"]})
+            m, count = r["metric"], int(r["count"] or 0)
+            row[f"{m}_count"] = count
+            row[f"{m}_mean_s"] = r["total_ms"] / count / 1000.0 if count and r["total_ms"] is not None else None
+            for k, p in enumerate(PERCENTILES):
+                row[f"{m}_p{round(p * 100)}_s"] = None if r["p"] is None else r["p"][k] / 1000.0
+            row[f"{m}_max_s"] = None if r["max_ms"] is None else r["max_ms"] / 1000.0
+            row["sla_s"] = r["sla_us"] / 1e6
+            row["sla_breaches"] = row.get("sla_breaches", 0) + int(r["sla_breaches"] or 0)
+        latency = [stats[k] for k in sorted(stats, key=lambda k: (k[0], k[1] is not None, k[1] or 0))]
+        for row in latency:
+            for m in METRICS:
+                row.setdefault(f"{m}_count", 0)
+        self._write_rows("latency", latency, _latency_schema())
+        sla = [
+            {
+                "queue": row["queue"],
+                "sla_s": row["sla_s"],
+                "started": row["wait_count"],
+                "breaches": row["sla_breaches"],
+                "breach_rate": row["sla_breaches"] / row["wait_count"] if row["wait_count"] else None,
+                "worst_wait_s": row.get("wait_max_s"),
+            }
+            for row in latency
+            if row["priority"] is None
         ]
-        return per_metric.groupBy("queue", "priority").agg(*aggs)
+        self._write_rows("sla", sla, _sla_schema())
 
-    def _sla(self) -> DataFrame:
-        """Per queue: the SLA, jobs that started, how many waited longer (from the latency table)."""
-        from pyspark.sql import functions as F
+    def _write_rows(self, name: str, rows: list[dict[str, Any]], schema: Any) -> None:
+        """Write a small table built in Python as one Parquet file (the layout Spark's tables have)."""
+        import shutil
 
-        latency = self.spark.read.parquet(str(self.out / "latency")).where(F.col("priority").isNull())
-        return latency.select(
-            "queue",
-            "sla_s",
-            F.col("wait_count").alias("started"),
-            F.col("sla_breaches").alias("breaches"),
-            F.try_divide(F.col("sla_breaches"), F.col("wait_count")).alias("breach_rate"),
-            F.col("wait_max_s").alias("worst_wait_s"),
-        )
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        table = pa.Table.from_pylist(rows, schema=schema)
+        path = self.out / name
+        if path.exists():
+            shutil.rmtree(path)
+        path.mkdir()
+        pq.write_table(table, path / "part-00000.parquet")
+        self.rows[name] = table.num_rows
 
     def _sla_frame(self) -> DataFrame:
         rows = [(q, us) for q, us in sorted(self.slas.items())]
@@ -597,8 +614,6 @@ class _Report:
     def _write_capacity(self, per_minute: DataFrame, histogram: DataFrame) -> None:
         """The capacity table: Spark reduces each queue to a few counts, Python does the exact
         arithmetic (:mod:`conveyor.pipeline._capacity`)."""
-        import pyarrow as pa
-        import pyarrow.parquet as pq
         from pyspark.sql import functions as F
 
         enq_minute = F.when(F.col("enqueued") > 0, F.unix_seconds("minute"))
@@ -633,15 +648,7 @@ class _Report:
                 max_depth=int(r["max_depth"] or 0),
             )
             rows.append(_capacity.plan(load, self.slas.get(queue, self.default_us), self.depths.get(queue)))
-        table = pa.Table.from_pylist(rows, schema=_capacity_schema())
-        path = self.out / "capacity"
-        if path.exists():
-            import shutil
-
-            shutil.rmtree(path)
-        path.mkdir()
-        pq.write_table(table, path / "part-00000.parquet")
-        self.rows["capacity"] = table.num_rows
+        self._write_rows("capacity", rows, _capacity_schema())
 
     # -- charts and summary ---------------------------------------------------------------------
 
@@ -779,5 +786,33 @@ def _capacity_schema() -> Any:
             ("suggested_workers", i64),
             ("max_depth", i64),
             ("declared_max_depth", i64),
+        ]
+    )
+
+
+def _latency_schema() -> Any:
+    """The Arrow schema of the latency table."""
+    import pyarrow as pa
+
+    fields: list[tuple[str, Any]] = [("queue", pa.string()), ("priority", pa.int32())]
+    for m in METRICS:
+        fields.append((f"{m}_count", pa.int64()))
+        fields += [(f"{m}_{s}", pa.float64()) for s in ("mean_s", "p50_s", "p95_s", "p99_s", "max_s")]
+    fields += [("sla_s", pa.float64()), ("sla_breaches", pa.int64())]
+    return pa.schema(fields)
+
+
+def _sla_schema() -> Any:
+    """The Arrow schema of the SLA table."""
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            ("queue", pa.string()),
+            ("sla_s", pa.float64()),
+            ("started", pa.int64()),
+            ("breaches", pa.int64()),
+            ("breach_rate", pa.float64()),
+            ("worst_wait_s", pa.float64()),
         ]
     )
