@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import re
-import resource
 import subprocess
 import sys
 import tempfile
@@ -49,8 +48,12 @@ def _children() -> dict[int, list[int]]:
     return tree
 
 
-def tree_rss(root: int) -> int:
-    """Resident bytes of ``root`` and all its descendants."""
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def tree_rss(root: int, cpu: dict[int, float] | None = None) -> int:
+    """Resident bytes of ``root`` and all its descendants; with ``cpu``, also note each one's CPU
+    seconds so far (user + system, from /proc/PID/stat)."""
     tree = _children()
     total, stack = 0, [root]
     while stack:
@@ -58,6 +61,10 @@ def tree_rss(root: int) -> int:
         try:
             with open(f"/proc/{pid}/statm") as f:
                 total += int(f.read().split()[1]) * PAGE
+            if cpu is not None:
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                cpu[pid] = max(cpu.get(pid, 0.0), (int(fields[11]) + int(fields[12])) / TICK)
         except OSError:
             pass
         stack.extend(tree.get(pid, []))
@@ -67,15 +74,15 @@ def tree_rss(root: int) -> int:
 def _sampled(cmd: list[str], env: dict[str, str]) -> tuple[int, str, str, float, int, float]:
     """Run ``cmd``; return its exit code, stdout, stderr, wall seconds, peak tree RSS (bytes) and CPU seconds."""
     start = time.monotonic()
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     peak = 0
+    cpu: dict[int, float] = {}
     done = threading.Event()
 
     def sample() -> None:
         nonlocal peak
         while not done.is_set():
-            peak = max(peak, tree_rss(proc.pid))
+            peak = max(peak, tree_rss(proc.pid, cpu))
             done.wait(0.1)
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -84,11 +91,9 @@ def _sampled(cmd: list[str], env: dict[str, str]) -> tuple[int, str, str, float,
     wall = time.monotonic() - start
     done.set()
     sampler.join()
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    # CPU seconds of the whole tree (the JVM is waited for by the Python that started it): far
-    # less disturbed than wall time by other work on a shared machine.
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return proc.returncode, out, err, wall, peak, cpu
+    # CPU seconds of the whole tree as last sampled (each process's last 100 ms may be missed):
+    # far less disturbed than wall time by other work on a shared machine.
+    return proc.returncode, out, err, wall, peak, sum(cpu.values())
 
 
 _STAGE = re.compile(r"^✓ (.+?) ([0-9.]+)s$")
