@@ -46,7 +46,7 @@ def test_export_command_is_incremental(sqlite_url: str, tmp_path: Path) -> None:
         app.send_many([Message(task="t", payload={}, queue="q") for _ in range(3)])
     code, output = run("export", "--db", sqlite_url, "--out", str(tmp_path / "x"), "--include-live")
     assert code == 0, output
-    assert "export run 1: 0 new archive rows" in output and "live snapshot 3 jobs" in output
+    assert "export run 1 (via seam): 0 new archive rows" in output and "live snapshot 3 jobs" in output
     code, output = run("export", "--db", sqlite_url, "--out", str(tmp_path / "x"))
     assert code == 0 and "export run 2" in output
 
@@ -66,9 +66,9 @@ def test_export_command_over_jdbc(spark: SparkSession, postgres_database: str, t
     args = ["export", "--db", postgres_database, "--out", str(tmp_path / "x"), "--via", "jdbc"]
     code, output = run(*args, "--jdbc-partitions", "2")
     assert code == 0, output
-    assert "export run 1: 5 new archive rows" in output
+    assert "export run 1 (via jdbc): 5 new archive rows" in output
     code, output = run(*args)
-    assert code == 0 and "export run 2: 0 new archive rows (5 in total)" in output
+    assert code == 0 and "export run 2 (via jdbc): 0 new archive rows (5 in total)" in output
     assert_one_line_error(
         *run("export", "--db", "sqlite:///" + str(tmp_path / "s.db"), "--out", str(tmp_path / "y"), "--via", "jdbc"),
         "PostgreSQL only",

@@ -154,7 +154,7 @@ def test_export_and_report_on_a_standalone_cluster_match_local_mode(
         "export", "--db", postgres_database, "--out", str(cluster_export), "--via", "jdbc", "--include-live",
         "--master", standalone_cluster,
     )  # fmt: skip
-    assert "export run 1: 11 new archive rows" in out and "live snapshot 2 jobs" in out
+    assert "export run 1 (via jdbc): 11 new archive rows" in out and "live snapshot 2 jobs" in out
     command("report", "--input", str(cluster_export), "--out", str(cluster_report), "--master", standalone_cluster)
 
     # Locally: the seam export (no Spark) and the report on the test's local session.

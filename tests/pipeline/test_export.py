@@ -249,7 +249,7 @@ def assert_same_export(a: Path, b: Path) -> None:
 def test_export_over_jdbc_refuses_other_engines(sqlite_url: str, tmp_path: Path) -> None:
     with pytest.raises(PipelineError, match="PostgreSQL only"):
         export(sqlite_url, tmp_path / "x", via="jdbc")
-    with pytest.raises(PipelineError, match="seam or jdbc"):
+    with pytest.raises(PipelineError, match="expected auto, seam, jdbc"):
         export(sqlite_url, tmp_path / "x", via="odbc")
 
 
@@ -285,3 +285,44 @@ def test_export_refuses_a_directory_that_is_not_an_export(backend: Backend, data
     (tmp_path / "file").write_text("")
     with pytest.raises(PipelineError, match="not a directory"):
         export(database_url, tmp_path / "file")
+
+
+def test_auto_reads_over_jdbc_only_where_it_runs_and_pays(
+    spark: SparkSession, postgres_database: str, sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib
+
+    # (The package's `export` is the function; the module is reached by name.)
+    monkeypatch.setattr(importlib.import_module("conveyor.pipeline.export"), "JDBC_MIN_ROWS", 5)
+    b = open_backend(postgres_database)
+    b.migrate()
+    try:
+        insert(b, "q", 12, DAY1)
+        finish(b, "q", 3, DAY1 + timedelta(seconds=1))
+        # Three new rows, fewer than the threshold: the seam (no Spark to start).
+        small = export(postgres_database, tmp_path / "auto", now=DAY1 + timedelta(minutes=1))
+        assert (small.via, small.archive_rows) == ("seam", 3)
+        # Nine more: over JDBC, on from the seam's watermark; the result is the seam's.
+        finish(b, "q", 9, DAY1 + timedelta(seconds=2))
+        big = export(postgres_database, tmp_path / "auto", now=DAY1 + timedelta(minutes=2))
+        assert (big.via, big.archive_rows, big.watermark.archive_rows) == ("jdbc", 9, 12)
+        export(postgres_database, tmp_path / "seam", now=DAY1 + timedelta(minutes=2), via="seam")
+        # The same rows (each run stamps its own exported_at).
+        rows = [
+            sorted(({**r, "exported_at": None} for r in exported(tmp_path / d).to_pylist()), key=lambda r: r["job_id"])
+            for d in ("seam", "auto")
+        ]
+        assert rows[0] == rows[1] and len(rows[0]) == 12
+        # A session passed in has nothing to start: JDBC even for few rows.
+        assert export(postgres_database, tmp_path / "given", spark=spark, now=DAY1 + timedelta(minutes=2)).via == "jdbc"
+    finally:
+        b.close()
+    # Other engines: the seam, whatever the size.
+    sqlite = open_backend(sqlite_url)
+    sqlite.migrate()
+    try:
+        insert(sqlite, "q", 6, DAY1)
+        finish(sqlite, "q", 6, DAY1 + timedelta(seconds=1))
+    finally:
+        sqlite.close()
+    assert export(sqlite_url, tmp_path / "sqlite", now=DAY1 + timedelta(minutes=1)).via == "seam"

@@ -205,11 +205,12 @@ def _session(master: str | None, jars: list[str] | None = None) -> SparkSession:
 )
 @click.option(
     "--via",
-    type=click.Choice(["seam", "jdbc"]),
-    default="seam",
+    type=click.Choice(["auto", "seam", "jdbc"]),
+    default="auto",
     show_default=True,
-    help="Read the archive through Conveyor's storage seam (every database), or with Spark over JDBC "
-    "(PostgreSQL; needs libpostgresql-jdbc-java).",
+    help="How to read the archive: with Spark over JDBC (PostgreSQL; needs libpostgresql-jdbc-java), through "
+    "Conveyor's storage seam (every database), or auto: JDBC where it can run and the run has at least "
+    "200,000 new rows, else the seam.",
 )
 @click.option(
     "--jdbc-partitions",
@@ -255,7 +256,7 @@ def export(
         )
     live = f", live snapshot {result.live_rows:,} jobs" if include_live else ""
     out.print(
-        f"export run {result.run}: {result.archive_rows:,} new archive rows "
+        f"export run {result.run} (via {result.via}): {result.archive_rows:,} new archive rows "
         f"({result.watermark.archive_rows:,} in total){live}, {result.files} files -> {shown(str(result.out_dir))}"
     )
 

@@ -96,6 +96,7 @@ class ExportResult:
     live_rows: int  # rows in the live snapshot (0 without include_live)
     files: int  # Parquet files written by this run
     watermark: Watermark
+    via: str = "seam"  # how the archive was read: "seam" or "jdbc"
 
 
 def read_watermark(out_dir: str | os.PathLike[str]) -> Watermark:
@@ -127,7 +128,7 @@ def export(
     settle_seconds: float = 5.0,
     now: datetime | None = None,
     progress: Callable[[int], None] | None = None,
-    via: str = "seam",
+    via: str = "auto",
     spark: SparkSession | None = None,
     master: str | None = None,
     jdbc_partitions: int | None = None,
@@ -143,6 +144,10 @@ def export(
     of archive rows read so far. Two exports into one directory at once are refused
     (:class:`PipelineError`).
 
+    ``via="auto"`` (the default) reads over JDBC where that can run (PostgreSQL with a TCP host,
+    pyspark and Debian's driver jar installed) and the run has at least :data:`JDBC_MIN_ROWS` new
+    rows (or ``spark`` is given: no start-up to repay), else through the seam;
+    ``result.via`` says which. ``via="seam"`` always uses the seam (every engine).
     ``via="jdbc"`` (PostgreSQL only) reads the archive with Spark's JDBC source instead of the seam:
     ``jdbc_partitions`` slices of ``finished_at`` in parallel (default: Spark's default parallelism,
     at least 2), on ``spark`` or a session built for ``master`` with Debian's driver jar. Same files,
@@ -159,8 +164,8 @@ def export(
     if jdbc_partitions is not None:
         _check_int("jdbc_partitions", jdbc_partitions, 1, MAX_JDBC_PARTITIONS)
     check_settle(settle_seconds)
-    if via not in ("seam", "jdbc"):
-        raise PipelineError(f"--via {via!r}: expected seam or jdbc")
+    if via not in VIAS:
+        raise PipelineError(f"--via {via!r}: expected {', '.join(VIAS)}")
     own = backend is None
     if backend is None:
         from conveyor.backends import open_backend
@@ -180,14 +185,59 @@ def export(
             if own and backend.engine == "sqlite":
                 backend.migrate()
             exporter = _Exporter(backend, out, page_size, chunk_rows, progress)
-            if via == "jdbc":
-                if backend.engine != "postgres":
-                    raise PipelineError(f"--via jdbc reads PostgreSQL only; this database is {backend.engine}")
-                exporter = _JdbcExporter(exporter, database_url, spark, master, jdbc_partitions)
+            if via == "jdbc" and backend.engine != "postgres":
+                raise PipelineError(f"--via jdbc reads PostgreSQL only; this database is {backend.engine}")
+            if via != "seam" and backend.engine == "postgres":
+                missing = _jdbc_missing(database_url, spark if via == "auto" else None, via == "auto")
+                if via == "jdbc" and missing is not None:
+                    raise PipelineError(f"--via jdbc: {missing}")
+                if missing is None:
+                    # With --via auto, a run with few new rows goes through the seam: starting Spark
+                    # costs more than JDBC saves on them (a Spark session already running costs nothing).
+                    least = 0 if via == "jdbc" or spark is not None else JDBC_MIN_ROWS
+                    exporter = _JdbcExporter(exporter, database_url, spark, master, jdbc_partitions, least)
             return _opened(exporter.run, include_live, now or datetime.now(UTC), settle_seconds, url=database_url)
     finally:
         if own:
             backend.close()
+
+
+#: How the archive can be read: ``auto`` (the default) picks JDBC where it can run and pays (see
+#: :data:`JDBC_MIN_ROWS`), the seam elsewhere.
+VIAS: tuple[str, ...] = ("auto", "seam", "jdbc")
+#: With ``via="auto"``, JDBC reads a run of at least this many new archive rows; fewer go through the
+#: seam. Measured on 10M rows (docs/pipeline.md, "Export speed"): JDBC's fixed cost (starting Spark) is
+#: repaid from about this many rows on.
+JDBC_MIN_ROWS = 200_000
+
+
+def _jdbc_missing(database_url: str, spark: SparkSession | None = None, sure: bool = False) -> str | None:
+    """Why the JDBC export cannot run here (None when it can): pyspark, the driver jar, a TCP host.
+
+    With ``sure`` (the choice of ``via="auto"``), a running session (``spark`` or the active one)
+    must also list the driver in ``spark.jars``: it was started without it, and JDBC would fail."""
+    import importlib.util
+
+    from conveyor.pipeline._jdbc_export import jdbc_connection
+    from conveyor.pipeline.spark import jdbc_jars
+
+    if importlib.util.find_spec("pyspark") is None:
+        return "needs pyspark (pip install 'conveyor[pipeline]')"
+    if not jdbc_jars("jdbc:postgresql:"):
+        return (
+            "needs PostgreSQL's JDBC driver: apt-get install libpostgresql-jdbc-java (/usr/share/java/postgresql.jar)"
+        )
+    try:
+        jdbc_connection(database_url)
+    except PipelineError as exc:
+        return str(exc)
+    if sure:
+        from pyspark.sql import SparkSession
+
+        session = spark or SparkSession.getActiveSession()
+        if session is not None and "postgresql" not in str(session.conf.get("spark.jars", "")):
+            return "the running Spark session has no PostgreSQL JDBC driver in spark.jars"
+    return None
 
 
 #: The largest page, chunk and JDBC slice count taken (past these a value is a typo, not a setting).
@@ -376,6 +426,7 @@ class _Exporter:
         self.page_size = page_size
         self.chunk_rows = chunk_rows
         self.progress = progress
+        self.via = "seam"
 
     def run(self, include_live: bool, now: datetime, settle_seconds: float) -> ExportResult:
         committed = read_watermark(self.out)
@@ -411,7 +462,7 @@ class _Exporter:
         )
         _write_json_atomic(self.out / WATERMARK_FILE, watermark.to_json())
         shutil.rmtree(self.out / _STAGING_DIR, ignore_errors=True)
-        return ExportResult(self.out, run, read, live_rows, files, watermark)
+        return ExportResult(self.out, run, read, live_rows, files, watermark, self.via)
 
     def _read_archive(
         self, target: Path, run: int, after: tuple[datetime, UUID] | None, cutoff: datetime, now: datetime
@@ -512,12 +563,14 @@ class _JdbcExporter(_Exporter):
         spark: SparkSession | None,
         master: str | None,
         partitions: int | None,
+        least: int = 0,
     ) -> None:
         super().__init__(base.backend, base.out, base.page_size, base.chunk_rows, base.progress)
         self.database_url = database_url
         self.spark = spark
         self.master = master
         self.partitions = partitions
+        self.least = least  # fewer new rows than this go through the seam
 
     def _read_archive(
         self, target: Path, run: int, after: tuple[datetime, UUID] | None, cutoff: datetime, now: datetime
@@ -526,6 +579,9 @@ class _JdbcExporter(_Exporter):
 
         from conveyor.pipeline import _jdbc_export as jdbc
 
+        if self.least and not jdbc.archive_has(self.database_url, after, cutoff, self.least):
+            return super()._read_archive(target, run, after, cutoff, now)
+        self.via = "jdbc"
         bounds = jdbc.archive_bounds(self.database_url, after, cutoff)
         if bounds is None:
             return 0, after

@@ -197,7 +197,9 @@ def _queue_state(
         now = datetime.now(UTC)
         # A throwaway export needs no settling time: no later run resumes from its watermark.
         settle = 5.0 if export_dir is not None else 0.0
-        result = export(database_url, target, include_live=True, backend=backend, now=now, settle_seconds=settle)
+        result = export(
+            database_url, target, include_live=True, backend=backend, now=now, settle_seconds=settle, via="seam"
+        )
         jobs = load_jobs(spark, target, allow_empty=True)
         tail = read_archive_tail(backend, result.watermark.after)
         if tail.num_rows:
