@@ -393,3 +393,21 @@ def test_summary_and_html_count_every_row_of_long_tables(
     assert f"archive jobs {len(rows):,}, live jobs 50" in html
     # The page shows the first 50 outcome rows and says how many more the table holds.
     assert f"{40 * 8 + 40 - 50:,} more rows in the Parquet table" in html
+
+
+def test_queue_names_outside_ascii_survive_the_partition_directories(
+    spark: SparkSession, write_history: Callable[..., Path], tmp_path: Path
+) -> None:
+    # The export writes queue=%C3%A9mails for "émails"; Spark alone would read it back as "Ã©mails".
+    names = ["émails", "日本", "a b", "plain"]
+    rows = [
+        job_row(job_id=f"j{i}", queue=name, enqueued_at=at(i), first_started_at=at(i + 1), finished_at=at(i + 2))
+        for i, name in enumerate(names)
+    ]
+    live = job_row(job_id="live", queue="émails", state="pending", source="live", enqueued_at=at(9))
+    out = tmp_path / "names"
+    result = report(write_history([*rows, live]), out, spark=spark, sla={"émails": 1})
+    assert sorted(result.summary["queues"]) == sorted(names)
+    assert result.summary["queues"]["émails"]["sla_s"] == 1
+    assert sorted(r["queue"] for r in table(spark, out, "sla")) == sorted(names)
+    assert result.summary["jobs"] == {"archive": 4, "live": 1}

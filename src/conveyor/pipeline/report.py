@@ -158,7 +158,21 @@ def load_jobs(spark: SparkSession, input_dir: str | os.PathLike[str], allow_empt
     df = frames[0]
     for other in frames[1:]:
         df = df.unionByName(other)
+    if _has_encoded_bytes(archive, live):
+        from pyspark.sql import functions as F
+
+        # The export names partition directories as pyarrow does: a queue's UTF-8 bytes outside
+        # ASCII as %XX (queue=%C3%A9mails). Spark decodes each %XX to the character of that code,
+        # so "émails" would read as "Ã©mails"; encoding those characters back to bytes and decoding
+        # them as UTF-8 restores the name (ASCII names are unchanged).
+        df = df.withColumn("queue", F.decode(F.encode(F.col("queue"), "ISO-8859-1"), "UTF-8"))
     return df
+
+
+def _has_encoded_bytes(*bases: Path | None) -> bool:
+    """Whether any queue partition directory below ``bases`` has a %XX escape of a non-ASCII byte."""
+    pattern = re.compile(r"%[89A-Fa-f][0-9A-Fa-f]")
+    return any(pattern.search(path.name) for base in bases if base is not None for path in base.glob("*/queue=*"))
 
 
 def report(
@@ -249,12 +263,13 @@ class _Report:
     # -- run -------------------------------------------------------------------------------------
 
     def run(self, input_dir: str | os.PathLike[str]) -> ReportResult:
-        # Four scans of the input, each reading only the columns it needs and reducing the jobs at
-        # once to a small result kept under _work/: the latency histogram, the per-minute counts,
-        # the outcome counts, and the few failed or poison jobs. Every table derives from those, so
-        # 100 million jobs never travel through a shuffle or to the driver. (One grouping-sets
-        # aggregation for the first three measured slower than three: 9.4 against 7.4 s warm on
-        # 10M jobs; the scans are cheap, the aggregations are the work.)
+        # Four scans of the input, run as concurrent Spark jobs, each reading only the columns it
+        # needs and reducing the jobs at once to a small result kept under _work/: the latency
+        # histogram, the per-minute counts, the outcome counts, and the few failed or poison jobs.
+        # Every table derives from those, so 100 million jobs never travel through a shuffle or to
+        # the driver. (One grouping-sets aggregation for the first three measured slower than
+        # three: 9.4 against 7.4 s warm on 10M jobs; the scans are cheap, the aggregations are the
+        # work.)
         import shutil
 
         from pyspark.sql import functions as F
@@ -262,14 +277,21 @@ class _Report:
         try:
             with self.stages.stage("reading export"):
                 slim = self._slim(self._jobs(input_dir))
-            with self.stages.stage("scan 1/4: latency histogram"):
-                self._stash("histogram", self._histogram_of(slim))
-            with self.stages.stage("scan 2/4: per-minute counts"):
-                self._stash("pairs", self._pairs_of(slim))
-            with self.stages.stage("scan 3/4: outcomes"):
-                self._stash("outcomes", self._outcome_counts(slim))
-            with self.stages.stage("scan 4/4: failed and poison jobs"):
-                self._stash("exceptional", self._exceptional(self._jobs(input_dir)))
+            scans = {
+                "histogram": self._histogram_of(slim),
+                "pairs": self._pairs_of(slim),
+                "outcomes": self._outcome_counts(slim),
+                "exceptional": self._exceptional(self._jobs(input_dir)),
+            }
+            # The four jobs are submitted together: while one is planned and compiled on the driver,
+            # or finishes its last task, the others keep both cores busy (measured on 10M jobs:
+            # 21.5-22.9 s for the four together against 24.1-34.6 s one after the other, the same CPU).
+            with self.stages.stage("scans: latency histogram, per-minute counts, outcomes, failed and poison jobs"):
+                from concurrent.futures import ThreadPoolExecutor
+
+                with ThreadPoolExecutor(max_workers=len(scans)) as pool:
+                    for future in [pool.submit(self._stash, name, df) for name, df in scans.items()]:
+                        future.result()
             with self.stages.stage("rates and depth per minute"):
                 per_minute = self._per_minute(self._stashed("pairs")).localCheckpoint()
                 self._write("rates", per_minute.drop("depth"), ["queue", "minute"])
