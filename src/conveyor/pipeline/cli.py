@@ -88,6 +88,8 @@ def _resolve_slas(
         from conveyor.worker.supervisor import load_app
 
         app = load_app(app_path)
+        # Only its declarations are read; it opens no connection the command would keep.
+        ctx.call_on_close(app.close)
     else:
         root = ctx.find_root()
         if root is not ctx and root.params.get("app_path") and isinstance(root.obj, dict):
