@@ -8,10 +8,10 @@ JSON line per size.
 
     .venv/bin/python bench/pipeline/bench_report.py --rows 1000000 --rows 10000000
 
-Wrap timed runs in `flock /tmp/conveyor-bench.lock ...` on a shared machine. Last measured (2 vCPUs,
-local[2], driver heap 1600m, PySpark 4.3.0; docs/pipeline.md has the stage times and what mattered):
-10M rows 41.8-43.5 s wall in three runs, peak 1,496-2,180 MiB; 1M rows 26.9 s twice, peak 1,345-1,931 MiB.
-Target: 10M under 90 s and 3 GiB.
+Wrap timed runs in `flock /tmp/conveyor-bench.lock ...` on a shared machine. Each size also runs the floor
+(floor.py: one Spark pass reading the report's columns, one grouped count) for the ratio; docs/pipeline.md
+has the figures (1M, 10M, 100M: wall, floor, peak memory, CPU, per stage) and what mattered. Targets
+(issue 12): report <= 3x the floor at 10M; fixed cost < 1/3 of the 1M time; 100M within 3 GiB.
 """
 
 from __future__ import annotations
