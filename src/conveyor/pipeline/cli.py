@@ -92,8 +92,10 @@ def _resolve_slas(
         ctx.call_on_close(app.close)
     else:
         root = ctx.find_root()
-        if root is not ctx and root.params.get("app_path") and isinstance(root.obj, dict):
-            app = root.obj.get("app")
+        if root is not ctx and isinstance(root.obj, dict) and root.obj.get("app_path"):
+            from conveyor.cli._common import app_of
+
+            app = app_of(ctx)  # the main CLI's --app, loaded on first use
     slas, depths = declared(app) if app is not None else ({}, {})
     slas.update(parse_sla(list(sla)))
     default_us = sla_micros(default_sla, "--default-sla")
