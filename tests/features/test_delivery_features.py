@@ -24,7 +24,8 @@ from conveyor.backends.base import (
     SchedulesUpdateParams,
 )
 from conveyor.testing import drain
-from conveyor.worker._shared import BackendCalls, Counters
+from conveyor.worker._calls import BackendCalls
+from conveyor.worker._state import Counters
 from conveyor.worker.pruner import Pruner
 from conveyor.worker.scheduler import Scheduler
 
@@ -74,7 +75,7 @@ def test_retry_after_comes_from_the_drain_rate(app: App) -> None:
     app.send_many([Message(work.name) for _ in range(4)])
     drain(app)  # 4 drained in the last minute: 4/60 jobs per second
     app.send_many([Message(work.name) for _ in range(4)])
-    app._loads.clear()
+    app.producer.load._loads.clear()
     with pytest.raises(QueueFull) as full:
         work.send({})
     # One job over the mark at 4 jobs/min drains in ~15 s.
@@ -155,7 +156,7 @@ def test_each_tick_fires_once_with_three_schedulers(app: App) -> None:
 
     start = app.schedules["report"].next_run_at
     clock = FixedClock(start)
-    schedulers = [Scheduler(app, BackendCalls(app.backend, Counters()), clock) for _ in range(3)]
+    schedulers = [Scheduler(app.producer, BackendCalls(app.backend, Counters()), clock) for _ in range(3)]
 
     async def tick_all() -> int:
         return sum(await asyncio.gather(*(s.run_once() for s in schedulers)))
@@ -176,7 +177,7 @@ def test_missed_ticks_fire_once_after_downtime(app: App) -> None:
 
     start = app.schedules["every-minute"].next_run_at
     clock = FixedClock(start + timedelta(minutes=30, seconds=5))  # down for 30 ticks
-    scheduler = Scheduler(app, BackendCalls(app.backend, Counters()), clock)
+    scheduler = Scheduler(app.producer, BackendCalls(app.backend, Counters()), clock)
     assert asyncio.run(scheduler.run_once()) == 1
     assert asyncio.run(scheduler.run_once()) == 0
     schedule = app.backend.schedules_list()[0]
@@ -190,7 +191,7 @@ def test_paused_and_changed_at_runtime(app: App) -> None:
 
     start = app.schedules["hourly"].next_run_at
     clock = FixedClock(start + timedelta(seconds=1))
-    scheduler = Scheduler(app, BackendCalls(app.backend, Counters()), clock)
+    scheduler = Scheduler(app.producer, BackendCalls(app.backend, Counters()), clock)
     asyncio.run(scheduler.declare())
     assert app.backend.schedules_update(SchedulesUpdateParams("hourly", paused=True)) is True
     assert asyncio.run(scheduler.run_once()) == 0
@@ -301,20 +302,20 @@ def test_pruner_enforces_retention_per_queue(app: App) -> None:
     )
     drain(app)
     later = FixedClock(datetime.now(UTC) + timedelta(hours=2))
-    pruner = Pruner(app, BackendCalls(app.backend, Counters()), later, batch=4, pause=0)
+    pruner = Pruner(app.catalogue, BackendCalls(app.backend, Counters()), later, batch=4, pause=0)
     pruned = asyncio.run(pruner.run_once())
     assert pruned >= 30
     rows = app.backend.archive_read(ArchiveReadParams(None, 1000))
     assert Counter((r.queue, r.state) for r in rows) == {("short", "dead"): 5, ("long", "completed"): 7}
     much_later = FixedClock(datetime.now(UTC) + timedelta(days=15))
-    asyncio.run(Pruner(app, BackendCalls(app.backend, Counters()), much_later, batch=4, pause=0).run_once())
+    asyncio.run(Pruner(app.catalogue, BackendCalls(app.backend, Counters()), much_later, batch=4, pause=0).run_once())
     assert app.backend.archive_read(ArchiveReadParams(None, 1000)) == []
 
 
 # -- the contract ------------------------------------------------------------------------------
 
 
-def test_contract_lists_every_queue_policy_and_topic(app: App) -> None:
+def test_contract_lists_every_queue_options_and_topic(app: App) -> None:
     app.queue("emails", max_depth=1000, sla=timedelta(minutes=5), ordered=True)
 
     @app.task(queue="emails", max_attempts=7, backoff=[1, 10], visibility_timeout=45)
