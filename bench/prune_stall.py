@@ -51,7 +51,7 @@ def load_archive(url: str, rows: int) -> None:
         conn.execute("ANALYZE archive")
 
 
-def phase(app: App, seconds: float, rate: float, prune: bool) -> dict[str, float]:
+def phase(app: App, seconds: float, rate: float, prune: bool) -> dict[str, float | str]:
     latencies: list[float] = []
     lock = threading.Lock()
     name = f"bench.pickup.{uuid.uuid4().hex[:6]}"
