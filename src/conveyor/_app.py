@@ -465,6 +465,31 @@ class App:
         """Like :meth:`send_many`, without blocking the event loop."""
         return await asyncio.to_thread(self.send_many, messages)
 
+    # -- producing in steps (the HTTP service's group commit) -----------------------------------
+    # send_many validates, checks backpressure and inserts in one call. A service that coalesces
+    # many callers' sends into one transaction needs the steps apart, so that one caller's bad
+    # message or full queue is that caller's answer alone and never fails the others' insert.
+
+    def prepare(self, message: Message, now: datetime | None = None) -> NewJob:
+        """Validate and encode one message as :meth:`send_many` would, without sending it.
+
+        Raises PayloadError (PayloadTooLarge past the size limit) with nothing written."""
+        return self._new_job(message, now if now is not None else utcnow())
+
+    def admit(self, job: NewJob, now: datetime | None = None) -> None:
+        """The backpressure verdict for one prepared job: raise QueueFull if its queue is past its
+        high-water mark for the job's priority class, else count the job as sent. May read the
+        queue's depth from the database (at most every 100 ms per queue), so it can block."""
+        if self.queues:
+            self._check_backpressure([job], now if now is not None else utcnow())
+
+    def insert_prepared(self, jobs: Sequence[NewJob]) -> list[UUID]:
+        """Insert prepared jobs (:meth:`prepare`, :meth:`admit`) in one transaction; return the
+        stored id of each, in order (a duplicate idempotency key answers the holder's id)."""
+        if not jobs:
+            return []
+        return self.backend.jobs_insert_many(JobsInsertParams(jobs, utcnow()))
+
     def _new_job(self, message: Message, now: datetime) -> NewJob:
         # The hot path of send_many: kept to plain lookups (a 20,000-job batch calls it 20,000 times).
         # Every field is checked here, above the seam, so that no engine ever sees a value another
