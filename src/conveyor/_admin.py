@@ -368,18 +368,29 @@ class Admin:
         every request; a revoke then takes effect within ``max_age``. Expiry is checked on every
         call."""
         token_id, secret = _tokens.parse_bearer(bearer)
-        tick = time.monotonic()
-        seen = self._tokens_seen.get(token_id)
-        if seen is None or tick - seen[1] >= max_age:
+        found = self._token_seen(token_id, max_age)
+        if found is None:
             token = self.app.backend.token_get(TokenGetParams(token_id))
             if max_age > 0:
                 if len(self._tokens_seen) >= 10_000:
                     # Unknown ids cost a read each; a flood of them must not grow the cache.
                     self._tokens_seen.clear()
-                self._tokens_seen[token_id] = (token, tick)
-        else:
-            token = seen[0]
-        return _tokens.verify(token, token_id, secret, utcnow())
+                self._tokens_seen[token_id] = (token, time.monotonic())
+            found = (token,)
+        return _tokens.verify(found[0], token_id, secret, utcnow())
+
+    def authenticate_cached(self, bearer: str | None, *, max_age: float) -> Token | None:
+        """:meth:`authenticate` without reading the database: None when the token was not read
+        within ``max_age`` seconds (call :meth:`authenticate` then, off the event loop)."""
+        token_id, secret = _tokens.parse_bearer(bearer)
+        found = self._token_seen(token_id, max_age)
+        return None if found is None else _tokens.verify(found[0], token_id, secret, utcnow())
+
+    def _token_seen(self, token_id: str, max_age: float) -> tuple[Token | None] | None:
+        seen = self._tokens_seen.get(token_id)
+        if seen is None or time.monotonic() - seen[1] >= max_age:
+            return None
+        return (seen[0],)
 
     # -- audit -------------------------------------------------------------------------------------
 

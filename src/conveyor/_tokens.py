@@ -91,11 +91,16 @@ def allows(token: Token, role: Role, queue: str | None = None) -> bool:
 
 def require(token: Token, role: Role, queue: str | None = None) -> None:
     """Raise Forbidden unless :func:`allows`."""
-    if _RANK[role] > _RANK.get(token.role, -1):
-        raise Forbidden(f"token {token.name!r} is a {token.role} token; this needs {role}")
+    require_role(token, role)
     if token.queues is not None and (queue is None or queue not in token.queues):
         where = f"queue {queue!r}" if queue is not None else "every queue"
         raise Forbidden(f"token {token.name!r} is limited to queues {list(token.queues)}; this acts on {where}")
+
+
+def require_role(token: Token, role: Role) -> None:
+    """Raise Forbidden unless ``token`` has ``role`` or a higher one (whatever its queues)."""
+    if _RANK[role] > _RANK.get(token.role, -1):
+        raise Forbidden(f"token {token.name!r} is a {token.role} token; this needs {role}")
 
 
 def stamp(headers: Mapping[str, Any] | None, token: Token) -> dict[str, Any]:
