@@ -59,10 +59,9 @@ def serve(
     """Serve the HTTP API: producers send jobs (202, or 429 + Retry-After), operators read queues
     and dead letters with bearer tokens (conveyor tokens create). OpenAPI at /openapi.json."""
     try:
-        import uvicorn
-
         from conveyor.http import ServiceConfig
         from conveyor.http._factory import NO_AUTH_WARNING, to_environment
+        from conveyor.http._serve import serve as run_service
     except ImportError as exc:
         fail(f"conveyor serve needs the http extra: pip install 'conveyor[http]' ({exc})")
     found = settings(ctx)
@@ -86,14 +85,6 @@ def serve(
     app.close()
     to_environment(app.database_url, found.get("app_path"), config)
     click.echo(f"conveyor serve: http://{host}:{port} ({workers} worker(s); OpenAPI at /openapi.json)", err=True)
-    uvicorn.run(
-        "conveyor.http._factory:from_environment",
-        factory=True,
-        host=host,
-        port=port,
-        workers=workers,
-        access_log=access_log,
-        log_level="info" if found.get("verbose") else "warning",
-        lifespan="on",
-        timeout_graceful_shutdown=30,
-    )
+    if workers > 1 and port == 0:
+        fail("--workers above 1 needs a --port (every process listens on the same one)")
+    ctx.exit(run_service(host, port, workers, "info" if found.get("verbose") else "warning", access_log))

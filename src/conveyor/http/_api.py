@@ -12,7 +12,7 @@ import asyncio
 import json
 import logging
 import math
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -23,6 +23,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from conveyor import _tokens
 from conveyor._app import App
@@ -219,32 +220,39 @@ class Service:
 
     async def token(self, request: Request) -> Token:
         """The caller's token; raises Unauthenticated. Without auth, an anonymous admin."""
+        return await self.token_of(request.headers.get("authorization", ""))
+
+    async def token_of(self, authorization: str) -> Token:
+        """The token an ``Authorization`` header presents (see :meth:`token`)."""
         if not self.config.auth:
             return self._anonymous
-        header = request.headers.get("authorization", "")
-        scheme, _, bearer = header.partition(" ")
-        if scheme.lower() != "bearer" or not bearer.strip():
+        scheme, _, bearer = authorization.partition(" ")
+        bearer = bearer.strip()
+        if scheme.lower() != "bearer" or not bearer:
             raise Unauthenticated("a bearer token is required (Authorization: Bearer cvy_...)")
         admin = self.app.admin
-        cached = admin.authenticate_cached(bearer.strip(), max_age=self.config.token_cache)
+        cached = admin.authenticate_cached(bearer, max_age=self.config.token_cache)
         if cached is not None:
             return cached
-        return await self.run(admin.authenticate, bearer.strip(), max_age=self.config.token_cache)
+        return await self.run(admin.authenticate, bearer, max_age=self.config.token_cache)
 
     async def body(self, request: Request) -> Any:
         """The request body as strict JSON, at most ``max_body_bytes`` (else PayloadTooLarge)."""
+        return await self.body_of(request.headers.get("content-length", ""), request.stream())
+
+    async def body_of(self, declared: str, chunks: AsyncIterator[bytes]) -> Any:
+        """The body that ``chunks`` stream, as strict JSON (see :meth:`body`)."""
         limit = self.config.max_body_bytes
-        declared = request.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > limit:
             raise PayloadTooLarge(f"the body is {int(declared)} bytes, over the {limit}-byte limit of a request")
-        chunks: list[bytes] = []
+        parts: list[bytes] = []
         size = 0
-        async for chunk in request.stream():
+        async for chunk in chunks:
             size += len(chunk)
             if size > limit:
                 raise PayloadTooLarge(f"the body is over the {limit}-byte limit of a request")
-            chunks.append(chunk)
-        return _parse.loads(b"".join(chunks))
+            parts.append(chunk)
+        return _parse.loads(b"".join(parts))
 
     def actor(self, token: Token) -> str:
         """Who an action is audited as: the token's name."""
@@ -285,14 +293,37 @@ class Service:
             return headers
         return _tokens.stamp(headers, token)
 
-    async def send(self, request: Request) -> Response:
-        """POST /v1/queues/{queue}/jobs: enqueue one job; 202 once it is committed."""
-        token = await self.token(request)
-        queue = check_name(request.path_params["queue"], "queue")
+    async def send(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """POST /v1/queues/{queue}/jobs: enqueue one job; 202 once it is committed.
+
+        The hot path of the service, so a plain ASGI handler: Starlette's routing, request and
+        response objects cost about as much as the rest of the request (see docs/http.md)."""
+        headers = {k: v for k, v in scope["headers"] if k in _SEND_HEADERS}
+        try:
+            body, status, extra = await self._send(scope, receive, headers)
+        except Conflict as exc:
+            await _error(409, "conflict", str(exc))(scope, receive, send)
+            return
+        except ConveyorError as exc:
+            await error_response(exc)(scope, receive, send)
+            return
+        await send({"type": "http.response.start", "status": status, "headers": [_JSON_TYPE, *extra]})
+        await send({"type": "http.response.body", "body": body})
+
+    async def _send(
+        self, scope: Scope, receive: Receive, headers: Mapping[bytes, bytes]
+    ) -> tuple[bytes, int, list[tuple[bytes, bytes]]]:
+        token = await self.token_of(headers.get(b"authorization", b"").decode("latin-1"))
+        queue = check_name(scope["path"][len("/v1/queues/") : -len("/jobs")], "queue")
         _tokens.require(token, "producer", queue)
-        fields = _parse.obj(await self.body(request))
-        key = request.headers.get("idempotency-key")
-        message = _parse.message(fields, queue=queue, idempotency_key=key, headers=self._headers_of(fields, token))
+        fields = _parse.obj(await self.body_of(headers.get(b"content-length", b"").decode("latin-1"), _chunks(receive)))
+        key = headers.get(b"idempotency-key")
+        message = _parse.message(
+            fields,
+            queue=queue,
+            idempotency_key=key.decode("latin-1") if key is not None else None,
+            headers=self._headers_of(fields, token),
+        )
         job = self.app.prepare(message)
         if self.app.queue_policy(queue).max_depth is not None:
             await self.run(self.app.admit, job)
@@ -303,11 +334,9 @@ class Service:
         duplicate = stored != message.id
         if duplicate:
             await self._check_same(stored, message, job.payload)
-        return json_response(
-            {"id": str(stored), "queue": queue, "duplicate": duplicate},
-            202,
-            headers={"Location": f"/v1/jobs/{stored}"},
-        )
+        name = json.dumps(queue, ensure_ascii=True)
+        body = f'{{"id":"{stored}","queue":{name},"duplicate":{"true" if duplicate else "false"}}}'
+        return body.encode("ascii"), 202, [(b"location", f"/v1/jobs/{stored}".encode("ascii"))]
 
     async def _check_same(self, stored: UUID, message: Message, payload: str) -> None:
         """Raise 409 if the job holding the idempotency key is not this request's job (another
@@ -566,6 +595,21 @@ class Service:
         return Response(status_code=204)
 
 
+_SEND_HEADERS = frozenset((b"authorization", b"content-length", b"idempotency-key"))
+_JSON_TYPE = (b"content-type", b"application/json")
+
+
+async def _chunks(receive: Receive) -> AsyncIterator[bytes]:
+    """The chunks of a request body, as the ASGI server hands them over."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise BadRequest("the client went away before sending the whole body")
+        yield message.get("body", b"")
+        if not message.get("more_body", False):
+            return
+
+
 class Conflict(ConveyorError):
     """An idempotency key reused for a different job (409)."""
 
@@ -604,7 +648,6 @@ def routes(service: Service) -> list[Route]:
         r("/readyz", s.readyz, ["GET"]),
         r("/openapi.json", s.openapi, ["GET"]),
         r("/v1/queues", s.queues, ["GET"]),
-        r("/v1/queues/{queue}/jobs", s.send, ["POST"]),
         r("/v1/queues/{queue}/jobs:batch", s.send_batch, ["POST"]),
         r("/v1/jobs/{id}", s.job, ["GET"]),
         r("/v1/topics/{topic}/messages", s.publish, ["POST"]),
@@ -621,7 +664,7 @@ def routes(service: Service) -> list[Route]:
     ]
 
 
-def create_app(app: App, config: ServiceConfig | None = None) -> Starlette:
+def create_app(app: App, config: ServiceConfig | None = None) -> ASGIApp:
     """The ASGI application of ``conveyor serve`` for ``app`` (run it under uvicorn).
 
     It opens the database when it starts (and migrates the embedded SQLite default, as the App
@@ -644,7 +687,18 @@ def create_app(app: App, config: ServiceConfig | None = None) -> Starlette:
             await asyncio.to_thread(app.close)
 
     _register_convertor()
-    return Starlette(routes=routes(service), lifespan=lifespan)
+    starlette = Starlette(routes=routes(service), lifespan=lifespan)
+
+    async def asgi(scope: Scope, receive: Receive, send: Send) -> None:
+        # Single-job sends skip Starlette (see Service.send); everything else is routed by it.
+        if scope["type"] == "http" and scope["method"] == "POST":
+            path: str = scope["path"]
+            if path.startswith("/v1/queues/") and path.endswith("/jobs") and path.count("/") == 4 and len(path) > 16:
+                await service.send(scope, receive, send)
+                return
+        await starlette(scope, receive, send)
+
+    return asgi
 
 
 def _register_convertor() -> None:

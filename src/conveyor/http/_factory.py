@@ -15,7 +15,7 @@ import sys
 from dataclasses import asdict
 from typing import Any
 
-from starlette.applications import Starlette
+from starlette.types import ASGIApp
 
 from conveyor._app import App
 from conveyor.http._api import ServiceConfig, create_app
@@ -49,7 +49,7 @@ def load(database_url: str | None, app_path: str | None) -> App:
     return App(database_url)
 
 
-def from_environment() -> Starlette:
+def from_environment() -> ASGIApp:
     """The service as ``$CONVEYOR_SERVE`` describes it (uvicorn's factory in every worker)."""
     settings: dict[str, Any] = json.loads(os.environ[ENV])
     config = ServiceConfig(**settings["config"])
