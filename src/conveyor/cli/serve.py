@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from conveyor.cli._common import app_of, fail, settings
+from conveyor._errors import BackendError
+from conveyor.cli._common import app_of, fail, printable, settings
 
 
 @click.command()
@@ -66,19 +67,26 @@ def serve(
         fail(f"conveyor serve needs the http extra: pip install 'conveyor[http]' ({exc})")
     found = settings(ctx)
     app = app_of(ctx)
-    # Opens the database once before the workers start: the embedded SQLite default is migrated
-    # here, and a PostgreSQL schema that lacks migrations is reported at once.
-    pending = app.admin.ready()
-    if pending:
+    # Opens the database once before the service starts: the embedded SQLite default is migrated
+    # here, and a PostgreSQL schema that lacks migrations is reported at once. A database that
+    # cannot be reached does not stop the service: it answers 503 (and /readyz says why) until the
+    # database is back.
+    try:
+        pending = app.admin.ready()
+        if pending:
+            missing = ", ".join(pending)
+            click.echo(f"conveyor serve: the database lacks migrations {missing}: run `conveyor migrate`", err=True)
+        elif not insecure_no_auth and not any(t.revoked_at is None for t in app.admin.tokens()):
+            click.echo(
+                "conveyor serve: no token exists yet; make one with `conveyor tokens create NAME --role admin`",
+                err=True,
+            )
+    except BackendError as exc:
         click.echo(
-            f"conveyor serve: the database lacks migrations {', '.join(pending)}: run `conveyor migrate`", err=True
+            f"conveyor serve: the database cannot be used now ({printable(exc)}); serving 503s until it can", err=True
         )
     if insecure_no_auth:
         click.secho(NO_AUTH_WARNING, fg="red", bold=True, err=True)
-    elif not any(t.revoked_at is None for t in app.admin.tokens()):
-        click.echo(
-            "conveyor serve: no token exists yet; make one with `conveyor tokens create NAME --role admin`", err=True
-        )
     config = ServiceConfig(
         auth=not insecure_no_auth, group_commit=group_commit, token_cache=token_cache, max_body_bytes=max_body_bytes
     )

@@ -403,19 +403,12 @@ class Service:
         _tokens.require(token, "producer", None)
         fields = _parse.obj(await self.body(request))
         key = request.headers.get("idempotency-key")
-        message = _parse.message(
-            fields,
-            queue=None,
-            allowed=_parse.PUBLISH_FIELDS,
-            idempotency_key=key,
-            headers=self._headers_of(fields, token),
+        envelope = _parse.fields(
+            fields, allowed=_parse.PUBLISH_FIELDS, idempotency_key=key, headers=self._headers_of(fields, token)
         )
-        envelope = {
-            name: getattr(message, name)
-            for name in ("priority", "delay", "run_at", "ttl", "expires_at", "idempotency_key")
-            if getattr(message, name) is not None
-        }
-        jobs = await self.run(self.app.publish, topic, message.payload, headers=message.headers or {}, **envelope)
+        payload = envelope.pop("payload", {})
+        headers = envelope.pop("headers", None) or {}
+        jobs = await self.run(self.app.publish, topic, payload, headers=headers, **envelope)
         return json_response({"jobs": [str(j.id) for j in jobs]}, 202)
 
     # -- operator ----------------------------------------------------------------------------------

@@ -102,7 +102,6 @@ def message(
     body: Mapping[str, Any],
     *,
     queue: str | None,
-    allowed: tuple[str, ...] = JOB_FIELDS,
     prefix: str = "",
     idempotency_key: str | None = None,
     headers: Mapping[str, Any] | None = None,
@@ -110,33 +109,46 @@ def message(
     """A Message from the fields of a request body. ``prefix`` names where the body sits
     (``jobs[3].``) in error messages; ``idempotency_key`` is the ``Idempotency-Key`` header's
     value; ``headers`` replaces the body's headers (already stamped with the sender)."""
+    given = fields(body, prefix=prefix, idempotency_key=idempotency_key, headers=headers)
+    if queue is not None:
+        given["queue"] = queue
+    return Message(**given)
+
+
+def fields(
+    body: Mapping[str, Any],
+    *,
+    allowed: tuple[str, ...] = JOB_FIELDS,
+    prefix: str = "",
+    idempotency_key: str | None = None,
+    headers: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The fields of a request body as keyword arguments of ``Message`` (see :func:`message`)."""
     for name in body:
         if name not in allowed:
             raise BadRequest(
                 f"unknown field {prefix}{name!r:.60}; a job has: {', '.join(allowed)}",
                 f"{prefix}{name}"[:200],
             )
-    fields: dict[str, Any] = {k: v for k, v in body.items() if v is not None}
-    if "task" in allowed and "task" not in fields:
+    given: dict[str, Any] = {k: v for k, v in body.items() if v is not None}
+    if "task" in allowed and "task" not in given:
         raise BadRequest(f"{prefix}task is required", f"{prefix}task")
     for name in ("payload", "headers"):
-        if name in fields and not isinstance(fields[name], dict):
-            raise BadRequest(f"{prefix}{name} must be a JSON object, got {_kind(fields[name])}", f"{prefix}{name}")
+        if name in given and not isinstance(given[name], dict):
+            raise BadRequest(f"{prefix}{name} must be a JSON object, got {_kind(given[name])}", f"{prefix}{name}")
     for name in _TIMES:
-        if name in fields:
-            fields[name] = _time(fields[name], f"{prefix}{name}")
+        if name in given:
+            given[name] = _time(given[name], f"{prefix}{name}")
     if idempotency_key is not None:
-        given = fields.get("idempotency_key")
-        if given is not None and given != idempotency_key:
+        key = given.get("idempotency_key")
+        if key is not None and key != idempotency_key:
             raise BadRequest(
                 "the Idempotency-Key header and the body's idempotency_key differ", f"{prefix}idempotency_key"
             )
-        fields["idempotency_key"] = idempotency_key
+        given["idempotency_key"] = idempotency_key
     if headers is not None:
-        fields["headers"] = headers
-    if queue is not None:
-        fields["queue"] = queue
-    return Message(**fields)
+        given["headers"] = headers
+    return given
 
 
 def _time(value: Any, field: str) -> datetime:
