@@ -125,6 +125,11 @@ class Admin:
         Page with ``before``: the ``(finished_at, id)`` of the last dead letter of the previous page."""
         if not 1 <= limit <= 10_000:
             raise ConfigurationError(f"limit must be 1 to 10000, got {limit}")
+        # Filters are names: one that no engine can store (NUL, a lone surrogate) matches nothing,
+        # and is refused here rather than by the database.
+        for value, what in ((queue, "queue"), (task, "task"), (error_type, "error_type")):
+            if value is not None:
+                check_name(value, what, ConfigurationError)
         params = DeadListParams(queue, task, error_type, limit=limit, before=before)
         return [JobStatus.from_record(r) for r in self.app.backend.dead_list(params)]
 

@@ -17,6 +17,7 @@ import pytest
 from conveyor import App
 
 REPO = Path(__file__).resolve().parents[2]
+POSTGRES = os.environ.get("CONVEYOR_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
 APP_PATH = "tests.http.http_app:app"
 
 
