@@ -36,6 +36,7 @@ from conveyor.backends.base import (
     Schedule,
     SchedulesDeleteParams,
     SchedulesUpdateParams,
+    SchedulesUpsertParams,
     Subscription,
     SubscriptionsListParams,
     Token,
@@ -262,7 +263,8 @@ class Admin:
     ) -> Schedule:
         """Store (or redefine) a schedule: workers fire it from its next tick, no restart needed.
         ``queue`` defaults to the task's queue (``default`` for a task this App does not know)."""
-        schedule = self.app.add_schedule(name, cron, task, queue=queue, payload=payload, priority=priority)
+        schedule = self.app.catalogue.new_schedule(name, cron, task, queue, payload, priority)
+        self.app.backend.schedules_upsert(SchedulesUpsertParams([schedule]))
         self._audit(actor, "schedule.add", {"schedule": name, "cron": schedule.cron, "task": schedule.task})
         return schedule
 

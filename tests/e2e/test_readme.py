@@ -353,6 +353,13 @@ def test_readme_pipeline_block_runs_as_written(tmp_path: Path) -> None:
             pa.table({"order_id": ["1", "2"], "status": ["pending", "pending"]}), tmp_path / "orders.parquet"
         )
         pq.write_table(pa.table({"user_id": [1, 2, 3], "email": ["a@x", "b@x", "c@x"]}), tmp_path / "users.parquet")
+        # The project the block's --app names, declaring a queue's SLA as "A first app" would.
+        (tmp_path / "myproject").mkdir()
+        (tmp_path / "myproject" / "__init__.py").write_text("")
+        (tmp_path / "myproject" / "tasks.py").write_text(
+            "from datetime import timedelta\nfrom conveyor import App\n\n"
+            "app = App()\napp.queue('emails', sla=timedelta(seconds=60))\n"
+        )
         [(_, code, line)] = [b for b in readme_blocks() if spec_of(b[1]).kind == "pipeline"]
         run_bash(reader, code, line)
         assert (tmp_path / "report" / "report.html").is_file()

@@ -32,8 +32,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 from uuid import UUID
+
+from conveyor._errors import ConfigurationError
 
 LiveState = Literal["pending", "processing"]
 TerminalState = Literal["completed", "dead", "expired", "cancelled"]
@@ -590,6 +592,25 @@ class TokensRevokeParams:
 
     name: str
     now: datetime
+# Checks every engine makes the same way
+# --------------------------------------------------------------------------------------------
+
+_Outcome = TypeVar("_Outcome", Finish, RetryItem)
+
+
+def one_outcome_per_job(items: Sequence[_Outcome]) -> list[_Outcome]:
+    """The items of an outcome batch an engine writes: the first for each job id (a second would
+    archive a job twice, or race with the first inside one statement). Raises ConfigurationError for
+    a finish whose state is not terminal: the caller's bug, refused before the database sees it."""
+    seen: set[UUID] = set()
+    kept: list[_Outcome] = []
+    for item in items:
+        if isinstance(item, Finish) and item.state not in TERMINAL_STATES:
+            raise ConfigurationError(f"not a terminal state: {item.state!r}")
+        if item.id not in seen:
+            seen.add(item.id)
+            kept.append(item)
+    return kept
 
 
 # --------------------------------------------------------------------------------------------

@@ -325,7 +325,7 @@ class Service:
             headers=self._headers_of(fields, token),
         )
         job = self.app.prepare(message)
-        if self.app.queue_policy(queue).max_depth is not None:
+        if self.app.queue_options(queue).max_depth is not None:
             await self.run(self.app.admit, job)
         if self.group is not None:
             stored = await self.group.submit(job)
@@ -373,7 +373,7 @@ class Service:
             except (PayloadError, ConfigurationError) as exc:
                 return error_response(exc, prefix)
             messages.append(message)
-        if self.app.queue_policy(queue).max_depth is not None:
+        if self.app.queue_options(queue).max_depth is not None:
             for job in jobs:
                 await self.run(self.app.admit, job)
         stored = await self.run(self.app.insert_prepared, jobs)

@@ -7,10 +7,10 @@ import sqlite3
 import threading
 from collections.abc import Iterable, Sequence
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any
 from uuid import UUID
 
-from conveyor._errors import BackendError, ConfigurationError
+from conveyor._errors import ConfigurationError
 from conveyor.backends import base
 from conveyor.backends._sql import load_migrations, load_queries
 from conveyor.backends.sqlite import _convert as cv
@@ -18,10 +18,6 @@ from conveyor.backends.sqlite import _schema
 from conveyor.backends.sqlite._connection import ConnectionPool, Connections, MemoryConnection, translated
 
 _QUERIES = load_queries("conveyor.backends.sqlite")
-
-_RECORD_STATES: frozenset[str] = frozenset(base.TERMINAL_STATES)
-
-_Item = TypeVar("_Item", base.Finish, base.RetryItem)
 
 
 class SqliteBackend:
@@ -168,16 +164,14 @@ class SqliteBackend:
         if items == "[]":
             return []
         with self._pool.write() as conn:
-            rows = conn.execute(self._q["jobs_start"], {"items": items}).fetchall()
+            rows = conn.execute(self._q["jobs_start_many"], {"items": items}).fetchall()
         started = {row[0] for row in rows}
         return [item.id for item in params.items if cv.to_db_id(item.id) in started]
 
     def jobs_finish_many(self, params: base.JobsFinishParams) -> int:
         """Archive deliveries in their terminal state; return how many applied (the rest were stale)."""
         items = []
-        for item in _first_per_id(params.items):
-            if item.state not in _RECORD_STATES:
-                raise BackendError(f"not a terminal state: {item.state!r}")
+        for item in base.one_outcome_per_job(params.items):
             error = item.error
             items.append(
                 {
@@ -212,12 +206,12 @@ class SqliteBackend:
                 "traceback": item.error.traceback,
                 "counted": 1 if item.counted else 0,
             }
-            for item in _first_per_id(params.items)
+            for item in base.one_outcome_per_job(params.items)
         ]
         if not items:
             return 0
         with self._pool.write() as conn:
-            return conn.execute(self._q["jobs_retry"], {"items": json.dumps(items)}).rowcount
+            return conn.execute(self._q["jobs_retry_many"], {"items": json.dumps(items)}).rowcount
 
     def jobs_release_many(self, params: base.JobsReleaseParams) -> int:
         """Hand leased jobs that never started back to pending; return how many applied."""
@@ -225,7 +219,7 @@ class SqliteBackend:
         if items == "[]":
             return 0
         with self._pool.write() as conn:
-            return conn.execute(self._q["jobs_release"], {"items": items}).rowcount
+            return conn.execute(self._q["jobs_release_many"], {"items": items}).rowcount
 
     def leases_extend_many(self, params: base.LeasesExtendParams) -> list[UUID]:
         """Extend the leases still held; return their ids (a missing id means the lease was lost)."""
@@ -234,7 +228,7 @@ class SqliteBackend:
             return []
         with self._pool.write() as conn:
             rows = conn.execute(
-                self._q["leases_extend"],
+                self._q["leases_extend_many"],
                 {
                     "items": items,
                     "now": cv.to_db_time(params.now),
@@ -381,7 +375,7 @@ class SqliteBackend:
         ids = json.dumps([cv.to_db_id(i) for i in params.ids])
         now = cv.to_db_time(params.now)
         with self._pool.write() as conn:
-            rows = conn.execute(self._q["dead_purge"], {"ids": ids}).fetchall()
+            rows = conn.execute(self._q["dead_purge_many"], {"ids": ids}).fetchall()
             purged = sorted(UUID(row[0]) for row in rows)
             self._audit(conn, now, params.actor, "purge", params.reason, purged, {"count": len(purged)})
         return len(purged)
@@ -624,18 +618,6 @@ def _token(row: sqlite3.Row) -> base.Token:
         expires_at=cv.from_db_time_or_none(row["expires_at"]),
         revoked_at=cv.from_db_time_or_none(row["revoked_at"]),
     )
-
-
-def _first_per_id(items: Sequence[_Item]) -> list[_Item]:
-    # One outcome per job and batch: a second item for the same id would otherwise archive the
-    # job twice or race with the first inside one statement.
-    seen: set[UUID] = set()
-    kept: list[_Item] = []
-    for item in items:
-        if item.id not in seen:
-            seen.add(item.id)
-            kept.append(item)
-    return kept
 
 
 def _lease_refs(items: Sequence[base.LeaseRef]) -> str:
