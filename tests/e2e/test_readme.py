@@ -138,6 +138,8 @@ def _run_the_tests(reader: Reader, names: dict[str, Any]) -> None:
 
 SPECS = [
     Spec("./scripts/demo.sh", "skip", "the set-up path itself: .ci/run runs it on a clean clone before the tests"),
+    Spec("conveyor serve --port 8000", "skip", "a server: tests/http/test_readme_service.py runs this block"),
+    Spec("export TOKEN=cvy_", "skip", "curl against a server: tests/http/test_readme_service.py runs this block"),
     Spec(
         "# myproject/tasks.py",
         given=lambda reader: {"prelude": "def mail_server_busy() -> bool:\n    return False\n"},

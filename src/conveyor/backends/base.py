@@ -549,6 +549,49 @@ class ArchivePruneParams:
 
 
 # --------------------------------------------------------------------------------------------
+# API tokens (the HTTP service's bearer tokens)
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Token:
+    """One API token as stored: never the secret itself, only its SHA-256 (``secret_hash``, hex).
+
+    ``id`` is the public part of the bearer string, by which the token is looked up; ``name`` is
+    unique for ever (a revoked token keeps it) and is the actor of every action taken with the
+    token. ``role`` is ``producer``, ``operator`` or ``admin``; ``queues`` limits the token to those
+    queues (None: every queue)."""
+
+    id: str
+    name: str
+    role: str
+    queues: tuple[str, ...] | None
+    secret_hash: str
+    created_at: datetime
+    expires_at: datetime | None = None
+    revoked_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TokensInsertParams:
+    """Store a new token. Returns False, with nothing written, if its name or id is taken."""
+
+    token: Token
+
+
+@dataclass(frozen=True, slots=True)
+class TokenGetParams:
+    """The token with this public id (revoked and expired ones too), or None."""
+
+    id: str
+
+
+@dataclass(frozen=True, slots=True)
+class TokensRevokeParams:
+    """Set ``revoked_at = now`` on the unrevoked token named ``name``. Returns False if there is none."""
+
+    name: str
+    now: datetime
 # Checks every engine makes the same way
 # --------------------------------------------------------------------------------------------
 
@@ -680,6 +723,22 @@ class Backend(Protocol):
     def archive_prune(self, params: ArchivePruneParams) -> int:
         """Return how many archived rows were deleted (partitions dropped count their rows)."""
         ...
+
+    # -- schema and API tokens -----------------------------------------------------------------
+
+    def migrations_pending(self) -> list[str]:
+        """The names of the migrations not yet applied (empty: the schema is current)."""
+        ...
+
+    def tokens_insert(self, params: TokensInsertParams) -> bool: ...
+
+    def token_get(self, params: TokenGetParams) -> Token | None: ...
+
+    def tokens_list(self) -> list[Token]:
+        """Every token (revoked and expired ones too), by name."""
+        ...
+
+    def tokens_revoke(self, params: TokensRevokeParams) -> bool: ...
 
 
 @dataclass(slots=True)

@@ -59,6 +59,10 @@ from conveyor.backends.base import (
     SubscriptionsDeleteParams,
     SubscriptionsListParams,
     SubscriptionsUpsertParams,
+    Token,
+    TokenGetParams,
+    TokensInsertParams,
+    TokensRevokeParams,
     one_outcome_per_job,
 )
 from conveyor.backends.postgres._listener import PostgresListener
@@ -859,3 +863,53 @@ class PostgresBackend:
                 )
                 deleted += cur.rowcount
         return deleted
+
+    # ---------------------------------------------------------------------------------------
+    # Schema and API tokens
+    # ---------------------------------------------------------------------------------------
+
+    def migrations_pending(self) -> list[str]:
+        """The names of the migrations not yet applied to this database."""
+        with self._connection("migrations_pending") as conn:
+            ledger = conn.execute(self._q["migrations_ledger_exists"]).fetchone()
+            rows = conn.execute(self._q["migrations_applied"]).fetchall() if ledger and ledger[0] else []
+        done = {row[0] for row in rows}
+        return [m.name for m in load_migrations(_PACKAGE) if m.version not in done]
+
+    def tokens_insert(self, params: TokensInsertParams) -> bool:
+        """Store a token; False, with nothing written, if its name or id is taken."""
+        t = params.token
+        row = self._fetchone(
+            "tokens_insert",
+            {
+                "id": t.id,
+                "name": t.name,
+                "role": t.role,
+                "queues": None if t.queues is None else list(t.queues),
+                "secret_hash": t.secret_hash,
+                "created_at": t.created_at,
+                "expires_at": t.expires_at,
+            },
+        )
+        return row is not None
+
+    def token_get(self, params: TokenGetParams) -> Token | None:
+        """The token with this public id, or None."""
+        row = self._fetchone("token_get", {"id": params.id})
+        return None if row is None else _token(row)
+
+    def tokens_list(self) -> list[Token]:
+        """Every token, by name."""
+        return [_token(row) for row in self._fetchall("tokens_list", {})]
+
+    def tokens_revoke(self, params: TokensRevokeParams) -> bool:
+        """Revoke the unrevoked token named ``name``; False if there is none."""
+        with self._connection("tokens_revoke") as conn:
+            return conn.execute(self._q["tokens_revoke"], {"name": params.name, "now": params.now}).rowcount > 0
+
+
+def _token(row: TupleRow) -> Token:
+    id_, name, role, queues, secret_hash, created_at, expires_at, revoked_at = row
+    return Token(
+        id_, name, role, None if queues is None else tuple(queues), secret_hash, created_at, expires_at, revoked_at
+    )

@@ -12,7 +12,7 @@ from uuid import UUID
 
 from conveyor._errors import ConfigurationError
 from conveyor.backends import base
-from conveyor.backends._sql import load_queries
+from conveyor.backends._sql import load_migrations, load_queries
 from conveyor.backends.sqlite import _convert as cv
 from conveyor.backends.sqlite import _schema
 from conveyor.backends.sqlite._connection import ConnectionPool, Connections, MemoryConnection, translated
@@ -561,6 +561,63 @@ class SqliteBackend:
         }
         with self._pool.write() as conn:
             return conn.execute(self._q["archive_prune"], args).rowcount
+
+    # ------------------------------------------------------------------ schema and API tokens
+
+    def migrations_pending(self) -> list[str]:
+        """The names of the migrations not yet applied to this database."""
+        with self._pool.read() as conn:
+            ledger = conn.execute(self._q["migrations_ledger_exists"]).fetchone()
+            done = {row[0] for row in conn.execute(self._q["migrations_applied"])} if ledger else set()
+        return [m.name for m in load_migrations("conveyor.backends.sqlite") if m.version not in done]
+
+    def tokens_insert(self, params: base.TokensInsertParams) -> bool:
+        """Store a token; False, with nothing written, if its name or id is taken."""
+        t = params.token
+        with self._pool.write() as conn:
+            rows = conn.execute(
+                self._q["tokens_insert"],
+                {
+                    "id": t.id,
+                    "name": t.name,
+                    "role": t.role,
+                    "queues": None if t.queues is None else json.dumps(list(t.queues)),
+                    "secret_hash": t.secret_hash,
+                    "created_at": cv.to_db_time(t.created_at),
+                    "expires_at": cv.to_db_time_or_none(t.expires_at),
+                },
+            ).fetchall()
+        return bool(rows)
+
+    def token_get(self, params: base.TokenGetParams) -> base.Token | None:
+        """The token with this public id, or None."""
+        with self._pool.read() as conn:
+            row = conn.execute(self._q["token_get"], {"id": params.id}).fetchone()
+        return None if row is None else _token(row)
+
+    def tokens_list(self) -> list[base.Token]:
+        """Every token, by name."""
+        with self._pool.read() as conn:
+            return [_token(row) for row in conn.execute(self._q["tokens_list"]).fetchall()]
+
+    def tokens_revoke(self, params: base.TokensRevokeParams) -> bool:
+        """Revoke the unrevoked token named ``name``; False if there is none."""
+        with self._pool.write() as conn:
+            cur = conn.execute(self._q["tokens_revoke"], {"name": params.name, "now": cv.to_db_time(params.now)})
+            return cur.rowcount > 0
+
+
+def _token(row: sqlite3.Row) -> base.Token:
+    return base.Token(
+        id=row["id"],
+        name=row["name"],
+        role=row["role"],
+        queues=None if row["queues"] is None else tuple(json.loads(row["queues"])),
+        secret_hash=row["secret_hash"],
+        created_at=cv.from_db_time(row["created_at"]),
+        expires_at=cv.from_db_time_or_none(row["expires_at"]),
+        revoked_at=cv.from_db_time_or_none(row["revoked_at"]),
+    )
 
 
 def _lease_refs(items: Sequence[base.LeaseRef]) -> str:

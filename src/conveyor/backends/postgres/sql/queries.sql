@@ -40,6 +40,10 @@ CREATE TABLE IF NOT EXISTS conveyor_schema_migrations (
 -- name: migrations_applied
 SELECT version FROM conveyor_schema_migrations ORDER BY version
 
+-- name: migrations_ledger_exists
+-- Whether migrate() has ever run here (readiness checks ask before the ledger exists).
+SELECT to_regclass('conveyor_schema_migrations') IS NOT NULL
+
 -- name: migrations_record
 INSERT INTO conveyor_schema_migrations (version, name) VALUES (%(version)s, %(name)s)
 
@@ -716,3 +720,25 @@ WHERE (finished_at, id) > (coalesce(%(after_at)s::timestamptz, '-infinity'),
                            coalesce(%(after_id)s::uuid, '00000000-0000-0000-0000-000000000000'))
 ORDER BY finished_at, id
 LIMIT %(limit)s
+
+-- name: tokens_insert
+-- A taken name or id inserts nothing (RETURNING then yields no row): names are unique for ever.
+INSERT INTO tokens (id, name, role, queues, secret_hash, created_at, expires_at, revoked_at)
+VALUES (%(id)s, %(name)s, %(role)s, %(queues)s, %(secret_hash)s, %(created_at)s, %(expires_at)s, NULL)
+ON CONFLICT DO NOTHING
+RETURNING id
+
+-- name: token_get
+-- One primary-key probe per request that the service's token cache has not seen lately.
+SELECT id, name, role, queues, secret_hash, created_at, expires_at, revoked_at
+FROM tokens
+WHERE id = %(id)s
+
+-- name: tokens_list
+SELECT id, name, role, queues, secret_hash, created_at, expires_at, revoked_at
+FROM tokens
+ORDER BY name
+
+-- name: tokens_revoke
+UPDATE tokens SET revoked_at = %(now)s
+WHERE name = %(name)s AND revoked_at IS NULL

@@ -19,6 +19,10 @@ CREATE TABLE IF NOT EXISTS schema_migrations (
 -- the first and then sees its versions instead of applying them again.
 SELECT version FROM schema_migrations ORDER BY version
 
+-- name: migrations_ledger_exists
+-- Whether migrate() has ever run here (readiness checks ask before the ledger exists).
+SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schema_migrations'
+
 -- name: migrations_record
 INSERT INTO schema_migrations (version, name, applied_at) VALUES (:version, :name, :now)
 
@@ -454,3 +458,24 @@ WHERE rowid IN (
     ORDER BY a.finished_at
     LIMIT :limit
 )
+
+-- name: tokens_insert
+-- A taken name or id inserts nothing (RETURNING then yields no row): names are unique for ever.
+INSERT INTO tokens (id, name, role, queues, secret_hash, created_at, expires_at, revoked_at)
+VALUES (:id, :name, :role, :queues, :secret_hash, :created_at, :expires_at, NULL)
+ON CONFLICT DO NOTHING
+RETURNING id
+
+-- name: token_get
+SELECT id, name, role, queues, secret_hash, created_at, expires_at, revoked_at
+FROM tokens
+WHERE id = :id
+
+-- name: tokens_list
+SELECT id, name, role, queues, secret_hash, created_at, expires_at, revoked_at
+FROM tokens
+ORDER BY name
+
+-- name: tokens_revoke
+UPDATE tokens SET revoked_at = :now
+WHERE name = :name AND revoked_at IS NULL
