@@ -121,7 +121,8 @@ def conveyor(db: str, *args: str) -> subprocess.CompletedProcess[str]:
 def wrk(url: str, token: str, seconds: float, connections: int, threads: int) -> tuple[dict[str, float], float]:
     """Run wrk; return its JSON summary and its own CPU seconds."""
     env = {**os.environ, "CONVEYOR_TOKEN": token, "CONVEYOR_QUEUE": "bench"}
-    argv = ["wrk", f"-t{threads}", f"-c{connections}", f"-d{round(seconds)}s", "--timeout", "10s", "-s", str(HERE / "send.lua")]
+    argv = ["wrk", f"-t{threads}", f"-c{connections}", f"-d{round(seconds)}s", "--timeout", "10s"]
+    argv += ["-s", str(HERE / "send.lua")]
     proc = subprocess.Popen([*argv, url], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
@@ -137,9 +138,11 @@ def run_mode(cluster: Cluster, mode: str, args: argparse.Namespace) -> dict[str,
     conveyor(db, "migrate")
     token = conveyor(db, "tokens", "create", "bench", "--role", "producer").stdout.strip()
     port = free_port()
-    extra = [] if mode == "group" else ["--no-group-commit"]
+    argv = [sys.executable, "-m", "conveyor", "--db", db, "serve", "--port", str(port), "--workers", str(args.workers)]
+    if mode != "group":
+        argv.append("--no-group-commit")
     serve = subprocess.Popen(
-        [sys.executable, "-m", "conveyor", "--db", db, "serve", "--port", str(port), "--workers", str(args.workers), *extra],
+        argv,
         cwd=REPO,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -153,7 +156,8 @@ def run_mode(cluster: Cluster, mode: str, args: argparse.Namespace) -> dict[str,
                     break
             except OSError:
                 if time.monotonic() > deadline or serve.poll() is not None:
-                    sys.exit(f"conveyor serve did not start: {serve.stderr.read() if serve.stderr else ''}")
+                    output = serve.stderr.read().decode(errors="replace") if serve.stderr else ""
+                    sys.exit(f"conveyor serve did not start: {output}")
                 time.sleep(0.2)
         time.sleep(1.0)
         wrk(url, token, args.warmup, args.connections, args.threads)  # warm-up: connections, caches, plans
