@@ -12,7 +12,7 @@ import os
 import sys
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any, ParamSpec, Protocol, TypeVar, overload
 from uuid import UUID
 
@@ -23,7 +23,7 @@ from conveyor._cron import Cron
 from conveyor._errors import ConfigurationError, JobNotFoundError, PayloadError
 from conveyor._job import Job, JobStatus
 from conveyor._limits import check_int, check_name
-from conveyor._message import DEFAULT_MAX_PAYLOAD_BYTES, Message, encode_json_object, utcnow
+from conveyor._message import DEFAULT_MAX_PAYLOAD_BYTES, Message, encode_json_object
 from conveyor._producer import Producer
 from conveyor._queue import DEFAULT_DEDUP_WINDOW, ExpireAction, QueueOptions
 from conveyor._task import (
@@ -38,8 +38,6 @@ from conveyor._topics import matches, parse_filter
 from conveyor.backends import DEFAULT_DATABASE_URL, open_backend
 from conveyor.backends.base import (
     Backend,
-    JobsInsertParams,
-    NewJob,
     Schedule,
     Subscription,
     SubscriptionsDeleteParams,
@@ -367,25 +365,6 @@ class App:
     # send_many validates, checks backpressure and inserts in one call. A service that coalesces
     # many callers' sends into one transaction needs the steps apart, so that one caller's bad
     # message or full queue is that caller's answer alone and never fails the others' insert.
-
-    def prepare(self, message: Message, now: datetime | None = None) -> NewJob:
-        """Validate and encode one message as :meth:`send_many` would, without sending it.
-
-        Raises PayloadError (PayloadTooLarge past the size limit) with nothing written."""
-        return self.producer.new_job(message, now if now is not None else utcnow())
-
-    def admit(self, job: NewJob, now: datetime | None = None) -> None:
-        """The backpressure verdict for one prepared job: raise QueueFull if its queue is past its
-        high-water mark for the job's priority class, else count the job as sent. May read the
-        queue's depth from the database (at most every 100 ms per queue), so it can block."""
-        self.producer.load.check([job], now if now is not None else utcnow())
-
-    def insert_prepared(self, jobs: Sequence[NewJob]) -> list[UUID]:
-        """Insert prepared jobs (:meth:`prepare`, :meth:`admit`) in one transaction; return the
-        stored id of each, in order (a duplicate idempotency key answers the holder's id)."""
-        if not jobs:
-            return []
-        return self.backend.jobs_insert_many(JobsInsertParams(jobs, utcnow()))
 
     # -- reading -------------------------------------------------------------------------------
 

@@ -42,6 +42,26 @@ class Producer:
             self.load.check(rows, now)
         return self._backend().jobs_insert_many(JobsInsertParams(rows, now, conn))
 
+    def prepare(self, message: Message, now: datetime | None = None) -> NewJob:
+        """Validate and encode one message as :meth:`insert` would, without sending it (the HTTP
+        group commit checks each request on its own before grouping them).
+
+        Raises PayloadError (PayloadTooLarge past the size limit) with nothing written."""
+        return self.new_job(message, now if now is not None else utcnow())
+
+    def admit(self, job: NewJob, now: datetime | None = None) -> None:
+        """The backpressure verdict for one prepared job: raise QueueFull if its queue is past its
+        high-water mark for the job's priority class, else count the job as sent. May read the
+        queue's depth from the database (at most every 100 ms per queue), so it can block."""
+        self.load.check([job], now if now is not None else utcnow())
+
+    def insert_prepared(self, jobs: Sequence[NewJob]) -> list[UUID]:
+        """Insert prepared jobs (:meth:`prepare`, :meth:`admit`) in one transaction; return the
+        stored id of each, in order (a duplicate idempotency key answers the holder's id)."""
+        if not jobs:
+            return []
+        return self._backend().jobs_insert_many(JobsInsertParams(jobs, utcnow()))
+
     def new_job(self, message: Message, now: datetime) -> NewJob:
         """The row of one message. Raises PayloadError for any field out of range."""
         # The hot path of send_many: kept to plain lookups (a 20,000-job batch calls it 20,000 times).

@@ -324,13 +324,13 @@ class Service:
             idempotency_key=key.decode("latin-1") if key is not None else None,
             headers=self._headers_of(fields, token),
         )
-        job = self.app.prepare(message)
+        job = self.app.producer.prepare(message)
         if self.app.queue_options(queue).max_depth is not None:
-            await self.run(self.app.admit, job)
+            await self.run(self.app.producer.admit, job)
         if self.group is not None:
             stored = await self.group.submit(job)
         else:
-            stored = (await self.run(self.app.insert_prepared, [job]))[0]
+            stored = (await self.run(self.app.producer.insert_prepared, [job]))[0]
         duplicate = stored != message.id
         if duplicate:
             await self._check_same(stored, message, job.payload)
@@ -369,14 +369,14 @@ class Service:
                 message = _parse.message(
                     body, queue=queue, prefix=prefix, headers=self._headers_of(body, token, prefix)
                 )
-                jobs.append(self.app.prepare(message))
+                jobs.append(self.app.producer.prepare(message))
             except (PayloadError, ConfigurationError) as exc:
                 return error_response(exc, prefix)
             messages.append(message)
         if self.app.queue_options(queue).max_depth is not None:
             for job in jobs:
-                await self.run(self.app.admit, job)
-        stored = await self.run(self.app.insert_prepared, jobs)
+                await self.run(self.app.producer.admit, job)
+        stored = await self.run(self.app.producer.insert_prepared, jobs)
         for message, job, job_id in zip(messages, jobs, stored, strict=True):
             if job_id != message.id:
                 await self._check_same(job_id, message, job.payload)
@@ -670,7 +670,7 @@ def create_app(app: App, config: ServiceConfig | None = None) -> ASGIApp:
     async def lifespan(_: Starlette) -> Any:
         if config.group_commit:
             service.group = GroupCommit(
-                app.insert_prepared, max_group=config.max_group, concurrency=config.group_concurrency
+                app.producer.insert_prepared, max_group=config.max_group, concurrency=config.group_concurrency
             )
         try:
             yield

@@ -39,7 +39,7 @@ class GroupStats:
 class GroupCommit(Generic[J]):
     """Coalesces concurrent inserts of single jobs into group transactions (see the module docs).
 
-    ``insert`` is a blocking call that inserts jobs in one transaction (``App.insert_prepared``);
+    ``insert`` is a blocking call that inserts jobs in one transaction (``Producer.insert_prepared``);
     it runs in a worker thread. At most ``max_group`` jobs go in one transaction and at most
     ``concurrency`` transactions run at once. Must be used from one event loop."""
 
