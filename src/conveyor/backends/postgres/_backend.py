@@ -147,6 +147,13 @@ def _receipt(value: str) -> UUID | None:
         return None
 
 
+def _held(ids: Sequence[UUID], receipts: Sequence[UUID], rows: Sequence[TupleRow]) -> list[UUID]:
+    """The ids of the deliveries (id, receipt) that ``rows`` name, in the caller's order (RETURNING
+    promises none), one per item: an item naming the same job with a stale receipt is not held."""
+    held = {(row[0], row[1]) for row in rows}
+    return [job_id for job_id, receipt in zip(ids, receipts, strict=True) if (job_id, receipt) in held]
+
+
 def _has_input(conn: Conn) -> bool:
     """Whether an idle connection's socket has something to read (a FATAL message, EOF)."""
     try:
@@ -463,7 +470,7 @@ class PostgresBackend:
         if not ids:
             return []
         rows = self._fetchall("jobs_start_many", {"ids": ids, "receipts": receipts, "now": params.now}, ack=True)
-        return [row[0] for row in rows]
+        return _held(ids, receipts, rows)
 
     def jobs_finish_many(self, params: JobsFinishParams) -> int:
         """Archive deliveries in their terminal state in one statement; return how many applied."""
@@ -546,7 +553,7 @@ class PostgresBackend:
             },
             ack=True,
         )
-        return [row[0] for row in rows]
+        return _held(ids, receipts, rows)
 
     def jobs_rescue_expired(self, params: JobsRescueParams) -> int:
         """Return up to ``limit`` expired leases to pending; return how many."""

@@ -169,8 +169,7 @@ class SqliteBackend:
             return []
         with self._pool.write() as conn:
             rows = conn.execute(self._q["jobs_start"], {"items": items}).fetchall()
-        started = {row[0] for row in rows}
-        return [item.id for item in params.items if cv.to_db_id(item.id) in started]
+        return _held(params.items, rows)
 
     def jobs_finish_many(self, params: base.JobsFinishParams) -> int:
         """Archive deliveries in their terminal state; return how many applied (the rest were stale)."""
@@ -241,9 +240,7 @@ class SqliteBackend:
                     "visibility_timeout": params.visibility_timeout,
                 },
             ).fetchall()
-        extended = {row[0] for row in rows}
-        # Answer in the caller's order, which RETURNING does not promise.
-        return [item.id for item in params.items if cv.to_db_id(item.id) in extended]
+        return _held(params.items, rows)
 
     def jobs_rescue_expired(self, params: base.JobsRescueParams) -> int:
         """Return up to ``limit`` expired leases to pending; return how many."""
@@ -562,6 +559,13 @@ def _first_per_id(items: Sequence[_Item]) -> list[_Item]:
             seen.add(item.id)
             kept.append(item)
     return kept
+
+
+def _held(items: Sequence[base.LeaseRef], rows: Sequence[sqlite3.Row]) -> list[UUID]:
+    # Answer in the caller's order, which RETURNING does not promise, one id per item that held its
+    # lease: matched by receipt too, so that an item naming the same job with a stale receipt is not.
+    held = {(row[0], row[1]) for row in rows}
+    return [item.id for item in items if (cv.to_db_id(item.id), item.receipt) in held]
 
 
 def _lease_refs(items: Sequence[base.LeaseRef]) -> str:

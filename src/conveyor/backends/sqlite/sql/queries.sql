@@ -98,7 +98,8 @@ RETURNING id, queue, task, payload, headers, priority, run_at, enqueued_at, expi
 -- Count deliveries as started before their outcome: a suspect job's just before its handler runs
 -- (poison protection reads the count, so a handler that kills its worker has been counted), and jobs
 -- running long from the heartbeat. Same (id, receipt) match as every outcome; RETURNING names the
--- deliveries that still held their lease.
+-- deliveries that still held their lease (by receipt too: an item naming the same job with a stale
+-- receipt did not).
 UPDATE jobs
 SET deliveries = deliveries + 1
 FROM (
@@ -106,7 +107,7 @@ FROM (
     FROM json_each(:items)
 ) AS r
 WHERE jobs.id = r.id AND jobs.receipt = r.receipt AND jobs.state = 'processing'
-RETURNING jobs.id
+RETURNING jobs.id, jobs.receipt
 
 -- name: jobs_finish_archive
 -- First half of finishing a batch: copy each delivery whose id and receipt still match a
@@ -191,8 +192,8 @@ FROM (
 WHERE jobs.id = r.id AND jobs.receipt = r.receipt AND jobs.state = 'processing'
 
 -- name: leases_extend
--- Heartbeat: push the lease of every delivery still held (same receipt, still processing); the ids
--- returned tell the worker which leases it still has.
+-- Heartbeat: push the lease of every delivery still held (same receipt, still processing); the
+-- (id, receipt) pairs returned tell the worker which leases it still has.
 UPDATE jobs
 SET lease_expires_at = :now + :visibility_timeout
 FROM (
@@ -200,7 +201,7 @@ FROM (
     FROM json_each(:items)
 ) AS r
 WHERE jobs.id = r.id AND jobs.receipt = r.receipt AND jobs.state = 'processing'
-RETURNING jobs.id
+RETURNING jobs.id, jobs.receipt
 
 -- name: jobs_rescue_expired
 -- Expired leases go back to pending, oldest lease first, through the jobs_lease partial index.
@@ -354,11 +355,13 @@ RETURNING key
 
 -- name: idempotency_keys_prune
 -- Bounded delete through idempotency_keys_expiry (SQLite has no DELETE ... LIMIT by default, so
--- the batch is chosen by rowid). Keys without an expiry are held for ever and never pruned.
+-- the batch is chosen by rowid). Keys without an expiry are held for ever and never pruned. A key
+-- has expired once expires_at <= now: from then on a claim takes it over (idempotency_claim), so it
+-- is pruned from then on too, as on PostgreSQL.
 DELETE FROM idempotency_keys
 WHERE rowid IN (
     SELECT rowid FROM idempotency_keys
-    WHERE expires_at IS NOT NULL AND expires_at < :now
+    WHERE expires_at IS NOT NULL AND expires_at <= :now
     ORDER BY expires_at
     LIMIT :limit
 )
@@ -366,7 +369,7 @@ WHERE rowid IN (
 -- name: processed_keys_prune
 DELETE FROM processed_keys
 WHERE rowid IN (
-    SELECT rowid FROM processed_keys WHERE expires_at < :now ORDER BY expires_at LIMIT :limit
+    SELECT rowid FROM processed_keys WHERE expires_at <= :now ORDER BY expires_at LIMIT :limit
 )
 
 -- name: schedules_upsert
