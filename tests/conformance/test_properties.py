@@ -352,7 +352,8 @@ class SeamMachine(RuleBasedStateMachine):
         ]
         if data.draw(st.integers(0, 4), label="bogus receipt") == 0:
             bogus = data.draw(st.sampled_from(BOGUS_RECEIPTS), label="receipt")
-            refs.append((None, self.handed[numbers[0]].job, dict.fromkeys(ENGINES, bogus)))
+            where = data.draw(st.integers(0, len(refs)), label="at")
+            refs.insert(where, (None, self.handed[numbers[0]].job, dict.fromkeys(ENGINES, bogus)))
         return refs
 
     def live(self, job_id: UUID) -> Rec:
@@ -680,8 +681,13 @@ class SeamMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def dead_replay(self, data: st.DataObject) -> None:
         dead = {r["id"]: r for r in self.snap.dead}
-        pairs = [(i, self.new_id(data)) for i in self.draw_archived_ids(data)]
-        expected = [(d, n) for d, n in pairs if d in dead]
+        ids = self.draw_archived_ids(data)
+        if data.draw(st.integers(0, 3), label="name one twice") == 0:
+            ids.append(ids[0])
+        pairs = [(i, self.new_id(data)) for i in ids]
+        # A dead letter named twice is replayed once, as its first pair says.
+        firsts = {d: n for d, n in reversed(pairs)}
+        expected = [(d, n) for d, n in pairs if d in dead and firsts[d] == n]
         answer = self.same(
             "dead_replay_many",
             lambda b, _: b.dead_replay_many(DeadReplayParams(pairs, actor="ops", reason="fixed", now=self.now)),
@@ -807,7 +813,8 @@ class SeamMachine(RuleBasedStateMachine):
         calls[op](data)
 
     def schedules_upsert(self, data: st.DataObject) -> None:
-        names = data.draw(st.lists(st.sampled_from(("s1", "s2")), min_size=1, max_size=2, unique=True), label="names")
+        # A name may come twice in one call: the last of them wins.
+        names = data.draw(st.lists(st.sampled_from(("s1", "s2")), min_size=1, max_size=3), label="names")
         schedules = [
             Schedule(
                 name=name,
@@ -826,7 +833,7 @@ class SeamMachine(RuleBasedStateMachine):
         self.same("schedules_upsert", lambda b, _: b.schedules_upsert(SchedulesUpsertParams(schedules)))
         after = self.settle(changed=set())
         got = {s["name"]: s for s in after.schedules}
-        for s in schedules:
+        for s in {s.name: s for s in schedules}.values():
             new = schedule(s)
             if s.name in existing:
                 old = existing[s.name]

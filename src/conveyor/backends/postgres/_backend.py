@@ -605,18 +605,26 @@ class PostgresBackend:
 
     def dead_replay_many(self, params: DeadReplayParams) -> list[tuple[UUID, UUID]]:
         """Replay dead letters as new jobs in one transaction; return the pairs replayed, in input order."""
+        # A dead letter is replayed at most once, as its first pair says (as on SQLite): the statement
+        # would pick any one of its pairs, and the answer would list a pair given twice twice.
+        pairs: list[tuple[UUID, UUID]] = []
+        seen: set[UUID] = set()
+        for dead, new in params.replays:
+            if dead not in seen:
+                seen.add(dead)
+                pairs.append((dead, new))
         rows = self._fetchall(
             "dead_replay_many",
             {
-                "dead_ids": [dead for dead, _ in params.replays],
-                "new_ids": [new for _, new in params.replays],
+                "dead_ids": [dead for dead, _ in pairs],
+                "new_ids": [new for _, new in pairs],
                 "actor": params.actor,
                 "reason": params.reason,
                 "now": params.now,
             },
         )
         done = {(row[0], row[1]) for row in rows if row[0] is not None}
-        return [pair for pair in params.replays if pair in done]
+        return [pair for pair in pairs if pair in done]
 
     def dead_purge_many(self, params: DeadPurgeParams) -> int:
         """Delete dead letters for good (one audit row); return how many were deleted."""

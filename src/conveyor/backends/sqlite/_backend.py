@@ -6,7 +6,7 @@ import json
 import sqlite3
 import threading
 from collections.abc import Iterable, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, TypeVar
 from uuid import UUID
 
@@ -154,7 +154,7 @@ class SqliteBackend:
                 {
                     "queue": params.queue,
                     "limit": params.limit,
-                    "visibility_timeout": params.visibility_timeout,
+                    "lease_expires_at": _lease_end(params.now, params.visibility_timeout),
                     "worker_id": params.worker_id,
                     "now": cv.to_db_time(params.now),
                 },
@@ -174,7 +174,7 @@ class SqliteBackend:
     def jobs_finish_many(self, params: base.JobsFinishParams) -> int:
         """Archive deliveries in their terminal state; return how many applied (the rest were stale)."""
         items = []
-        for item in _first_per_id(params.items):
+        for item in _first_per_delivery(params.items):
             if item.state not in _RECORD_STATES:
                 raise BackendError(f"not a terminal state: {item.state!r}")
             error = item.error
@@ -211,7 +211,7 @@ class SqliteBackend:
                 "traceback": item.error.traceback,
                 "counted": 1 if item.counted else 0,
             }
-            for item in _first_per_id(params.items)
+            for item in _first_per_delivery(params.items)
         ]
         if not items:
             return 0
@@ -236,8 +236,7 @@ class SqliteBackend:
                 self._q["leases_extend"],
                 {
                     "items": items,
-                    "now": cv.to_db_time(params.now),
-                    "visibility_timeout": params.visibility_timeout,
+                    "lease_expires_at": _lease_end(params.now, params.visibility_timeout),
                 },
             ).fetchall()
         return _held(params.items, rows)
@@ -454,7 +453,9 @@ class SqliteBackend:
                 "priority": s.priority,
                 "last_run_at": cv.to_db_time_or_none(s.last_run_at),
             }
-            for s in params.schedules
+            # The last of several schedules with one name wins (as on PostgreSQL): upserted one by
+            # one, a second would be taken as an update of the first and keep its pause state.
+            for s in {s.name: s for s in params.schedules}.values()
         ]
         if rows:
             with self._pool.write() as conn:
@@ -526,10 +527,13 @@ class SqliteBackend:
     def queue_load(self, params: base.QueueLoadParams) -> base.QueueLoad:
         """The live depth of one queue and how many of its jobs ended in the last ``window`` seconds."""
         now = cv.to_db_time(params.now)
+        # The window's start on exact microseconds (as PostgreSQL subtracts an interval), not a
+        # difference of REAL seconds that could round past a row finished at that very instant.
+        since = cv.to_db_time(params.now - timedelta(seconds=params.window))
         with self._pool.read() as conn:
             depth = conn.execute(self._q["queue_depth"], {"queue": params.queue}).fetchall()[0][0]
             drained = conn.execute(
-                self._q["queue_drained"], {"queue": params.queue, "since": now - params.window, "now": now}
+                self._q["queue_drained"], {"queue": params.queue, "since": since, "now": now}
             ).fetchall()[0][0]
         return base.QueueLoad(queue=params.queue, depth=depth, drained=drained, window=params.window)
 
@@ -549,16 +553,27 @@ class SqliteBackend:
             return conn.execute(self._q["archive_prune"], args).rowcount
 
 
-def _first_per_id(items: Sequence[_Item]) -> list[_Item]:
-    # One outcome per job and batch: a second item for the same id would otherwise archive the
-    # job twice or race with the first inside one statement.
-    seen: set[UUID] = set()
+def _first_per_delivery(items: Sequence[_Item]) -> list[_Item]:
+    # One outcome per delivery and batch: a second item for the same (id, receipt) would otherwise
+    # archive the job twice or race with the first inside one statement. Items naming the same job
+    # with different receipts all stay: at most one of them is current, and it must apply even when
+    # a stale one (an earlier delivery's late outcome) comes first in the batch.
+    seen: set[tuple[UUID, str]] = set()
     kept: list[_Item] = []
     for item in items:
-        if item.id not in seen:
-            seen.add(item.id)
+        if (item.id, item.receipt) not in seen:
+            seen.add((item.id, item.receipt))
             kept.append(item)
     return kept
+
+
+def _lease_end(now: datetime, visibility_timeout: float) -> float:
+    """``now + visibility_timeout`` as stored: added on exact microseconds (as PostgreSQL adds an
+    interval), so that a lease ends at the very time every engine says it does."""
+    try:
+        return cv.to_db_time(now + timedelta(seconds=visibility_timeout))
+    except (ValueError, OverflowError) as exc:
+        raise BackendError(f"not a visibility timeout: {visibility_timeout!r} seconds") from exc
 
 
 def _held(items: Sequence[base.LeaseRef], rows: Sequence[sqlite3.Row]) -> list[UUID]:

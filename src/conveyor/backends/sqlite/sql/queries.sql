@@ -61,10 +61,13 @@ SELECT job_id FROM idempotency_keys WHERE queue = :queue AND key = :key
 -- RETURNING does not promise any order, so the caller sorts.
 -- A lease is not a delivery: deliveries is counted when the handler starts (with its outcome, or
 -- by jobs_start), so jobs a worker only prefetched are not charged if it dies.
+-- :lease_expires_at is now + the visibility timeout, added by the caller on exact microseconds: a
+-- sum of two REAL seconds here could round below the exact end, and rescue (lease < now) would
+-- then take the lease back at the very instant it should still hold.
 UPDATE jobs
 SET state = 'processing',
     receipt = lower(hex(randomblob(16))),
-    lease_expires_at = :now + :visibility_timeout,
+    lease_expires_at = :lease_expires_at,
     worker_id = :worker_id,
     started_at = :now,
     first_started_at = coalesce(first_started_at, :now)
@@ -193,9 +196,10 @@ WHERE jobs.id = r.id AND jobs.receipt = r.receipt AND jobs.state = 'processing'
 
 -- name: leases_extend
 -- Heartbeat: push the lease of every delivery still held (same receipt, still processing); the
--- (id, receipt) pairs returned tell the worker which leases it still has.
+-- (id, receipt) pairs returned tell the worker which leases it still has. The new end is computed
+-- by the caller, as in jobs_acquire.
 UPDATE jobs
-SET lease_expires_at = :now + :visibility_timeout
+SET lease_expires_at = :lease_expires_at
 FROM (
     SELECT json_extract(value, '$.id') AS id, json_extract(value, '$.receipt') AS receipt
     FROM json_each(:items)
