@@ -61,8 +61,8 @@ def database_url(request: pytest.FixtureRequest, tmp_path: os.PathLike[str]) -> 
 # more examples from random seeds, for a long local run.
 settings.register_profile(
     "ci",
-    max_examples=25,
-    stateful_step_count=30,
+    max_examples=50,
+    stateful_step_count=40,
     derandomize=True,
     database=None,
     deadline=None,
