@@ -22,6 +22,7 @@ def test_exported_members() -> None:
         "JobStatus",
         "JobTimeoutError",
         "Message",
+        "NotFoundError",
         "PayloadError",
         "QueueFull",
         "Reject",

@@ -13,6 +13,7 @@ from datetime import datetime, timedelta
 from typing import Any, ParamSpec, Protocol, TypeVar, overload
 from uuid import UUID
 
+from conveyor._admin import Admin
 from conveyor._cron import Cron
 from conveyor._errors import ConfigurationError, JobNotFoundError, PayloadError, QueueFull
 from conveyor._ids import MintedId
@@ -83,6 +84,7 @@ class App:
     ) -> None:
         self.database_url = database_url or os.environ.get("CONVEYOR_DATABASE_URL") or DEFAULT_DATABASE_URL
         self._backend = backend
+        self._admin: Admin | None = None
         self._migrate = migrate
         self._lock = threading.Lock()
         self.max_payload_bytes = check_int(max_payload_bytes, "max_payload_bytes", 1, 2**30, ConfigurationError)
@@ -109,6 +111,13 @@ class App:
                         backend.migrate()
                     self._backend = backend
         return self._backend
+
+    @property
+    def admin(self) -> Admin:
+        """The operator API: queue stats, dead letters (replay, purge), audit, schedules, topics."""
+        if self._admin is None:
+            self._admin = Admin(self)
+        return self._admin
 
     def close(self) -> None:
         """Close the backend's connections."""

@@ -7,7 +7,8 @@
     ├── PayloadError              a job that cannot be enqueued: payload or headers not JSON, over a
     │                             limit (size, nesting, name or key length), a bad number (also a ValueError)
     ├── UnknownTaskError          no task registered under that name
-    ├── JobNotFoundError          no job with that id
+    ├── NotFoundError             no schedule, subscription or token of that name (also a LookupError)
+    │   └── JobNotFoundError      no job with that id
     ├── JobTimeoutError           ``Job.wait`` gave up before the job ended
     ├── QueueFull                 backpressure: the queue is past its high-water mark (retry later)
     ├── BackendError              the database refused or failed a statement
@@ -43,7 +44,11 @@ class UnknownTaskError(ConveyorError, KeyError):
         return str(self.args[0]) if self.args else "unknown task"
 
 
-class JobNotFoundError(ConveyorError, LookupError):
+class NotFoundError(ConveyorError, LookupError):
+    """What an operator action names does not exist (a schedule, a subscription, a token, a job)."""
+
+
+class JobNotFoundError(NotFoundError):
     """No job with the given id exists (live or archived)."""
 
 

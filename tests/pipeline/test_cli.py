@@ -8,6 +8,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -26,7 +27,10 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:pyspark")
 
 
 def run(*args: str) -> tuple[int, str]:
-    result = CliRunner().invoke(main, list(args))
+    # A wide terminal, so that rich does not wrap table cells.
+    result = CliRunner().invoke(main, list(args), env={"COLUMNS": "250"})
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
     return result.exit_code, result.output
 
 
@@ -34,6 +38,7 @@ def assert_one_line_error(code: int, output: str, text: str) -> None:
     assert code != 0
     assert "Traceback" not in output
     assert text in output, output
+    assert len([line for line in output.splitlines() if line.strip()]) <= 3, output  # usage errors add 2
 
 
 def test_export_command_is_incremental(sqlite_url: str, tmp_path: Path) -> None:
@@ -41,7 +46,7 @@ def test_export_command_is_incremental(sqlite_url: str, tmp_path: Path) -> None:
         app.send_many([Message(task="t", payload={}, queue="q") for _ in range(3)])
     code, output = run("export", "--db", sqlite_url, "--out", str(tmp_path / "x"), "--include-live")
     assert code == 0, output
-    assert "export run 1: 0 new archive rows" in output and "live snapshot 3 jobs" in output
+    assert "export run 1 (via seam): 0 new archive rows" in output and "live snapshot 3 jobs" in output
     code, output = run("export", "--db", sqlite_url, "--out", str(tmp_path / "x"))
     assert code == 0 and "export run 2" in output
 
@@ -61,9 +66,9 @@ def test_export_command_over_jdbc(spark: SparkSession, postgres_database: str, t
     args = ["export", "--db", postgres_database, "--out", str(tmp_path / "x"), "--via", "jdbc"]
     code, output = run(*args, "--jdbc-partitions", "2")
     assert code == 0, output
-    assert "export run 1: 5 new archive rows" in output
+    assert "export run 1 (via jdbc): 5 new archive rows" in output
     code, output = run(*args)
-    assert code == 0 and "export run 2: 0 new archive rows (5 in total)" in output
+    assert code == 0 and "export run 2 (via jdbc): 0 new archive rows (5 in total)" in output
     assert_one_line_error(
         *run("export", "--db", "sqlite:///" + str(tmp_path / "s.db"), "--out", str(tmp_path / "y"), "--via", "jdbc"),
         "PostgreSQL only",
@@ -153,3 +158,146 @@ def test_python_dash_m_and_the_main_cli_mount() -> None:
     from conveyor.cli import cli
 
     assert "export" in cli.commands and "pipeline" in cli.commands
+
+
+PASSWORD = "pw-Secr3t-x9"
+
+
+def test_database_errors_are_one_line_and_never_show_the_password(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    out = str(tmp_path / "x")
+    cases = {
+        # A dead host (nothing listens on port 1), over JDBC and through the seam.
+        f"postgresql://app:{PASSWORD}@127.0.0.1:1/db": "cannot connect to the database",
+        f"postgres://app:{PASSWORD}@127.0.0.1:notaport/db": "cannot connect to the database",
+        f"postgresql://app:{PASSWORD}@[::1/db": "malformed database URL",
+        f"mysql://app:{PASSWORD}@127.0.0.1/db": "unsupported database URL scheme",
+        f"app:{PASSWORD}@127.0.0.1/db": "not a database URL",
+    }
+    for url, message in cases.items():
+        for via in ("jdbc", "seam"):
+            code, output = run("export", "--db", url, "--out", out, "--via", via)
+            assert_one_line_error(code, output, message)
+            assert PASSWORD not in output
+    assert PASSWORD not in caplog.text
+    assert not (tmp_path / "x").exists()  # nothing was written for a database that cannot be read
+
+
+def test_numbers_are_checked(tmp_path: Path, write_history: Callable[..., Path]) -> None:
+    src = write_history([job_row(job_id="a", queue="q", enqueued_at=at(0), finished_at=at(5))])
+    report = ["report", "--input", str(src), "--out", str(tmp_path / "r")]
+    export = ["export", "--db", "sqlite:///" + str(tmp_path / "s.db"), "--out", str(tmp_path / "e")]
+    for args, text in [
+        ([*export, "--settle", "nan"], "finite number"),
+        ([*export, "--settle", "inf"], "finite number"),
+        ([*export, "--settle", "-1"], "finite number"),
+        ([*export, "--jdbc-partitions", "0"], "--jdbc-partitions"),
+        ([*report, "--default-sla", "nan"], "finite number of seconds"),
+        ([*report, "--default-sla", "1e400"], "at most 31622400 seconds"),
+        ([*report, "--default-sla", "0"], "more than 0"),
+        ([*report, "--sla", "q=inf"], "finite number of seconds"),
+        ([*report, "--sla", "q=-1"], "more than 0"),
+        ([*report, "--sla", "q=0.0000001"], "finer than a microsecond"),
+        ([*report, "--since", "99999999999999w"], "out of range"),
+        (["enqueue", "--input", str(src), "--queue", "q", "--task", "t", "--batch-size", "0"], "--batch-size"),
+        (["enqueue", "--input", str(src), "--queue", "q", "--task", "t", "--priority", "1e9"], "--priority"),
+    ]:
+        assert_one_line_error(*run(*args), text)
+    assert not (tmp_path / "r").exists() and not (tmp_path / "e").exists()
+
+
+def test_report_refuses_a_directory_that_is_not_a_report(
+    spark: SparkSession, write_history: Callable[..., Path], tmp_path: Path
+) -> None:
+    src = write_history([job_row(job_id="a", queue="q", enqueued_at=at(0), finished_at=at(5))])
+    theirs = tmp_path / "theirs"
+    (theirs / "rates").mkdir(parents=True)
+    (theirs / "rates" / "mine.csv").write_text("keep me")
+    (theirs / "notes.txt").write_text("keep me too")
+    before = sorted(str(p.relative_to(theirs)) for p in theirs.rglob("*"))
+    assert_one_line_error(*run("report", "--input", str(src), "--out", str(theirs)), "not written by a report")
+    assert sorted(str(p.relative_to(theirs)) for p in theirs.rglob("*")) == before
+    # A report's own directory is replaced, run after run.
+    for _ in range(2):
+        code, output = run("report", "--input", str(src), "--out", str(tmp_path / "mine"))
+        assert code == 0, output
+    assert json.loads((tmp_path / "mine" / "summary.json").read_text())["jobs"]["archive"] == 1
+
+
+def test_declared_slas_and_max_depth_come_from_the_app(
+    spark: SparkSession, write_history: Callable[..., Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "shop_tasks.py").write_text(
+        "from datetime import timedelta\n"
+        "from conveyor import App\n"
+        "app = App('memory://')\n"
+        "app.queue('emails', sla=timedelta(seconds=2), max_depth=500)\n"
+        "app.queue('billing', max_depth=40)\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    rows = [
+        job_row(job_id=f"{q}-{i}", queue=q, enqueued_at=at(i), first_started_at=at(i + 3), finished_at=at(i + 4))
+        for q in ("emails", "billing", "other")
+        for i in range(3)
+    ]
+    src = write_history(rows)
+
+    def summary(out: str, *args: str) -> dict[str, Any]:
+        code, output = run("report", "--input", str(src), "--out", out, "--app", "shop_tasks:app", *args)
+        assert code == 0, output
+        queues: dict[str, Any] = json.loads((tmp_path / out / "summary.json").read_text())["queues"]
+        return queues
+
+    queues = summary("r1", "--default-sla", "60")
+    assert {q: v["sla_s"] for q, v in queues.items()} == {"emails": 2, "billing": 60, "other": 60}
+    assert {q: v["declared_max_depth"] for q, v in queues.items()} == {"emails": 500, "billing": 40, "other": None}
+    # Every wait was 3 s: past the declared 2 s of emails only.
+    assert {q: v["sla_breaches"] for q, v in queues.items()} == {"emails": 3, "billing": 0, "other": 0}
+    # A flag overrides the declaration.
+    assert summary("r2", "--sla", "emails=5")["emails"]["sla_s"] == 5
+    # The main CLI's --app is used too.
+    from conveyor.cli import main as conveyor_main
+
+    argv = ["--app", "shop_tasks:app", "pipeline", "report", "--input", str(src), "--out", "r3"]
+    assert conveyor_main(argv) == 0
+    assert json.loads((tmp_path / "r3" / "summary.json").read_text())["queues"]["emails"]["sla_s"] == 2
+    assert_one_line_error(*run("report", "--input", str(src), "--out", "r4", "--app", "nope_module:app"), "nope_module")
+
+
+def test_names_are_escaped_when_printed(
+    spark: SparkSession, write_history: Callable[..., Path], tmp_path: Path
+) -> None:
+    # (Only ASCII in a queue name here: Spark decodes the export's percent-escaped partition
+    # directories byte by byte, so a non-ASCII queue name does not survive the round trip.)
+    evil = "evil\x1b[31m\x7fq[bold]"
+    src = write_history(
+        [
+            job_row(job_id="a", queue=evil, idempotency_key="k1", enqueued_at=at(0), finished_at=at(5)),
+            job_row(job_id="b", queue="q", state="pending", source="live", enqueued_at=at(1)),
+        ],
+        snapshot_at=at(30),
+    )
+    code, output = run("report", "--input", str(src), "--out", str(tmp_path / "r"))
+    assert code == 0, output
+    assert "\x1b" not in output and "\x7f" not in output
+    assert "evil\\x1b[31m\\x7fq[bold]" in output
+    keys = ["nul\x00key", "bell\x07\x1b]0;title", "rtl\u202ekey"]
+    pq.write_table(pa.table({"id": keys, "status": ["pending"] * 3}), tmp_path / "biz.parquet")
+    code, output = run(
+        "reconcile",
+        "--business",
+        str(tmp_path / "biz.parquet"),
+        "--key-column",
+        "id",
+        "--status-column",
+        "status",
+        "--export-dir",
+        str(src),
+    )
+    assert code == 0, output
+    assert not any(ch in output for ch in "\x00\x07\x1b\u202e")
+    assert "nul\\x00key" in output and "bell\\x07\\x1b]0;title" in output and "rtl\\u202ekey" in output
+    from conveyor.pipeline.cli import printable
+
+    assert printable("bad-utf8-\udcff\x7f\u2028") == "bad-utf8-\\udcff\\x7f\\u2028"

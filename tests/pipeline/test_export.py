@@ -170,8 +170,14 @@ def test_include_live_writes_a_snapshot_that_replaces_the_previous_one(
 
 
 def test_bad_arguments(tmp_path: Path, sqlite_url: str) -> None:
-    with pytest.raises(PipelineError, match="positive"):
+    with pytest.raises(PipelineError, match="page_size must be a whole number from 1"):
         export(sqlite_url, tmp_path / "x", page_size=0)
+    for settle in (float("nan"), float("inf"), -1.0, 1e9):
+        with pytest.raises(PipelineError, match="--settle must be from 0"):
+            export(sqlite_url, tmp_path / "x", settle_seconds=settle)
+    with pytest.raises(PipelineError, match="jdbc_partitions"):
+        export(sqlite_url, tmp_path / "x", jdbc_partitions=0)
+    assert not (tmp_path / "x").exists()
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "_watermark.json").write_text("{not json")
     with pytest.raises(PipelineError, match="not a valid export watermark"):
@@ -243,7 +249,7 @@ def assert_same_export(a: Path, b: Path) -> None:
 def test_export_over_jdbc_refuses_other_engines(sqlite_url: str, tmp_path: Path) -> None:
     with pytest.raises(PipelineError, match="PostgreSQL only"):
         export(sqlite_url, tmp_path / "x", via="jdbc")
-    with pytest.raises(PipelineError, match="seam or jdbc"):
+    with pytest.raises(PipelineError, match="expected auto, seam, jdbc"):
         export(sqlite_url, tmp_path / "x", via="odbc")
 
 
@@ -256,3 +262,67 @@ def test_jdbc_connection_keeps_the_password_out_of_the_url() -> None:
     assert jdbc_connection("postgres://u@[::1]/d")[0] == "jdbc:postgresql://[::1]:5432/d"
     with pytest.raises(PipelineError, match="TCP host"):
         jdbc_connection("postgresql:///d?host=/var/run/postgresql")
+
+
+def test_export_refuses_a_directory_that_is_not_an_export(backend: Backend, database_url: str, tmp_path: Path) -> None:
+    insert(backend, "q", 2, DAY1)
+    finish(backend, "q", 2, DAY1 + timedelta(seconds=1))
+    # Someone else's directory, holding a file named like an uncommitted run's (which an export
+    # deletes in its own directory) and a file of its own.
+    theirs = tmp_path / "theirs"
+    (theirs / "archive" / "x").mkdir(parents=True)
+    (theirs / "archive" / "x" / "part-r00000001-c00000-0.parquet").write_text("not ours")
+    (theirs / "notes.txt").write_text("keep me")
+    before = sorted(str(p.relative_to(theirs)) for p in theirs.rglob("*"))
+    with pytest.raises(PipelineError, match=r"not empty and holds no _watermark\.json"):
+        export(database_url, theirs, now=DAY1 + timedelta(minutes=1))
+    assert sorted(str(p.relative_to(theirs)) for p in theirs.rglob("*")) == before
+    assert (theirs / "notes.txt").read_text() == "keep me"
+    # A new directory, an empty one, and an export directory are all fine.
+    (tmp_path / "empty").mkdir()
+    assert export(database_url, tmp_path / "empty", now=DAY1 + timedelta(minutes=1)).archive_rows == 2
+    assert export(database_url, tmp_path / "empty", now=DAY1 + timedelta(minutes=2)).run == 2
+    (tmp_path / "file").write_text("")
+    with pytest.raises(PipelineError, match="not a directory"):
+        export(database_url, tmp_path / "file")
+
+
+def test_auto_reads_over_jdbc_only_where_it_runs_and_pays(
+    spark: SparkSession, postgres_database: str, sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib
+
+    # (The package's `export` is the function; the module is reached by name.)
+    monkeypatch.setattr(importlib.import_module("conveyor.pipeline.export"), "JDBC_MIN_ROWS", 5)
+    b = open_backend(postgres_database)
+    b.migrate()
+    try:
+        insert(b, "q", 12, DAY1)
+        finish(b, "q", 3, DAY1 + timedelta(seconds=1))
+        # Three new rows, fewer than the threshold: the seam (no Spark to start).
+        small = export(postgres_database, tmp_path / "auto", now=DAY1 + timedelta(minutes=1))
+        assert (small.via, small.archive_rows) == ("seam", 3)
+        # Nine more: over JDBC, on from the seam's watermark; the result is the seam's.
+        finish(b, "q", 9, DAY1 + timedelta(seconds=2))
+        big = export(postgres_database, tmp_path / "auto", now=DAY1 + timedelta(minutes=2))
+        assert (big.via, big.archive_rows, big.watermark.archive_rows) == ("jdbc", 9, 12)
+        export(postgres_database, tmp_path / "seam", now=DAY1 + timedelta(minutes=2), via="seam")
+        # The same rows (each run stamps its own exported_at).
+        rows = [
+            sorted(({**r, "exported_at": None} for r in exported(tmp_path / d).to_pylist()), key=lambda r: r["job_id"])
+            for d in ("seam", "auto")
+        ]
+        assert rows[0] == rows[1] and len(rows[0]) == 12
+        # A session passed in has nothing to start: JDBC even for few rows.
+        assert export(postgres_database, tmp_path / "given", spark=spark, now=DAY1 + timedelta(minutes=2)).via == "jdbc"
+    finally:
+        b.close()
+    # Other engines: the seam, whatever the size.
+    sqlite = open_backend(sqlite_url)
+    sqlite.migrate()
+    try:
+        insert(sqlite, "q", 6, DAY1)
+        finish(sqlite, "q", 6, DAY1 + timedelta(seconds=1))
+    finally:
+        sqlite.close()
+    assert export(sqlite_url, tmp_path / "sqlite", now=DAY1 + timedelta(minutes=1)).via == "seam"

@@ -20,6 +20,7 @@ q2, priority 0:
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -32,6 +33,12 @@ from conveyor.pipeline import PipelineError, report
 from conveyor.pipeline.report import TABLES, parse_since, parse_sla
 
 from .history import T0, at, job_row, write_rows
+
+
+def floor_in_float(finished: int, sla_s: float) -> int:
+    """The high-water mark as the report used to compute it: floor(drain/s x SLA) in floating point."""
+    return math.floor(finished / 60 * sla_s)
+
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:pyspark")
 
@@ -307,9 +314,100 @@ def test_bad_input_is_a_pipeline_error(spark: SparkSession, tmp_path: Path) -> N
         report(tmp_path / "empty", tmp_path / "out", spark=spark)
     with pytest.raises(PipelineError, match="QUEUE=SECONDS"):
         parse_sla(["q1"])
-    with pytest.raises(PipelineError, match="positive"):
+    with pytest.raises(PipelineError, match="more than 0"):
         parse_sla(["q1=-3"])
     with pytest.raises(PipelineError, match="--since"):
         parse_since("yesterday")
     assert parse_since("2026-01-01") == T0
     assert parse_since("90m", now=at(5400)) == T0
+
+
+def test_high_water_mark_and_thresholds_are_exact_at_the_float_boundary(
+    spark: SparkSession, write_history: Callable[..., Path], tmp_path: Path
+) -> None:
+    # 44 jobs finish in the busiest minute: drain 44/60 per second, x 300 s = exactly 220, which
+    # floating point computes as 219.99999999999997.
+    assert floor_in_float(44, 300.0) == 219
+    rows = [
+        job_row(
+            job_id=f"b-{i}",
+            queue="b",
+            enqueued_at=at(i),
+            first_started_at=at(i + 0.5),
+            started_at=at(i + 0.5),
+            finished_at=at(i + 1),
+        )
+        for i in range(44)
+    ]
+    out = tmp_path / "boundary"
+    report(write_history(rows), out, spark=spark)  # the default SLA, 300 s
+    cap = by(table(spark, out, "capacity"), "queue")["b"]
+    assert cap["high_water_mark"] == 44 * 300 // 60
+    assert (cap["scale_out_1_depth"], cap["scale_out_2_depth"], cap["scale_in_depth"]) == (
+        44 * 300 // 60 // 2,
+        44 * 300 // 60 * 4 // 5,
+        44 * 300 // 60 // 10,
+    )
+    assert json.loads((out / "summary.json").read_text())["queues"]["b"]["high_water_mark"] == 220
+
+
+def test_summary_and_html_count_every_row_of_long_tables(
+    spark: SparkSession, write_history: Callable[..., Path], tmp_path: Path
+) -> None:
+    # 40 queues x 8 tasks: the outcomes table has 40 x 8 + 40 = 360 rows and the latency table
+    # more than 200, past the 200 rows the summary was once built from.
+    rows = []
+    expected: dict[str, int] = {}
+    for q in range(40):
+        queue = f"q{q:02d}"
+        for t in range(8):
+            for i in range(1 + (q + t) % 3):
+                start = 60 * q + 7 * t + i
+                rows.append(
+                    job_row(
+                        job_id=f"{queue}-{t}-{i}",
+                        queue=queue,
+                        task=f"task{t}",
+                        priority=t,
+                        enqueued_at=at(start),
+                        first_started_at=at(start + 1),
+                        started_at=at(start + 1),
+                        finished_at=at(start + 2),
+                    )
+                )
+                expected[queue] = expected.get(queue, 0) + 1
+    live = [
+        job_row(job_id=f"live-{i}", queue=f"q{i % 40:02d}", state="pending", source="live", enqueued_at=at(5000 + i))
+        for i in range(50)
+    ]
+    out = tmp_path / "wide"
+    result = report(write_history(rows + live), out, spark=spark)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary == json.loads(json.dumps(result.summary, default=str))
+    assert summary["jobs"] == {"archive": len(rows), "live": 50}
+    assert summary["tables"]["outcomes"]["rows"] == 40 * 8 + 40
+    assert summary["tables"]["latency"]["rows"] > 200
+    assert {q: v["jobs"] for q, v in summary["queues"].items()} == expected
+    assert all("wait_p50_s" in v and "high_water_mark" in v for v in summary["queues"].values())
+    html = (out / "report.html").read_text()
+    assert f"archive jobs {len(rows):,}, live jobs 50" in html
+    # The page shows the first 50 outcome rows and says how many more the table holds.
+    assert f"{40 * 8 + 40 - 50:,} more rows in the Parquet table" in html
+
+
+def test_queue_names_outside_ascii_survive_the_partition_directories(
+    spark: SparkSession, write_history: Callable[..., Path], tmp_path: Path
+) -> None:
+    # The export writes queue=%C3%A9mails for "émails"; Spark alone would read it back as "Ã©mails".
+    names = ["émails", "日本", "a b", "plain"]
+    rows = [
+        job_row(job_id=f"j{i}", queue=name, enqueued_at=at(i), first_started_at=at(i + 1), finished_at=at(i + 2))
+        for i, name in enumerate(names)
+    ]
+    live = job_row(job_id="live", queue="émails", state="pending", source="live", enqueued_at=at(9))
+    out = tmp_path / "names"
+    result = report(write_history([*rows, live]), out, spark=spark, sla={"émails": 1})
+    assert sorted(result.summary["queues"]) == sorted(names)
+    assert result.summary["queues"]["émails"]["sla_s"] == 1
+    assert sorted(r["queue"] for r in table(spark, out, "sla")) == sorted(names)
+    assert result.summary["jobs"] == {"archive": 4, "live": 1}

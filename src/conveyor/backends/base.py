@@ -322,13 +322,18 @@ class QueuesStatsParams:
 
 @dataclass(frozen=True, slots=True)
 class DeadListParams:
-    """Dead letters not yet replayed, newest first."""
+    """Dead letters not yet replayed, newest first (``finished_at`` DESC, ``id`` DESC).
+
+    ``before`` is a keyset cursor: only rows strictly after it in that order (the ``(finished_at,
+    id)`` of the last row of the previous page), so that paging a large DLQ costs the same on every
+    page; ``offset`` skips rows the plain way."""
 
     queue: str | None = None
     task: str | None = None
     error_type: str | None = None
     limit: int = 100
     offset: int = 0
+    before: tuple[datetime, UUID] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -362,6 +367,19 @@ class DeadPurgeParams:
 @dataclass(frozen=True, slots=True)
 class AuditListParams:
     limit: int = 100
+
+
+@dataclass(frozen=True, slots=True)
+class AuditInsertParams:
+    """Record one operator action that changed no job row itself (a schedule paused, a token made).
+    Replay and purge write their own audit row in their transaction."""
+
+    actor: str
+    action: str
+    reason: str
+    now: datetime
+    job_ids: Sequence[UUID] = ()
+    details: str = "{}"  # JSON text
 
 
 @dataclass(frozen=True, slots=True)
@@ -600,6 +618,8 @@ class Backend(Protocol):
     def dead_purge_many(self, params: DeadPurgeParams) -> int: ...
 
     def audit_list(self, params: AuditListParams) -> list[AuditEntry]: ...
+
+    def audit_insert(self, params: AuditInsertParams) -> None: ...
 
     def archive_read(self, params: ArchiveReadParams) -> list[JobRecord]: ...
 

@@ -31,17 +31,24 @@ def _cell(value: Any) -> str:
     return escape(str(value))
 
 
-def table_html(rows: Sequence[Mapping[str, Any]], columns: Sequence[str], limit: int = 25) -> str:
-    """An HTML table of the first ``limit`` rows; text columns are left-aligned."""
+def table_html(
+    rows: Sequence[Mapping[str, Any]], columns: Sequence[str], limit: int = 25, total: int | None = None
+) -> str:
+    """An HTML table of the first ``limit`` rows; text columns are left-aligned.
+
+    ``total`` is the whole table's row count when ``rows`` are only its first rows; the page then
+    says how many more the Parquet table holds."""
     if not rows:
         return '<p class="muted">none</p>'
+    total = len(rows) if total is None else max(total, len(rows))
     text = {c for c in columns if any(isinstance(r.get(c), str) for r in rows)}
     head = "".join(f'<th class="{"t" if c in text else ""}">{escape(c)}</th>' for c in columns)
     body = []
     for r in rows[:limit]:
         cells = "".join(f'<td class="{"t" if c in text else ""}">{_cell(r.get(c))}</td>' for c in columns)
         body.append(f"<tr>{cells}</tr>")
-    more = f'<p class="muted">{len(rows) - limit} more rows in the Parquet table</p>' if len(rows) > limit else ""
+    shown = min(limit, len(rows))
+    more = f'<p class="muted">{total - shown:,} more rows in the Parquet table</p>' if total > shown else ""
     return f"<table><tr>{head}</tr>{''.join(body)}</table>{more}"
 
 
@@ -49,9 +56,14 @@ def render_report(
     summary: Mapping[str, Any],
     tables: Mapping[str, Sequence[Mapping[str, Any]]],
     charts: Mapping[str, Mapping[str, Sequence[tuple[datetime, float]]]],
+    totals: Mapping[str, int],
 ) -> str:
-    """The whole report page."""
-    latency_q = [r for r in tables["latency"] if r["priority"] is None]
+    """The whole report page.
+
+    ``tables`` holds the head of each long table (``latency``, ``outcomes``, ``failures``,
+    ``poison``) and every per-queue row (``latency_by_queue``, ``outcomes_by_queue``, ``sla``,
+    ``capacity``); ``totals`` is each table's whole row count."""
+    latency_q = tables["latency_by_queue"]
     queues = [str(r["queue"]) for r in latency_q]
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'><title>Conveyor job history report</title>",
@@ -75,7 +87,7 @@ def render_report(
         series = {f"p{q}": [r[f"{metric}_p{q}_s"] for r in latency_q] for q in (50, 95, 99)}
         parts.append(bar_chart(f"{label}, seconds", queues, series, "seconds"))
     lat_cols = ["queue", "priority"] + [f"{m}_{s}" for m in ("wait", "run", "e2e") for s in ("p50_s", "p95_s", "p99_s")]
-    parts.append(table_html(tables["latency"], lat_cols, limit=100))
+    parts.append(table_html(tables["latency"], lat_cols, limit=100, total=totals.get("latency")))
     parts.append("<h2>SLA breaches</h2>")
     parts.append(
         bar_chart(
@@ -84,8 +96,10 @@ def render_report(
             {"breach rate": [r["breach_rate"] for r in tables["sla"]]},
         )
     )
-    parts.append(table_html(tables["sla"], ["queue", "sla_s", "started", "breaches", "breach_rate", "worst_wait_s"]))
-    per_queue = [r for r in tables["outcomes"] if r["task"] is None]
+    parts.append(
+        table_html(tables["sla"], ["queue", "sla_s", "started", "breaches", "breach_rate", "worst_wait_s"], limit=100)
+    )
+    per_queue = tables["outcomes_by_queue"]
     parts.append("<h2>Retries and dead letters</h2>")
     parts.append(
         bar_chart(
@@ -110,19 +124,27 @@ def render_report(
                 "dlq_rate",
             ],
             limit=50,
+            total=totals.get("outcomes"),
         )
     )
     parts.append("<h2>Duplicate deliveries (deliveries &gt; attempts)</h2>")
-    parts.append(table_html(per_queue, ["queue", "jobs", "duplicate_jobs", "extra_deliveries", "duplicate_rate"]))
+    parts.append(
+        table_html(per_queue, ["queue", "jobs", "duplicate_jobs", "extra_deliveries", "duplicate_rate"], limit=100)
+    )
     parts.append("<h2>Failure taxonomy (error type &times; task)</h2>")
     parts.append(
-        table_html(tables["failures"], ["task", "error_type", "jobs", "dead", "recovered", "queues", "example_message"])
+        table_html(
+            tables["failures"],
+            ["task", "error_type", "jobs", "dead", "recovered", "queues", "example_message"],
+            total=totals.get("failures"),
+        )
     )
     parts.append("<h2>Poison candidates</h2>")
     parts.append(
         table_html(
             tables["poison"],
             ["job_id", "queue", "task", "state", "attempts", "deliveries", "lost_deliveries", "reason", "error_type"],
+            total=totals.get("poison"),
         )
     )
     parts.append("<h2>Capacity plan</h2>")
@@ -144,6 +166,7 @@ def render_report(
                 "scale_out_2_depth",
                 "scale_in_depth",
                 "max_depth",
+                "declared_max_depth",
             ],
             limit=100,
         )
@@ -151,7 +174,9 @@ def render_report(
     parts.append(
         '<p class="muted">Rates are jobs per second. Concurrency is Little\'s law (arrival rate &times; mean service '
         "time); the high-water mark is drain rate &times; SLA; scale out one step at the first threshold, two at the "
-        "second, scale in below the last. Definitions: docs/pipeline.md.</p>"
+        "second, scale in below the last. max_depth is the deepest the queue was seen, declared_max_depth the "
+        "high-water mark the queue declares (above the computed mark it admits more than it drains within its SLA). "
+        "Definitions: docs/pipeline.md.</p>"
     )
     parts.append("<h2>Summary</h2><pre>" + escape(json.dumps(summary, indent=2, default=str)) + "</pre>")
     parts.append("</body></html>")

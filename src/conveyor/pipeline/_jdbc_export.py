@@ -104,6 +104,33 @@ def archive_bounds(
     return row[0], (row[1], row[2])
 
 
+# Whether at least N rows wait to be exported: a count that stops at N (a range scan of at most N
+# index entries), so that asking costs little however large the backlog.
+_HAS_SQL = """
+SELECT count(*) FROM (
+    SELECT 1 FROM archive
+     WHERE (finished_at, id) > (%(after_at)s, %(after_id)s) AND finished_at <= %(cutoff)s
+     LIMIT %(least)s
+) AS waiting
+"""
+
+
+def archive_has(database_url: str, after: tuple[datetime, UUID] | None, cutoff: datetime, least: int) -> bool:
+    """Whether at least ``least`` archive rows after ``after`` have settled by ``cutoff``."""
+    import psycopg
+
+    params = {
+        "after_at": after[0] if after else datetime.min.replace(tzinfo=UTC),
+        "after_id": after[1] if after else UUID(_NIL_UUID),
+        "cutoff": cutoff,
+        "least": least,
+    }
+    url = "postgresql://" + database_url.split("://", 1)[1]
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(_HAS_SQL, params).fetchone()
+    return row is not None and int(row[0]) >= least
+
+
 def _literal(value: datetime | UUID) -> str:
     # Only typed values are inlined (a datetime's ISO text with its offset, a UUID's hex), so no
     # text from outside ever reaches the SQL.
@@ -207,7 +234,7 @@ def partition_dir(date: str, queue: str) -> str:
     return directory
 
 
-def spark_session_for_jdbc(master: str) -> SparkSession:
+def spark_session_for_jdbc(master: str | None) -> SparkSession:
     """A session with PostgreSQL's JDBC driver (Debian's libpostgresql-jdbc-java) on its classpath.
 
     Raises :class:`PipelineError` when the driver jar is not installed."""

@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import os
+import unicodedata
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 from rich.console import Console
-from rich.table import Table
+from rich.table import Column, Table
 
 from conveyor._errors import ConveyorError
 from conveyor.backends import DEFAULT_DATABASE_URL
@@ -39,9 +41,9 @@ _db_option = click.option(
 )
 _master_option = click.option(
     "--master",
-    default=DEFAULT_MASTER,
-    show_default=True,
-    help="Spark master URL: local[N], spark://host:7077, yarn, ...",
+    default=None,
+    help=f"Spark master URL: local[N], spark://host:7077, yarn, k8s://... (default: {DEFAULT_MASTER}, or the "
+    "one spark-submit was given).",
 )
 _sla_options = [
     click.option(
@@ -53,10 +55,17 @@ _sla_options = [
     ),
     click.option(
         "--default-sla",
-        type=float,
-        default=300.0,
+        default="300",
         show_default=True,
-        help="SLA in seconds for queues without --sla.",
+        help="SLA in seconds for queues without --sla (or a declared SLA with --app).",
+    ),
+    click.option(
+        "--app",
+        "app_path",
+        default=None,
+        metavar="MODULE:APP",
+        help="Your App (default: the --app of `conveyor`): each queue's declared SLA and max_depth are used; "
+        "--sla flags override them.",
     ),
 ]
 
@@ -65,6 +74,36 @@ def _with_sla(fn: F) -> F:
     for option in reversed(_sla_options):
         fn = option(fn)
     return fn
+
+
+def _resolve_slas(
+    ctx: click.Context, sla: tuple[str, ...], default_sla: str, app_path: str | None
+) -> tuple[dict[str, timedelta], timedelta, dict[str, int]]:
+    """Per-queue SLAs, the default SLA and the declared max_depths: the App's declarations (own
+    --app, else the --app of `conveyor`), overridden by --sla flags. Raises PipelineError."""
+    from conveyor.pipeline._sla import declared, parse_sla, sla_micros
+
+    app = None
+    if app_path:
+        from conveyor.worker.supervisor import load_app
+
+        app = load_app(app_path)
+        # Only its declarations are read; it opens no connection the command would keep.
+        ctx.call_on_close(app.close)
+    else:
+        root = ctx.find_root()
+        if root is not ctx and isinstance(root.obj, dict) and root.obj.get("app_path"):
+            from conveyor.cli._common import app_of
+
+            app = app_of(ctx)  # the main CLI's --app, loaded on first use
+    slas, depths = declared(app) if app is not None else ({}, {})
+    slas.update(parse_sla(list(sla)))
+    default_us = sla_micros(default_sla, "--default-sla")
+    return (
+        {q: timedelta(microseconds=us) for q, us in slas.items()},
+        timedelta(microseconds=default_us),
+        depths,
+    )
 
 
 def _resolve_db(ctx: click.Context, db: str | None) -> tuple[str, bool]:
@@ -88,35 +127,73 @@ def _one_line(exc: BaseException) -> str:
 
 
 def _user_errors(fn: F) -> F:
-    """Turn pipeline and Spark input errors into one-line click errors."""
+    """Turn pipeline and Spark input errors into one-line click errors, without passwords.
+
+    While the command runs, log lines are masked too (:mod:`conveyor.pipeline._secrets`)."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from conveyor.pipeline._secrets import redact, redacted_logs
+
+        urls = _known_urls(kwargs)
         try:
-            return fn(*args, **kwargs)
-        except click.ClickException:
+            with redacted_logs(*urls):
+                return fn(*args, **kwargs)
+        except click.UsageError:
             raise
+        except click.ClickException as exc:
+            raise click.ClickException(printable(redact(exc.format_message(), *urls))) from None
         except ConveyorError as exc:
-            raise click.ClickException(_one_line(exc)) from None
+            raise click.ClickException(printable(redact(_one_line(exc), *urls))) from None
         except Exception as exc:
             # Spark reports bad input (an unreadable file, a type it cannot cast) as its own
             # exceptions; those are user errors too. Anything else is a bug and keeps its traceback.
             module = type(exc).__module__
             if module.startswith(("pyspark", "py4j")):
-                raise click.ClickException(f"Spark: {_one_line(exc)}") from None
+                raise click.ClickException(printable(redact(f"Spark: {_one_line(exc)}", *urls))) from None
             raise
 
     return wrapper  # type: ignore[return-value]
 
 
-def _session(master: str, jars: list[str] | None = None) -> SparkSession:
+def _known_urls(kwargs: dict[str, Any]) -> list[str]:
+    """Every database URL a command may have been given (its options, the parent's --db, the env)."""
+    urls = [str(kwargs[k]) for k in ("db", "business") if kwargs.get(k)]
+    ctx = click.get_current_context(silent=True)
+    root = ctx.find_root() if ctx is not None else None
+    if root is not None and isinstance(root.obj, dict) and root.obj.get("database_url"):
+        urls.append(str(root.obj["database_url"]))
+    if os.environ.get("CONVEYOR_DATABASE_URL"):
+        urls.append(os.environ["CONVEYOR_DATABASE_URL"])
+    return urls
+
+
+class _Number(click.ParamType):  # type: ignore[type-arg,unused-ignore]
+    """A finite number within bounds: NaN, infinity and out-of-range values are one-line errors."""
+
+    name = "number"
+
+    def __init__(self, low: float, high: float, unit: str = "") -> None:
+        self.low, self.high, self.unit = low, high, unit
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number", param, ctx)
+        if not (math.isfinite(number) and self.low <= number <= self.high):
+            self.fail(f"{value!r} must be a finite number from {self.low:g} to {self.high:g}{self.unit}", param, ctx)
+        return number
+
+
+def _session(master: str | None, jars: list[str] | None = None) -> SparkSession:
     from conveyor.pipeline._progress import RichStages
     from conveyor.pipeline.spark import get_session
 
     # PySpark logs every failed query as a JSON blob with a Java stack trace; the command already
     # reports the error in one line.
     logging.getLogger("DataFrameQueryContextLogger").setLevel(logging.CRITICAL)
-    with RichStages(console=console).stage(f"starting Spark ({master})"):
+    with RichStages(console=console).stage(f"starting Spark ({master or 'default master'})"):
         return get_session(master, jars=jars or [])
 
 
@@ -125,22 +202,23 @@ def _session(master: str, jars: list[str] | None = None) -> SparkSession:
 @click.option("--include-live", is_flag=True, help="Also write a snapshot of live (pending, processing) jobs.")
 @click.option(
     "--settle",
-    type=float,
+    type=_Number(0, 86_400, " seconds"),
     default=5.0,
     show_default=True,
     help="Leave jobs that ended less than this many seconds ago for the next run.",
 )
 @click.option(
     "--via",
-    type=click.Choice(["seam", "jdbc"]),
-    default="seam",
+    type=click.Choice(["auto", "seam", "jdbc"]),
+    default="auto",
     show_default=True,
-    help="Read the archive through Conveyor's storage seam (every database), or with Spark over JDBC "
-    "(PostgreSQL; needs libpostgresql-jdbc-java).",
+    help="How to read the archive: with Spark over JDBC (PostgreSQL; needs libpostgresql-jdbc-java), through "
+    "Conveyor's storage seam (every database), or auto: JDBC where it can run and the run has at least "
+    "1,000,000 new rows (where it is measured faster), else the seam.",
 )
 @click.option(
     "--jdbc-partitions",
-    type=click.IntRange(min=1),
+    type=click.IntRange(1, 10_000),
     default=None,
     help="With --via jdbc: slices of finished_at read in parallel (default: Spark's parallelism).",
 )
@@ -155,7 +233,7 @@ def export(
     settle: float,
     via: str,
     jdbc_partitions: int | None,
-    master: str,
+    master: str | None,
     db: str | None,
 ) -> None:
     """Export the job archive incrementally to Parquet, partitioned by date and queue.
@@ -182,8 +260,8 @@ def export(
         )
     live = f", live snapshot {result.live_rows:,} jobs" if include_live else ""
     out.print(
-        f"export run {result.run}: {result.archive_rows:,} new archive rows "
-        f"({result.watermark.archive_rows:,} in total){live}, {result.files} files -> {result.out_dir}"
+        f"export run {result.run} (via {result.via}): {result.archive_rows:,} new archive rows "
+        f"({result.watermark.archive_rows:,} in total){live}, {result.files} files -> {shown(str(result.out_dir))}"
     )
 
 
@@ -198,34 +276,47 @@ def pipeline() -> None:
 @click.option("--since", default=None, help="Only jobs that ended since: 2026-01-31, 2026-01-31T12:00, 24h, 7d.")
 @_with_sla
 @_master_option
+@click.pass_context
 @_user_errors
 def report(
-    input_dir: str, out_dir: str, since: str | None, sla: tuple[str, ...], default_sla: float, master: str
+    ctx: click.Context,
+    input_dir: str,
+    out_dir: str,
+    since: str | None,
+    sla: tuple[str, ...],
+    default_sla: str,
+    app_path: str | None,
+    master: str | None,
 ) -> None:
     """Throughput, depth, latency, SLA, failures and a capacity plan, as Parquet tables and report.html."""
+    from conveyor.pipeline._outdir import claim_dir
     from conveyor.pipeline._progress import RichStages
     from conveyor.pipeline.export import input_paths
-    from conveyor.pipeline.report import parse_since, parse_sla
+    from conveyor.pipeline.report import REPORT_MARKER, parse_since
     from conveyor.pipeline.report import report as run_report
 
     # Everything that can be checked without Spark is checked first: starting it takes seconds.
     input_paths(input_dir)
-    slas = parse_sla(list(sla))
+    slas, default, depths = _resolve_slas(ctx, sla, default_sla, app_path)
     since_at = parse_since(since) if since else None
+    claim_dir(out_dir, REPORT_MARKER, "a report", legacy=("summary.json", "report.html"))
     spark = _session(master)
     result = run_report(
         input_dir,
         out_dir,
         since=since_at,
         sla=slas,
-        default_sla=default_sla,
+        default_sla=default,
+        declared_max_depth=depths,
         spark=spark,
         stages=RichStages(spark, console),
     )
-    table = Table("queue", "jobs", "dead", "wait p95 s", "e2e p95 s", "SLA s", "breaches", "workers", "HWM")
+    table = Table("jobs", "dead", "wait p95 s", "e2e p95 s", "SLA s", "breaches", "workers", "HWM")
+    # Queue names are folded, never cut: a name is what the operator acts on.
+    table.columns.insert(0, Column("queue", overflow="fold"))
     for queue, q in result.summary["queues"].items():
         table.add_row(
-            queue,
+            shown(queue),
             f"{q.get('jobs', 0):,}",
             f"{q.get('dead', 0):,}",
             _num(q.get("wait_p95_s")),
@@ -236,7 +327,7 @@ def report(
             str(q.get("high_water_mark", "-")),
         )
     out.print(table)
-    out.print(f"report: {Path(out_dir) / 'report.html'} (tables and summary.json beside it)")
+    out.print(f"report: {shown(str(Path(out_dir) / 'report.html'))} (tables and summary.json beside it)")
 
 
 @pipeline.command("reconcile")
@@ -285,19 +376,19 @@ def reconcile(
     requeue_lost: bool,
     out_dir: str | None,
     sla: tuple[str, ...],
-    default_sla: float,
+    default_sla: str,
+    app_path: str | None,
     db: str | None,
-    master: str,
+    master: str | None,
 ) -> None:
     """Classify every business record: ok, lost, stuck, dead, done_not_recorded."""
     from conveyor.pipeline.reconcile import reconcile as run_reconcile
-    from conveyor.pipeline.report import parse_sla
     from conveyor.pipeline.spark import jdbc_jars
 
     url, explicit = _resolve_db(ctx, db)
     # With only --export-dir the export is read as it is; a named database is exported first.
     database_url = url if (explicit or export_dir is None or requeue_lost) else None
-    slas = parse_sla(list(sla))
+    slas, default, _ = _resolve_slas(ctx, sla, default_sla, app_path)
     if not business.startswith("jdbc:") and not Path(business).exists():
         raise click.UsageError(f"--business {business}: no such file or directory")
     if export_dir is not None and database_url is None and not Path(export_dir).is_dir():
@@ -316,7 +407,7 @@ def reconcile(
             pending_statuses=pending_statuses,
             queue=queue,
             sla=slas,
-            default_sla=default_sla,
+            default_sla=default,
             out_dir=out_dir,
             requeue_lost=requeue_lost,
             task=task,
@@ -330,12 +421,12 @@ def reconcile(
     out.print(table)
     out.print(f"queue state as of {result.snapshot_at.isoformat()}")
     if result.lost_keys:
-        shown = ", ".join(result.lost_keys[:10]) + (" ..." if len(result.lost_keys) > 10 else "")
-        out.print(f"lost: {shown}")
+        keys = ", ".join(shown(k) for k in result.lost_keys[:10]) + (" ..." if len(result.lost_keys) > 10 else "")
+        out.print(f"lost: {keys}")
     if requeue_lost:
         out.print(f"requeued {result.requeued:,} lost records ({result.already_queued:,} keys were already queued)")
     if out_dir:
-        out.print(f"per-record table: {Path(out_dir) / 'reconcile'}")
+        out.print(f"per-record table: {shown(str(Path(out_dir) / 'reconcile'))}")
 
 
 @pipeline.command("enqueue")
@@ -345,7 +436,9 @@ def reconcile(
 @click.option("--key-column", default=None, help="Column to use as idempotency key (default: a hash of the row).")
 @click.option("--payload-column", "payload_columns", multiple=True, help="Payload column (default: all).")
 @click.option("--batch-size", type=click.IntRange(1, 100_000), default=500, show_default=True)
-@click.option("--priority", type=int, default=None, help="Job priority (default: the task's).")
+@click.option(
+    "--priority", type=click.IntRange(-(2**31), 2**31 - 1), default=None, help="Job priority (default: the task's)."
+)
 @_db_option
 @_master_option
 @click.pass_context
@@ -360,7 +453,7 @@ def enqueue(
     batch_size: int,
     priority: int | None,
     db: str | None,
-    master: str,
+    master: str | None,
 ) -> None:
     """Enqueue one job per input row from the Spark executors; re-runs and task retries enqueue nothing twice."""
     from conveyor.pipeline._progress import RichStages
@@ -389,6 +482,29 @@ def enqueue(
         f"{result.rows:,} rows: {result.enqueued:,} jobs enqueued, "
         f"{result.duplicates:,} already queued (same idempotency key)"
     )
+
+
+def shown(text: str) -> str:
+    """``text`` safe to print to a terminal through rich: control, format and surrogate characters
+    (NUL, ESC, bidi overrides, bytes that were not UTF-8) become backslash escapes, and rich's
+    markup brackets are escaped."""
+    from rich.markup import escape
+
+    return escape(printable(text))
+
+
+def printable(text: str) -> str:
+    """``text`` with every character a terminal would act on, or could not show, as a backslash
+    escape (``\\x00``, ``\\x1b``, ``\\u202e``, ``\\udcff`` for a byte that was not UTF-8)."""
+    return "".join(_escaped(ch) if unicodedata.category(ch) in _UNPRINTABLE else ch for ch in text)
+
+
+def _escaped(ch: str) -> str:
+    code = ord(ch)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
+_UNPRINTABLE = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
 
 
 def _num(value: Any) -> str:

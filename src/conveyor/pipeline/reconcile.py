@@ -30,10 +30,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from conveyor.pipeline._sla import DEFAULT_SLA_SECONDS, SlaValue, parse_sla, sla_micros
 from conveyor.pipeline.enqueue import jsonable
 from conveyor.pipeline.errors import PipelineError
 from conveyor.pipeline.export import export, read_archive_tail, read_watermark
-from conveyor.pipeline.report import DEFAULT_SLA_SECONDS, load_jobs, parse_sla
+from conveyor.pipeline.report import load_jobs
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -103,15 +104,15 @@ def reconcile(
     key_kind: KeyKind = "idempotency_key",
     pending_statuses: Sequence[str] = ("pending",),
     queue: str | None = None,
-    sla: Mapping[str, float] | None = None,
-    default_sla: float = DEFAULT_SLA_SECONDS,
+    sla: Mapping[str, SlaValue] | None = None,
+    default_sla: SlaValue = DEFAULT_SLA_SECONDS,
     out_dir: str | os.PathLike[str] | None = None,
     requeue_lost: bool = False,
     task: str | None = None,
     payload_columns: Sequence[str] = (),
     business_table: str | None = None,
     spark: SparkSession | None = None,
-    master: str = "local[*]",
+    master: str | None = None,
 ) -> ReconcileResult:
     """Classify every business record (see the module docstring) and optionally requeue the lost.
 
@@ -134,6 +135,7 @@ def reconcile(
     if requeue_lost and (database_url is None or queue is None or task is None):
         raise PipelineError("--requeue-lost needs --db, --queue and --task")
     slas = parse_sla(sla)
+    default_us = sla_micros(default_sla, "default SLA")
     if spark is None:
         from conveyor.pipeline.spark import get_session, jdbc_jars
 
@@ -150,7 +152,7 @@ def reconcile(
         if queue is not None:
             jobs = jobs.where(F.col("queue") == queue)
         classified = _classify(
-            spark, biz, jobs, key_column, status_column, key_kind, pending_statuses, slas, default_sla, snapshot_at
+            spark, biz, jobs, key_column, status_column, key_kind, pending_statuses, slas, default_us, snapshot_at
         )
         classified = classified.cache()
         try:
@@ -159,7 +161,7 @@ def reconcile(
                 counts[row["class"]] = int(row["count"])
             out: Path | None = None
             if out_dir is not None:
-                out = Path(out_dir)
+                out = Path(out_dir).absolute()
                 classified.coalesce(1).write.mode("overwrite").parquet(str(out / "reconcile"))
             lost = classified.where(F.col("class") == "lost").select(
                 "key", *[F.col(f"business_{c}").alias(c) for c in payload_columns]
@@ -195,7 +197,9 @@ def _queue_state(
         now = datetime.now(UTC)
         # A throwaway export needs no settling time: no later run resumes from its watermark.
         settle = 5.0 if export_dir is not None else 0.0
-        result = export(database_url, target, include_live=True, backend=backend, now=now, settle_seconds=settle)
+        result = export(
+            database_url, target, include_live=True, backend=backend, now=now, settle_seconds=settle, via="seam"
+        )
         jobs = load_jobs(spark, target, allow_empty=True)
         tail = read_archive_tail(backend, result.watermark.after)
         if tail.num_rows:
@@ -219,8 +223,8 @@ def _classify(
     status_column: str,
     key_kind: KeyKind,
     pending_statuses: Sequence[str],
-    slas: dict[str, float],
-    default_sla: float,
+    slas: dict[str, int],
+    default_us: int,
     now: datetime,
 ) -> DataFrame:
     from pyspark.sql import Window
@@ -255,15 +259,20 @@ def _classify(
         "started_at",
         "finished_at",
     )
-    sla_rows = [(q, s) for q, s in sorted(slas.items())]
-    sla_df = spark.createDataFrame(sla_rows, "job_queue STRING, sla_s DOUBLE")
+    sla_rows = [(q, us) for q, us in sorted(slas.items())]
+    sla_df = spark.createDataFrame(sla_rows, "job_queue STRING, sla_us BIGINT")
     joined = records.join(best, "key", "left").join(F.broadcast(sla_df), "job_queue", "left")
     now_lit = F.lit(now).cast("timestamp")
 
-    def age(since: Any) -> Any:
-        return (F.unix_micros(now_lit) - F.unix_micros(since)) / 1e6
+    def age_us(since: Any) -> Any:
+        return F.unix_micros(now_lit) - F.unix_micros(since)
 
-    sla_s = F.coalesce(F.col("sla_s"), F.lit(default_sla))
+    def age(since: Any) -> Any:
+        return age_us(since) / 1e6
+
+    # Ages and SLAs are whole microseconds: "older than the SLA" is an exact comparison.
+    sla_us = F.coalesce(F.col("sla_us"), F.lit(default_us))
+    sla_s = sla_us / 1e6
     pending = F.lower(F.trim(F.col("business_status"))).isin([s.strip().lower() for s in pending_statuses])
     state = F.col("job_state")
     klass = (
@@ -271,8 +280,8 @@ def _classify(
         .when(state.isNull(), "lost")
         .when(state == "completed", "done_not_recorded")
         .when(state.isin("dead", "expired", "cancelled"), "dead")
-        .when((state == "pending") & (age(F.greatest("enqueued_at", "run_at")) > sla_s), "stuck")
-        .when((state == "processing") & (age(F.col("started_at")) > sla_s), "stuck")
+        .when((state == "pending") & (age_us(F.greatest("enqueued_at", "run_at")) > sla_us), "stuck")
+        .when((state == "processing") & (age_us(F.col("started_at")) > sla_us), "stuck")
         .otherwise("ok")
     )
     age_s = F.when(state == "processing", age(F.col("started_at"))).when(

@@ -84,8 +84,14 @@ def jdbc_jars(url: str) -> list[str]:
     return []
 
 
+def launched_by_spark_submit() -> bool:
+    """Whether this Python process is the driver of a ``spark-submit`` (or ``pyspark``) launch: the
+    JVM came first and holds the master, memory and jars it was given."""
+    return bool(os.environ.get("PYSPARK_GATEWAY_PORT"))
+
+
 def get_session(
-    master: str = DEFAULT_MASTER,
+    master: str | None = None,
     *,
     app_name: str = "conveyor-pipeline",
     conf: Mapping[str, str] | None = None,
@@ -93,6 +99,9 @@ def get_session(
     driver_memory: str | None = None,
 ) -> SparkSession:
     """Return the active SparkSession, or build one for ``master`` (``local[*]``, ``spark://...``).
+
+    Without ``master``: ``local[*]``, or under ``spark-submit`` the master it was given (YARN,
+    Kubernetes, a standalone cluster).
 
     Sets ``SPARK_LOCAL_IP=127.0.0.1`` (unless set) and ``PYSPARK_PYTHON`` to this interpreter so that
     Python workers import the same environment, finds Java (:func:`ensure_java`), turns the UI and
@@ -130,7 +139,11 @@ def get_session(
     if jars:
         settings["spark.jars"] = ",".join(jars)
     settings.update(conf or {})
-    builder = SparkSession.builder.master(master).appName(app_name)
+    if master is None and not launched_by_spark_submit():
+        master = DEFAULT_MASTER
+    builder = SparkSession.builder.appName(app_name)
+    if master is not None:
+        builder = builder.master(master)
     for key, value in settings.items():
         builder = builder.config(key, value)
     try:

@@ -25,6 +25,7 @@ from conveyor.backends.base import (
     ArchivePruneParams,
     ArchiveReadParams,
     AuditEntry,
+    AuditInsertParams,
     AuditListParams,
     DeadListParams,
     DeadPurgeParams,
@@ -599,6 +600,8 @@ class PostgresBackend:
                 "error_type": params.error_type,
                 "limit": params.limit,
                 "offset": params.offset,
+                "before_at": params.before[0] if params.before else None,
+                "before_id": params.before[1] if params.before else None,
             },
         )
         return [JobRecord(*row) for row in rows]
@@ -633,6 +636,21 @@ class PostgresBackend:
             {"ids": list(params.ids), "actor": params.actor, "reason": params.reason, "now": params.now},
         )
         return int(row[0]) if row else 0
+
+    def audit_insert(self, params: AuditInsertParams) -> None:
+        """Record one operator action."""
+        with self._connection("audit_insert") as conn:
+            conn.execute(
+                self._q["audit_insert"],
+                {
+                    "now": params.now,
+                    "actor": params.actor,
+                    "action": params.action,
+                    "reason": params.reason,
+                    "job_ids": list(params.job_ids),
+                    "details": params.details,
+                },
+            )
 
     def audit_list(self, params: AuditListParams) -> list[AuditEntry]:
         """Operator actions, newest first."""

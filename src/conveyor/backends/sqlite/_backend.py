@@ -339,6 +339,8 @@ class SqliteBackend:
                     "error_type": params.error_type,
                     "limit": params.limit,
                     "offset": params.offset,
+                    "before_at": cv.to_db_time(params.before[0]) if params.before else None,
+                    "before_id": cv.to_db_id(params.before[1]) if params.before else None,
                 },
             ).fetchall()
         return [cv.job_record(row) for row in rows]
@@ -379,6 +381,21 @@ class SqliteBackend:
             purged = sorted(UUID(row[0]) for row in rows)
             self._audit(conn, now, params.actor, "purge", params.reason, purged, {"count": len(purged)})
         return len(purged)
+
+    def audit_insert(self, params: base.AuditInsertParams) -> None:
+        """Record one operator action."""
+        with self._pool.write() as conn:
+            conn.execute(
+                self._q["audit_insert"],
+                {
+                    "now": cv.to_db_time(params.now),
+                    "actor": params.actor,
+                    "action": params.action,
+                    "reason": params.reason,
+                    "job_ids": json.dumps([str(i) for i in params.job_ids]),
+                    "details": params.details,
+                },
+            )
 
     def audit_list(self, params: base.AuditListParams) -> list[base.AuditEntry]:
         """Operator actions, newest first."""

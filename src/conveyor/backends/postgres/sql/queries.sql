@@ -631,6 +631,7 @@ WHERE state = 'dead' AND replayed_by IS NULL
   AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
   AND (%(task)s::text IS NULL OR task = %(task)s::text)
   AND (%(error_type)s::text IS NULL OR error_type = %(error_type)s::text)
+  AND (%(before_at)s::timestamptz IS NULL OR (finished_at, id) < (%(before_at)s::timestamptz, %(before_id)s::uuid))
 ORDER BY finished_at DESC, id DESC
 LIMIT %(limit)s OFFSET %(offset)s
 
@@ -690,6 +691,12 @@ audited AS (
     FROM purged AS p
 )
 SELECT count(*) FROM purged
+
+-- name: audit_insert
+-- An operator action that changed no job row itself (replay and purge write theirs in their own
+-- statement).
+INSERT INTO audit (at, actor, action, reason, job_ids, details)
+VALUES (%(now)s, %(actor)s, %(action)s, %(reason)s, %(job_ids)s::uuid[], %(details)s::jsonb)
 
 -- name: audit_list
 SELECT id, at, actor, action, reason, job_ids, details::text

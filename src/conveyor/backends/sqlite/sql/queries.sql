@@ -276,6 +276,7 @@ WHERE state = 'dead' AND replayed_by IS NULL
   AND (:queue IS NULL OR queue = :queue)
   AND (:task IS NULL OR task = :task)
   AND (:error_type IS NULL OR error_type = :error_type)
+  AND (:before_at IS NULL OR finished_at < :before_at OR (finished_at = :before_at AND id < :before_id))
 ORDER BY finished_at DESC, id DESC
 LIMIT :limit OFFSET :offset
 

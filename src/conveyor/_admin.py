@@ -1,0 +1,326 @@
+"""The operator API: every action an operator takes on a Conveyor database, in one typed place.
+
+The CLI, the HTTP service and the dashboard are presenters over :class:`Admin`; none of them touches
+the storage seam or holds a rule of its own (which dead letters ``--all`` selects, how a replay is
+rate-limited and chunked, what a schedule's next tick is). Every action that changes something
+(replay, purge, schedule and subscription changes, tokens) is audited with the actor that took it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+from uuid import UUID
+
+from conveyor._cron import Cron
+from conveyor._errors import ConfigurationError, JobNotFoundError, NotFoundError
+from conveyor._ids import uuid7
+from conveyor._job import JobStatus
+from conveyor._limits import check_name
+from conveyor._message import utcnow
+from conveyor.backends import open_backend
+from conveyor.backends.base import (
+    AuditEntry,
+    AuditInsertParams,
+    AuditListParams,
+    DeadListParams,
+    DeadPurgeParams,
+    DeadReplayParams,
+    QueuesStatsParams,
+    QueueStats,
+    Schedule,
+    SchedulesDeleteParams,
+    SchedulesUpdateParams,
+    Subscription,
+    SubscriptionsListParams,
+)
+
+if TYPE_CHECKING:
+    from conveyor._app import App
+
+__all__ = ["Admin", "AuditEntry", "PurgeResult", "QueueStats", "ReplayResult", "Schedule", "Subscription"]
+
+#: A replay without a rate writes this many dead letters per transaction.
+REPLAY_CHUNK = 500
+#: Rows read per page when a filter selects dead letters.
+_PAGE = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayResult:
+    """What a replay did: ``replayed`` pairs each dead letter with the id of its new job; ``skipped``
+    names the ids asked for that were not unreplayed dead letters (already replayed, purged, not dead)."""
+
+    replayed: list[tuple[UUID, UUID]]
+    skipped: list[UUID]
+
+
+@dataclass(frozen=True, slots=True)
+class PurgeResult:
+    """What a purge did: the number of dead letters deleted, of ``selected`` asked for."""
+
+    purged: int
+    selected: int
+
+
+class Admin:
+    """The operator API of one :class:`~conveyor.App` (``app.admin``).
+
+    Reads: :meth:`queues`, :meth:`job`, :meth:`dead_letters`, :meth:`dead_letter`, :meth:`audit`,
+    :meth:`schedules`, :meth:`subscriptions`. Actions, each audited under ``actor``: :meth:`replay`,
+    :meth:`purge`, :meth:`add_schedule`, :meth:`pause_schedule`, :meth:`resume_schedule`,
+    :meth:`set_schedule`, :meth:`remove_schedule`, :meth:`subscribe`, :meth:`unsubscribe`. Bad input
+    raises :class:`~conveyor.ConfigurationError` or :class:`~conveyor.PayloadError` before anything
+    is written; a job, schedule or subscription that does not exist raises
+    :class:`~conveyor.NotFoundError` (:class:`~conveyor.JobNotFoundError` for a job)."""
+
+    def __init__(self, app: App) -> None:
+        self.app = app
+
+    # -- schema ------------------------------------------------------------------------------------
+
+    def migrate(self) -> list[str]:
+        """Apply pending schema migrations; return the names of those applied."""
+        # A backend of its own: the App's migrates the embedded default on open, and would then
+        # report nothing applied.
+        backend = open_backend(self.app.database_url)
+        try:
+            return backend.migrate()
+        finally:
+            backend.close()
+
+    # -- reads -------------------------------------------------------------------------------------
+
+    def queues(self) -> list[QueueStats]:
+        """Counts for every queue with a live or archived job, by name."""
+        return self.app.backend.queues_stats(QueuesStatsParams(utcnow()))
+
+    def job(self, job_id: UUID | str) -> JobStatus:
+        """One job, live or archived. Raises JobNotFoundError."""
+        return self.app.job(job_id)
+
+    def dead_letters(
+        self,
+        *,
+        queue: str | None = None,
+        task: str | None = None,
+        error_type: str | None = None,
+        limit: int = 100,
+        before: tuple[datetime, UUID] | None = None,
+    ) -> list[JobStatus]:
+        """Unreplayed dead letters, newest first, filtered by queue, task and error type.
+
+        Page with ``before``: the ``(finished_at, id)`` of the last dead letter of the previous page."""
+        if not 1 <= limit <= 10_000:
+            raise ConfigurationError(f"limit must be 1 to 10000, got {limit}")
+        params = DeadListParams(queue, task, error_type, limit=limit, before=before)
+        return [JobStatus.from_record(r) for r in self.app.backend.dead_list(params)]
+
+    def dead_letter(self, job_id: UUID | str) -> JobStatus:
+        """One dead letter in full. Raises JobNotFoundError if there is no such job or it is not dead."""
+        status = self.app.job(job_id)
+        if status.state != "dead":
+            raise JobNotFoundError(f"job {status.id} is {status.state}, not a dead letter")
+        return status
+
+    def audit(self, limit: int = 100) -> list[AuditEntry]:
+        """Operator actions, newest first."""
+        if not 1 <= limit <= 100_000:
+            raise ConfigurationError(f"limit must be 1 to 100000, got {limit}")
+        return self.app.backend.audit_list(AuditListParams(limit))
+
+    def schedules(self) -> list[Schedule]:
+        """Every schedule, by name, with its next tick."""
+        return self.app.backend.schedules_list()
+
+    def subscriptions(self, topic: str | None = None) -> list[Subscription]:
+        """The subscriptions of one topic, or of all, by topic then queue."""
+        return self.app.backend.subscriptions_list(SubscriptionsListParams(topic))
+
+    # -- dead letters ------------------------------------------------------------------------------
+
+    def select(
+        self,
+        ids: Sequence[UUID | str] | None = None,
+        *,
+        queue: str | None = None,
+        task: str | None = None,
+        error_type: str | None = None,
+    ) -> list[UUID]:
+        """The dead letters an action names: ``ids``, or every unreplayed dead letter of ``queue``
+        (narrowed by ``task`` and ``error_type``). A filter must name a queue: acting on every queue
+        at once is too easy a mistake. Raises ConfigurationError for both or neither, or a bad id."""
+        if ids is not None and (queue or task or error_type):
+            raise ConfigurationError("give job ids or a filter (queue, task, error type), not both")
+        if ids is not None:
+            return [_uuid(i) for i in ids]
+        if not queue:
+            raise ConfigurationError("selecting dead letters by filter needs a queue")
+        return [status.id for status in self._all_dead(queue, task, error_type)]
+
+    def _all_dead(self, queue: str, task: str | None, error_type: str | None) -> Iterator[JobStatus]:
+        before: tuple[datetime, UUID] | None = None
+        while True:
+            page = self.dead_letters(queue=queue, task=task, error_type=error_type, limit=_PAGE, before=before)
+            yield from page
+            if len(page) < _PAGE:
+                return
+            last = page[-1]
+            assert last.finished_at is not None
+            before = (last.finished_at, last.id)
+
+    def replay(
+        self,
+        ids: Sequence[UUID | str] | None = None,
+        *,
+        queue: str | None = None,
+        task: str | None = None,
+        error_type: str | None = None,
+        reason: str,
+        actor: str,
+        rate: float | None = None,
+        on_progress: Callable[[int, int], None] | None = None,
+    ) -> ReplayResult:
+        """Re-enqueue dead letters to their source queue with fresh attempts and ``replay_of`` set;
+        audited (who, when, which jobs, why).
+
+        Selects as :meth:`select` does. ``rate`` caps it at that many jobs per second (in chunks of
+        ``rate`` jobs, a second apart), so that a big replay cannot flood the workers; without it,
+        chunks of 500 go as fast as the database takes them. ``on_progress(done, total)`` is called
+        after each chunk."""
+        _check_reason(reason, actor)
+        if rate is not None and not (0 < rate <= 1_000_000):
+            raise ConfigurationError(f"rate must be more than 0 and at most 1000000 jobs per second, got {rate}")
+        selected = self.select(ids, queue=queue, task=task, error_type=error_type)
+        chunk = max(1, int(rate)) if rate else REPLAY_CHUNK
+        replayed: list[tuple[UUID, UUID]] = []
+        for start in range(0, len(selected), chunk):
+            began = time.monotonic()
+            part = selected[start : start + chunk]
+            params = DeadReplayParams([(dead, uuid7()) for dead in part], actor, reason, utcnow())
+            replayed.extend(self.app.backend.dead_replay_many(params))
+            if on_progress is not None:
+                on_progress(min(start + chunk, len(selected)), len(selected))
+            if rate and start + chunk < len(selected):
+                time.sleep(max(0.0, len(part) / rate - (time.monotonic() - began)))
+        done = {dead for dead, _ in replayed}
+        return ReplayResult(replayed, [i for i in dict.fromkeys(selected) if i not in done])
+
+    def purge(
+        self,
+        ids: Sequence[UUID | str] | None = None,
+        *,
+        queue: str | None = None,
+        task: str | None = None,
+        error_type: str | None = None,
+        reason: str,
+        actor: str,
+    ) -> PurgeResult:
+        """Delete dead letters for good (replayed or not); audited. Selects as :meth:`select` does."""
+        _check_reason(reason, actor)
+        selected = self.select(ids, queue=queue, task=task, error_type=error_type)
+        purged = 0
+        for start in range(0, len(selected), REPLAY_CHUNK):
+            part = selected[start : start + REPLAY_CHUNK]
+            purged += self.app.backend.dead_purge_many(DeadPurgeParams(part, actor, reason, utcnow()))
+        return PurgeResult(purged, len(selected))
+
+    # -- schedules ---------------------------------------------------------------------------------
+
+    def add_schedule(
+        self,
+        name: str,
+        cron: str,
+        task: str,
+        *,
+        queue: str | None = None,
+        payload: Mapping[str, Any] | None = None,
+        priority: int = 0,
+        actor: str,
+    ) -> Schedule:
+        """Store (or redefine) a schedule: workers fire it from its next tick, no restart needed.
+        ``queue`` defaults to the task's queue (``default`` for a task this App does not know)."""
+        schedule = self.app.add_schedule(name, cron, task, queue=queue, payload=payload, priority=priority)
+        self._audit(actor, "schedule.add", {"schedule": name, "cron": schedule.cron, "task": schedule.task})
+        return schedule
+
+    def pause_schedule(self, name: str, *, actor: str) -> Schedule:
+        """Stop firing a schedule until it is resumed. Raises NotFoundError."""
+        self._update(name, SchedulesUpdateParams(name, paused=True))
+        self._audit(actor, "schedule.pause", {"schedule": name})
+        return self._schedule(name)
+
+    def resume_schedule(self, name: str, *, actor: str) -> Schedule:
+        """Fire a paused schedule again, from its next tick after now (missed ticks are not fired)."""
+        schedule = self._schedule(name)
+        following = Cron.parse(schedule.cron).next_after(utcnow())
+        self._update(name, SchedulesUpdateParams(name, paused=False, next_run_at=following))
+        self._audit(actor, "schedule.resume", {"schedule": name})
+        return self._schedule(name)
+
+    def set_schedule(self, name: str, cron: str, *, actor: str) -> Schedule:
+        """Give a schedule a new cron expression (its next tick is recomputed from now)."""
+        parsed = Cron.parse(cron)
+        self._update(name, SchedulesUpdateParams(name, cron=parsed.expression, next_run_at=parsed.next_after(utcnow())))
+        self._audit(actor, "schedule.set", {"schedule": name, "cron": parsed.expression})
+        return self._schedule(name)
+
+    def remove_schedule(self, name: str, *, actor: str) -> None:
+        """Delete a schedule (a worker whose App still declares it adds it back when it starts)."""
+        if not self.app.backend.schedules_delete(SchedulesDeleteParams(name)):
+            raise NotFoundError(f"no schedule named {name!r}")
+        self._audit(actor, "schedule.remove", {"schedule": name})
+
+    def _schedule(self, name: str) -> Schedule:
+        found = next((s for s in self.schedules() if s.name == name), None)
+        if found is None:
+            raise NotFoundError(f"no schedule named {name!r}")
+        return found
+
+    def _update(self, name: str, params: SchedulesUpdateParams) -> None:
+        if not self.app.backend.schedules_update(params):
+            raise NotFoundError(f"no schedule named {name!r}")
+
+    # -- topics ------------------------------------------------------------------------------------
+
+    def subscribe(
+        self, topic: str, queue: str, task: str, filter: Mapping[str, Any] | None = None, *, actor: str
+    ) -> Subscription:
+        """Bind ``queue`` to ``topic`` (see :meth:`conveyor.App.subscribe`)."""
+        subscription = self.app.subscribe(topic, queue, task, filter)
+        self._audit(actor, "topic.subscribe", {"topic": topic, "queue": queue, "task": task, "filter": filter or {}})
+        return subscription
+
+    def unsubscribe(self, topic: str, queue: str, *, actor: str) -> None:
+        """Remove ``queue``'s subscription to ``topic``. Raises NotFoundError if there was none."""
+        if not self.app.unsubscribe(topic, queue):
+            raise NotFoundError(f"queue {queue!r} is not subscribed to {topic!r}")
+        self._audit(actor, "topic.unsubscribe", {"topic": topic, "queue": queue})
+
+    # -- audit -------------------------------------------------------------------------------------
+
+    def _audit(self, actor: str, action: str, details: Mapping[str, Any], reason: str = "") -> None:
+        check_name(actor, "actor", ConfigurationError)
+        text = json.dumps(details, separators=(",", ":"), sort_keys=True, default=str)
+        self.app.backend.audit_insert(AuditInsertParams(actor, action, reason, utcnow(), (), text))
+
+
+def _uuid(value: UUID | str) -> UUID:
+    if isinstance(value, UUID):
+        return value
+    try:
+        return UUID(str(value))
+    except ValueError:
+        raise ConfigurationError(f"not a job id: {value!r}") from None
+
+
+def _check_reason(reason: str, actor: str) -> None:
+    check_name(actor, "actor", ConfigurationError)
+    if not isinstance(reason, str) or not reason.strip():
+        raise ConfigurationError("an action on dead letters needs a reason (it is kept in the audit log)")
+    if len(reason) > 2000 or "\x00" in reason:
+        raise ConfigurationError("the reason must be at most 2000 characters, without NUL")

@@ -1,0 +1,7 @@
+"""The operator API (``app.admin``) and the records it returns.
+
+See :class:`Admin`. The CLI, ``conveyor serve`` (HTTP) and the dashboard are presenters over it."""
+
+from conveyor._admin import Admin, AuditEntry, PurgeResult, QueueStats, ReplayResult, Schedule, Subscription
+
+__all__ = ["Admin", "AuditEntry", "PurgeResult", "QueueStats", "ReplayResult", "Schedule", "Subscription"]

@@ -1,0 +1,129 @@
+"""What every command shares: the global options (--db, --app, -v, on either side of the command),
+the App made on first use, one-line errors, and output that is safe to print on a terminal."""
+
+from __future__ import annotations
+
+import getpass
+import json
+import logging
+import math
+import unicodedata
+from typing import Any, NoReturn
+
+import click
+from rich.console import Console
+from rich.text import Text
+
+from conveyor._app import App
+from conveyor._limits import MAX_JSON_DEPTH
+
+console = Console()
+
+#: Most rows a listing prints at once.
+MAX_LIMIT = 1_000_000
+
+
+class CliError(click.ClickException):
+    """An error shown to the user as one line."""
+
+
+def fail(message: str) -> NoReturn:
+    raise CliError(message)
+
+
+class FiniteFloat(click.FloatRange):
+    """A FloatRange that also refuses nan and inf (NaN compares false, so it passes every range)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return number
+
+
+def settings(ctx: click.Context) -> dict[str, Any]:
+    """The global options (--db, --app, -v), wherever on the command line they were given."""
+    obj: dict[str, Any] = ctx.find_root().ensure_object(dict)
+    return obj
+
+
+def app_of(ctx: click.Context) -> App:
+    """The App the command works on, made on first use: by then every --db/--app is parsed,
+    including those given after the subcommand."""
+    found = settings(ctx)
+    app: App | None = found.get("app")
+    if app is None:
+        if found.get("app_path"):
+            from conveyor.worker.supervisor import load_app
+
+            app = load_app(found["app_path"])
+            if found["db_given"] or not app.database_url:
+                app.database_url = found["database_url"]
+        else:
+            app = App(found["database_url"])
+        found["app"] = app
+        ctx.find_root().call_on_close(app.close)
+    return app
+
+
+def actor(given: str | None) -> str:
+    """Who an audited action is recorded as: ``--actor``, else ``user@cli``."""
+    if given:
+        return given
+    try:
+        return f"{getpass.getuser()}@cli"
+    except (KeyError, OSError):
+        return "cli"
+
+
+def dump(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, default=str))
+
+
+def parse_json(text: str, what: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        fail(f"{what} is not valid JSON: {exc}")
+    except RecursionError:
+        fail(f"{what} is nested too deeply (at most {MAX_JSON_DEPTH} levels)")
+    if not isinstance(value, dict):
+        fail(f"{what} must be a JSON object, got {type(value).__name__}")
+    return value
+
+
+# Terminal control characters (ESC starts an escape sequence), bidi overrides and line separators in
+# a name could rewrite what an operator sees; they are shown escaped, as repr() would.
+_BIDI = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+
+
+def printable(value: object, multiline: bool = False) -> str:
+    """``value`` as text safe to print on a terminal: control characters escaped (``\\x1b``);
+    with ``multiline``, newlines and tabs are kept (error messages, tracebacks)."""
+    text = str(value)
+    if text.isprintable():
+        return text
+    out = []
+    for char in text:
+        if multiline and char in "\n\t":
+            out.append(char)
+        elif char in _BIDI or unicodedata.category(char) in ("Cc", "Cf", "Zl", "Zp"):
+            code = ord(char)
+            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
+        else:
+            out.append(char)
+    return "".join(out)
+
+
+def cell(value: object) -> Text:
+    """A table cell: printable, and never read as rich markup (a queue named "[red]" stays literal)."""
+    return Text(printable(value))
+
+
+def configure_logging(verbose: int) -> None:
+    level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger().setLevel(level)
+    # The connection pool logs every failed attempt; Conveyor's own error says why it gave up, in
+    # one line. Its attempts are shown with -v.
+    logging.getLogger("psycopg.pool").setLevel(logging.ERROR if verbose == 0 else logging.NOTSET)

@@ -1,0 +1,107 @@
+"""``conveyor worker``: run worker processes for an App."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from conveyor._limits import check_worker_options
+from conveyor.cli._common import fail, settings
+
+
+@click.command()
+@click.argument("app_path", metavar="APP")
+@click.option(
+    "--queues",
+    default=None,
+    help="Lanes: a,b drains a before b; a:3,b:1 shares slots 3:1 (default: all declared queues).",
+)
+@click.option(
+    "--processes", "-p", default=1, show_default=True, type=click.IntRange(1, 256), help="Worker processes (prefork)."
+)
+@click.option(
+    "--concurrency",
+    "-c",
+    default=10,
+    show_default=True,
+    type=click.IntRange(1, 10_000),
+    help="Handler slots per process.",
+)
+@click.option(
+    "--prefetch",
+    default=None,
+    type=click.IntRange(1, 100_000),
+    help="Leased jobs buffered per process (default: adaptive, 4 to 16 x concurrency).",
+)
+@click.option("--burst", is_flag=True, help="Drain the queues (scheduled retries included) and exit.")
+@click.option(
+    "--graceful-timeout",
+    default=30.0,
+    show_default=True,
+    type=float,
+    help="Seconds running handlers get to finish on SIGTERM.",
+)
+@click.option(
+    "--visibility-timeout",
+    default=30.0,
+    show_default=True,
+    type=float,
+    help="Lease length of a fetched job before its task's own setting applies (seconds).",
+)
+@click.pass_context
+def worker(
+    ctx: click.Context,
+    app_path: str,
+    queues: str | None,
+    processes: int,
+    concurrency: int,
+    prefetch: int | None,
+    burst: bool,
+    graceful_timeout: float,
+    visibility_timeout: float,
+) -> None:
+    """Run workers for APP (module:attribute, e.g. myproject.tasks:app)."""
+    from conveyor.worker.supervisor import load_app, run_processes
+
+    load_app(app_path)
+    # Checked here, before any process is forked: a child that refuses its options would be restarted forever.
+    check_worker_options(
+        concurrency=concurrency,
+        prefetch=prefetch,
+        visibility_timeout=visibility_timeout,
+        graceful_timeout=graceful_timeout,
+    )
+    lanes, weights = _lanes(queues)
+    options: dict[str, Any] = {
+        "queues": lanes,
+        "weights": weights,
+        "concurrency": concurrency,
+        "prefetch": prefetch,
+        "burst": burst,
+        "graceful_timeout": graceful_timeout,
+        "visibility_timeout": visibility_timeout,
+    }
+    found = settings(ctx)
+    db = found["database_url"] if found["db_given"] else None
+    ctx.exit(run_processes(app_path, db, processes, options))
+
+
+def _lanes(text: str | None) -> tuple[list[str] | None, dict[str, int] | None]:
+    """``a,b`` (strict order) or ``a:3,b:1`` (weighted) → (queues, weights)."""
+    if not text:
+        return None, None
+    queues: list[str] = []
+    weights: dict[str, int] = {}
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        name, sep, weight = item.partition(":")
+        queues.append(name)
+        if sep:
+            if not weight.isdigit() or int(weight) < 1:
+                fail(f"--queues: weight of {name!r} must be a positive integer, got {weight!r}")
+            weights[name] = int(weight)
+    if weights and len(weights) != len(queues):
+        fail("--queues: give a weight to every queue (a:3,b:1) or to none (a,b)")
+    return queues, weights or None
