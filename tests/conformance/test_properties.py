@@ -18,12 +18,13 @@ Steps (each with the variants the contract names):
   was handed out again, or ended) and receipts no engine ever issued;
 - rescue of expired leases (bounded and not), the clock advanced by steps from a microsecond to an
   hour or exactly onto (or just past) a lease expiry, a ``run_at``, a key's expiry or a schedule tick;
-- dead letters: replay (of dead letters, replayed ones, jobs that are not dead, unknown ids), purge;
+- dead letters: replay (of dead letters, replayed ones, jobs that are not dead, unknown ids, one
+  letter named twice), purge; operator audit rows (``audit_insert``);
 - keys: processed-key claims, ``keys_prune``; retention: ``archive_prune`` with default and per-queue
   cutoffs for both kinds of rows;
 - schedules (upsert, update, delete, fire on the due tick or another), subscriptions (upsert, list,
   delete);
-- reads: ``job_get``, ``jobs_list`` (queue filter, cursor, limit), ``dead_list`` (filters, paging),
+- reads: ``job_get``, ``jobs_list`` (queue filter, cursor, limit), ``dead_list`` (filters, offset and keyset paging),
   ``archive_read`` (watermarks, limit), ``queue_load``, ``audit_list``; ``queues_stats`` and full
   listings after every step.
 
@@ -91,6 +92,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition,
 from conveyor.backends.base import (
     ArchivePruneParams,
     ArchiveReadParams,
+    AuditInsertParams,
     AuditListParams,
     Backend,
     DeadListParams,
@@ -727,6 +729,17 @@ class SeamMachine(RuleBasedStateMachine):
         assert (entry["action"], entry["job_ids"]) == ("replay", sorted(d for d, _ in expected)), entry
 
     @rule(data=st.data())
+    def audit_insert(self, data: st.DataObject) -> None:
+        """An operator action that changed no job (a schedule paused, a token made)."""
+        ids = data.draw(st.lists(st.sampled_from([*self.sent, UUID(int=7)]), max_size=2), label="job ids")
+        details = json.dumps(data.draw(_OBJECTS, label="details"))
+        params = AuditInsertParams("ops", "schedule.pause", reason="", now=self.now, job_ids=ids, details=details)
+        self.same("audit_insert", lambda b, _: b.audit_insert(params))
+        after = self.settle(changed=set())
+        entry = after.audit[0]
+        assert (entry["action"], entry["at"], entry["job_ids"]) == ("schedule.pause", self.now, sorted(ids)), entry
+
+    @rule(data=st.data())
     def dead_purge(self, data: st.DataObject) -> None:
         ids = self.draw_archived_ids(data)
         jobs = self.snap.jobs()
@@ -988,7 +1001,11 @@ class SeamMachine(RuleBasedStateMachine):
         error_type = data.draw(st.sampled_from((None, "IOError")), label="error_type")
         limit = data.draw(st.sampled_from((1, 100)), label="limit")
         offset = data.draw(st.sampled_from((0, 1)), label="offset")
-        params = DeadListParams(queue=queue, task=task, error_type=error_type, limit=limit, offset=offset)
+        cursors = [None, *((r["finished_at"], r["id"]) for r in self.snap.dead)]
+        before = data.draw(st.sampled_from(cursors), label="before")
+        params = DeadListParams(
+            queue=queue, task=task, error_type=error_type, limit=limit, offset=offset, before=before
+        )
         answer = self.same("dead_list", lambda b, _: [record(r) for r in b.dead_list(params)])
         rows = [
             r
@@ -996,6 +1013,7 @@ class SeamMachine(RuleBasedStateMachine):
             if (queue is None or r["queue"] == queue)
             and (task is None or r["task"] == task)
             and (error_type is None or r["error_type"] == error_type)
+            and (before is None or (r["finished_at"], r["id"]) < before)
         ]
         assert answer == rows[offset : offset + limit]
         self.settle(changed=set())
