@@ -61,7 +61,7 @@ def database_url(request: pytest.FixtureRequest, tmp_path: os.PathLike[str]) -> 
 # more examples from random seeds, for a long local run.
 settings.register_profile(
     "ci",
-    max_examples=50,
+    max_examples=40,
     stateful_step_count=40,
     derandomize=True,
     database=None,

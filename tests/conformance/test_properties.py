@@ -56,7 +56,7 @@ out exactly what the contract's order and per-key FIFO rule pick; an insert answ
 what the dedup and accept-an-id-once rules say; stats and the DLQ listing agree with the records.
 
 Runs are reproducible: the ``ci`` Hypothesis profile (``tests/conftest.py``) is derandomized, with
-50 examples of up to 40 steps (about 30 s on two cores). ``--hypothesis-profile soak`` runs 1,000
+40 examples of up to 40 steps (about 20 s on an idle two-core machine). ``--hypothesis-profile soak`` runs 1,000
 examples from random seeds; a failure prints its steps and a ``@reproduce_failure`` blob. The
 examples it found and that were fixed are pinned in ``test_engine_agreement.py``.
 """
