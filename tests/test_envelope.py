@@ -8,8 +8,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from conveyor import App, Message, PayloadError
+from conveyor._backoff import ExponentialBackoff, FixedSchedule
 from conveyor._ids import uuid7
-from conveyor._retry import ExponentialBackoff, FixedSchedule
 
 
 @pytest.fixture

@@ -57,8 +57,9 @@ def generate(rows: int, out: Path, seed: int = 7, chunk: int = 2_000_000) -> Pat
         expired = rng.random(n) < 0.003
         state = np.where(dead, "dead", np.where(expired, "expired", "completed"))
         has_error = retried | dead
-        error_type = np.where(has_error, ERRORS[rng.integers(0, len(ERRORS), n)], None)
-        reason = np.where(dead, "max_attempts_exceeded", None)
+        # Object arrays: a string where there is one, None elsewhere (NULL in the Parquet column).
+        error_type = np.where(has_error, ERRORS[rng.integers(0, len(ERRORS), n)], np.array(None, dtype=object))
+        reason = np.where(dead, "max_attempts_exceeded", np.array(None, dtype=object))
         reason = np.where(lost >= 2, "max_deliveries_exceeded", reason)
         state = np.where(lost >= 2, "dead", state)
         ts = pa.timestamp("us", tz="UTC")
@@ -82,7 +83,9 @@ def generate(rows: int, out: Path, seed: int = 7, chunk: int = 2_000_000) -> Pat
             "finished_at": pa.array(np.where(never, run_at + 60_000_000, finished), ts),
             "lease_expires_at": pa.nulls(n, ts),
             "error_type": pa.array(error_type, pa.string()),
-            "error_message": pa.array(np.where(has_error, "synthetic failure", None), pa.string()),
+            "error_message": pa.array(
+                np.where(has_error, "synthetic failure", np.array(None, dtype=object)), pa.string()
+            ),
             "reason": pa.array(reason, pa.string()),
             "idempotency_key": pa.nulls(n, pa.string()),
             "ordering_key": pa.nulls(n, pa.string()),

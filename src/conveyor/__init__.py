@@ -3,6 +3,7 @@
 The public API is what this module exports; everything in ``conveyor._*`` is private."""
 
 from conveyor._app import App
+from conveyor._backoff import ExponentialBackoff, FixedSchedule
 from conveyor._context import JobContext
 from conveyor._errors import (
     BackendError,
@@ -21,7 +22,6 @@ from conveyor._errors import (
 )
 from conveyor._job import Job, JobError, JobStatus
 from conveyor._message import Message
-from conveyor._retry import ExponentialBackoff, FixedSchedule
 from conveyor._task import Task
 from conveyor.worker import Worker
 

@@ -16,6 +16,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
+from conveyor import _tokens
 from conveyor._cron import Cron
 from conveyor._errors import ConfigurationError, JobNotFoundError, NotFoundError
 from conveyor._ids import uuid7
@@ -35,14 +36,19 @@ from conveyor.backends.base import (
     Schedule,
     SchedulesDeleteParams,
     SchedulesUpdateParams,
+    SchedulesUpsertParams,
     Subscription,
     SubscriptionsListParams,
+    Token,
+    TokenGetParams,
+    TokensInsertParams,
+    TokensRevokeParams,
 )
 
 if TYPE_CHECKING:
     from conveyor._app import App
 
-__all__ = ["Admin", "AuditEntry", "PurgeResult", "QueueStats", "ReplayResult", "Schedule", "Subscription"]
+__all__ = ["Admin", "AuditEntry", "PurgeResult", "QueueStats", "ReplayResult", "Schedule", "Subscription", "Token"]
 
 #: A replay without a rate writes this many dead letters per transaction.
 REPLAY_CHUNK = 500
@@ -73,13 +79,16 @@ class Admin:
     Reads: :meth:`queues`, :meth:`job`, :meth:`dead_letters`, :meth:`dead_letter`, :meth:`audit`,
     :meth:`schedules`, :meth:`subscriptions`. Actions, each audited under ``actor``: :meth:`replay`,
     :meth:`purge`, :meth:`add_schedule`, :meth:`pause_schedule`, :meth:`resume_schedule`,
-    :meth:`set_schedule`, :meth:`remove_schedule`, :meth:`subscribe`, :meth:`unsubscribe`. Bad input
+    :meth:`set_schedule`, :meth:`remove_schedule`, :meth:`subscribe`, :meth:`unsubscribe`,
+    :meth:`create_token`, :meth:`revoke_token`. Bad input
     raises :class:`~conveyor.ConfigurationError` or :class:`~conveyor.PayloadError` before anything
     is written; a job, schedule or subscription that does not exist raises
     :class:`~conveyor.NotFoundError` (:class:`~conveyor.JobNotFoundError` for a job)."""
 
     def __init__(self, app: App) -> None:
         self.app = app
+        # authenticate()'s cache: token id -> (token, when it was read). Bounded; see authenticate.
+        self._tokens_seen: dict[str, tuple[Token | None, float]] = {}
 
     # -- schema ------------------------------------------------------------------------------------
 
@@ -117,6 +126,11 @@ class Admin:
         Page with ``before``: the ``(finished_at, id)`` of the last dead letter of the previous page."""
         if not 1 <= limit <= 10_000:
             raise ConfigurationError(f"limit must be 1 to 10000, got {limit}")
+        # Filters are names: one that no engine can store (NUL, a lone surrogate) matches nothing,
+        # and is refused here rather than by the database.
+        for value, what in ((queue, "queue"), (task, "task"), (error_type, "error_type")):
+            if value is not None:
+                check_name(value, what, ConfigurationError)
         params = DeadListParams(queue, task, error_type, limit=limit, before=before)
         return [JobStatus.from_record(r) for r in self.app.backend.dead_list(params)]
 
@@ -132,6 +146,11 @@ class Admin:
         if not 1 <= limit <= 100_000:
             raise ConfigurationError(f"limit must be 1 to 100000, got {limit}")
         return self.app.backend.audit_list(AuditListParams(limit))
+
+    def ready(self) -> list[str]:
+        """The migrations this database still lacks (empty: ready). Raises BackendUnavailable if
+        the database cannot be reached."""
+        return self.app.backend.migrations_pending()
 
     def schedules(self) -> list[Schedule]:
         """Every schedule, by name, with its next tick."""
@@ -244,7 +263,8 @@ class Admin:
     ) -> Schedule:
         """Store (or redefine) a schedule: workers fire it from its next tick, no restart needed.
         ``queue`` defaults to the task's queue (``default`` for a task this App does not know)."""
-        schedule = self.app.add_schedule(name, cron, task, queue=queue, payload=payload, priority=priority)
+        schedule = self.app.catalogue.new_schedule(name, cron, task, queue, payload, priority)
+        self.app.backend.schedules_upsert(SchedulesUpsertParams([schedule]))
         self._audit(actor, "schedule.add", {"schedule": name, "cron": schedule.cron, "task": schedule.task})
         return schedule
 
@@ -300,6 +320,84 @@ class Admin:
         if not self.app.unsubscribe(topic, queue):
             raise NotFoundError(f"queue {queue!r} is not subscribed to {topic!r}")
         self._audit(actor, "topic.unsubscribe", {"topic": topic, "queue": queue})
+
+    # -- API tokens --------------------------------------------------------------------------------
+
+    def create_token(
+        self,
+        name: str,
+        role: str,
+        *,
+        queues: Sequence[str] | None = None,
+        expires_at: datetime | None = None,
+        actor: str,
+    ) -> tuple[Token, str]:
+        """Make an API token; return it and its bearer string, which is shown this once and never
+        stored (only its SHA-256 is). ``role`` is producer, operator or admin; ``queues`` limits the
+        token to those queues. Raises ConfigurationError for a bad or taken name (names stay taken
+        after a revoke: a name is an actor in the audit log), role, queue or expiry."""
+        check_name(name, "token name", ConfigurationError)
+        if role not in _tokens.ROLES:
+            raise ConfigurationError(f"role must be one of {', '.join(_tokens.ROLES)}, got {role!r}")
+        if queues is not None:
+            if isinstance(queues, str) or not queues:
+                raise ConfigurationError("queues must be a non-empty list of queue names (or none: every queue)")
+            queues = tuple(dict.fromkeys(check_name(q, "queue", ConfigurationError) for q in queues))
+        now = utcnow()
+        if expires_at is not None and (expires_at.tzinfo is None or expires_at <= now):
+            raise ConfigurationError("expires_at must be a timezone-aware time in the future")
+        token_id, secret, bearer = _tokens.mint()
+        token = Token(token_id, name, role, queues, _tokens.hash_secret(secret), now, expires_at)
+        if not self.app.backend.tokens_insert(TokensInsertParams(token)):
+            raise ConfigurationError(f"a token named {name!r} exists (or existed: revoked names stay taken)")
+        details = {"token": name, "id": token_id, "role": role, "queues": list(queues) if queues else None}
+        self._audit(actor, "token.create", {**details, "expires_at": expires_at})
+        return token, bearer
+
+    def tokens(self) -> list[Token]:
+        """Every token (revoked and expired ones too), by name; secrets are not stored, so not shown."""
+        return self.app.backend.tokens_list()
+
+    def revoke_token(self, name: str, *, actor: str) -> None:
+        """Revoke a token for good. Raises NotFoundError if no unrevoked token has that name.
+        A service that caches tokens (``authenticate(max_age=...)``) refuses it within max_age."""
+        check_name(name, "token name", ConfigurationError)
+        if not self.app.backend.tokens_revoke(TokensRevokeParams(name, utcnow())):
+            raise NotFoundError(f"no unrevoked token named {name!r}")
+        self._audit(actor, "token.revoke", {"token": name})
+
+    def authenticate(self, bearer: str | None, *, max_age: float = 0.0) -> Token:
+        """The token a bearer string presents; raise Unauthenticated if it is malformed, unknown,
+        has a wrong secret, or is revoked or expired. The secret is compared in constant time.
+
+        ``max_age`` > 0 reuses a token read from the database up to that many seconds ago (the
+        HTTP service's default is 5 s), so that a busy service does not read the token table on
+        every request; a revoke then takes effect within ``max_age``. Expiry is checked on every
+        call."""
+        token_id, secret = _tokens.parse_bearer(bearer)
+        found = self._token_seen(token_id, max_age)
+        if found is None:
+            token = self.app.backend.token_get(TokenGetParams(token_id))
+            if max_age > 0:
+                if len(self._tokens_seen) >= 10_000:
+                    # Unknown ids cost a read each; a flood of them must not grow the cache.
+                    self._tokens_seen.clear()
+                self._tokens_seen[token_id] = (token, time.monotonic())
+            found = (token,)
+        return _tokens.verify(found[0], token_id, secret, utcnow())
+
+    def authenticate_cached(self, bearer: str | None, *, max_age: float) -> Token | None:
+        """:meth:`authenticate` without reading the database: None when the token was not read
+        within ``max_age`` seconds (call :meth:`authenticate` then, off the event loop)."""
+        token_id, secret = _tokens.parse_bearer(bearer)
+        found = self._token_seen(token_id, max_age)
+        return None if found is None else _tokens.verify(found[0], token_id, secret, utcnow())
+
+    def _token_seen(self, token_id: str, max_age: float) -> tuple[Token | None] | None:
+        seen = self._tokens_seen.get(token_id)
+        if seen is None or time.monotonic() - seen[1] >= max_age:
+            return None
+        return (seen[0],)
 
     # -- audit -------------------------------------------------------------------------------------
 

@@ -25,7 +25,7 @@ def build(app: App) -> dict[str, Any]:
     names |= {s.queue for s in backend.queues_stats(QueuesStatsParams(datetime.now(UTC)))}
     queues: list[dict[str, Any]] = []
     for name in sorted(names):
-        policy = app.queue_policy(name)
+        policy = app.queue_options(name)
         tasks = [t for t in app.tasks.values() if t.options.queue == name]
         queues.append(
             {

@@ -5,11 +5,15 @@
     ConveyorError                 base of everything Conveyor raises
     ├── ConfigurationError        a bad database URL, an unknown engine, a bad option (also a ValueError)
     ├── PayloadError              a job that cannot be enqueued: payload or headers not JSON, over a
-    │                             limit (size, nesting, name or key length), a bad number (also a ValueError)
+    │   │                         limit (size, nesting, name or key length), a bad number (also a ValueError)
+    │   └── PayloadTooLarge       its payload or headers are over the size limit (HTTP 413)
     ├── UnknownTaskError          no task registered under that name
     ├── NotFoundError             no schedule, subscription or token of that name (also a LookupError)
     │   └── JobNotFoundError      no job with that id
     ├── JobTimeoutError           ``Job.wait`` gave up before the job ended
+    ├── AuthError                 the HTTP service refused a caller
+    │   ├── Unauthenticated       no bearer token, or one that is unknown, revoked or expired (HTTP 401)
+    │   └── Forbidden             the token's role or queues do not allow the action (HTTP 403)
     ├── QueueFull                 backpressure: the queue is past its high-water mark (retry later)
     ├── BackendError              the database refused or failed a statement
     │   └── BackendUnavailable    the database cannot be reached (retry later; nothing is lost)
@@ -37,6 +41,10 @@ class PayloadError(ConveyorError, ValueError):
     its fields is out of range (see ``conveyor._limits``). Nothing was written."""
 
 
+class PayloadTooLarge(PayloadError):
+    """A payload or headers are over the size limit: enqueue a reference to the data instead."""
+
+
 class UnknownTaskError(ConveyorError, KeyError):
     """No task is registered under the given name."""
 
@@ -54,6 +62,20 @@ class JobNotFoundError(NotFoundError):
 
 class JobTimeoutError(ConveyorError, TimeoutError):
     """``Job.wait`` timed out before the job reached a terminal state."""
+
+
+class AuthError(ConveyorError):
+    """The HTTP service refused a caller (see :class:`Unauthenticated` and :class:`Forbidden`).
+
+    Messages name the token by its public id or name, never by its secret."""
+
+
+class Unauthenticated(AuthError):
+    """No bearer token, a malformed one, or one that is unknown, revoked or expired."""
+
+
+class Forbidden(AuthError):
+    """The token is valid but its role or its queues do not allow the action."""
 
 
 class QueueFull(ConveyorError):

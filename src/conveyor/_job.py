@@ -7,14 +7,11 @@ import json
 import time
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from uuid import UUID
 
 from conveyor._errors import JobNotFoundError, JobTimeoutError
-from conveyor.backends.base import TERMINAL_STATES, JobGetParams, JobRecord, JobState
-
-if TYPE_CHECKING:
-    from conveyor._app import App
+from conveyor.backends.base import TERMINAL_STATES, Backend, JobGetParams, JobRecord, JobState
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,10 +104,10 @@ class JobStatus:
 class Job:
     """A handle on one job by id. ``status()`` reads it; ``wait()`` blocks until it ends."""
 
-    __slots__ = ("app", "id")
+    __slots__ = ("backend", "id")
 
-    def __init__(self, app: App, job_id: UUID) -> None:
-        self.app = app
+    def __init__(self, backend: Backend, job_id: UUID) -> None:
+        self.backend = backend
         self.id = job_id
 
     def __repr__(self) -> str:
@@ -124,7 +121,7 @@ class Job:
 
     def status(self) -> JobStatus:
         """The job as stored now. Raises JobNotFoundError if it does not exist (or was purged)."""
-        record = self.app.backend.job_get(JobGetParams(self.id))
+        record = self.backend.job_get(JobGetParams(self.id))
         if record is None:
             raise JobNotFoundError(f"no job {self.id}")
         return JobStatus.from_record(record)

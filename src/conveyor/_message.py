@@ -11,7 +11,7 @@ from json.encoder import c_make_encoder, encode_basestring  # type: ignore[attr-
 from typing import Any
 from uuid import UUID
 
-from conveyor._errors import PayloadError
+from conveyor._errors import PayloadError, PayloadTooLarge
 from conveyor._ids import random_bytes, uuid7
 from conveyor._limits import MAX_JSON_DEPTH, check_seconds
 
@@ -91,7 +91,7 @@ def encode_json_object(value: Mapping[str, Any], what: str, limit: int | None = 
                 "which cannot be stored as UTF-8"
             ) from None
     if limit is not None and size > limit:
-        raise PayloadError(
+        raise PayloadTooLarge(
             f"{what} is {size} bytes, over the {limit}-byte limit: store the data elsewhere "
             "(object storage, a table) and enqueue a reference to it (an object key, a row id)"
         )

@@ -11,11 +11,17 @@ from typing import Literal
 from conveyor._errors import ConfigurationError
 from conveyor._limits import INT32_MAX, check_duration, check_int
 
-ExpirePolicy = Literal["expired", "dead"]
+ExpireAction = Literal["expired", "dead"]
 
 #: Default graduated shedding: low-priority sends (priority < 0) are refused at 50 % of max_depth,
 #: normal ones (0) at 80 %, high ones (> 0) only at 100 %.
 DEFAULT_SHEDDING: Mapping[str, float] = {"low": 0.5, "normal": 0.8, "high": 1.0}
+#: How long an idempotency key holds its job (per queue; SQS FIFO uses 5 minutes, we keep a day
+#: because producers retry across deploys and outages).
+DEFAULT_DEDUP_WINDOW = timedelta(hours=24)
+#: How long completed and expired jobs stay in the archive, and dead letters.
+DEFAULT_RETENTION = timedelta(days=7)
+DEFAULT_DEAD_RETENTION = timedelta(days=14)
 
 
 def priority_class(priority: int) -> str:
@@ -24,7 +30,7 @@ def priority_class(priority: int) -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class QueuePolicy:
+class QueueOptions:
     """The declared policy of one queue: its part of the queue contract.
 
     Task-level policy (visibility timeout, attempts, backoff, dead-on errors) is declared on each
@@ -32,7 +38,7 @@ class QueuePolicy:
 
     name: str
     #: How long an idempotency key holds its job.
-    dedup_window: timedelta = timedelta(hours=24)
+    dedup_window: timedelta = DEFAULT_DEDUP_WINDOW
     #: High-water mark of live jobs; past it sends raise QueueFull (None: unbounded).
     max_depth: int | None = None
     #: Fraction of max_depth at which each priority class is refused.
@@ -40,10 +46,10 @@ class QueuePolicy:
     #: Oldest pending age that counts as an SLA breach (alerts, the pipeline's reports).
     sla: timedelta | None = None
     #: How long completed/expired rows stay in the archive, and dead letters.
-    retention: timedelta = timedelta(days=7)
-    dead_retention: timedelta = timedelta(days=14)
+    retention: timedelta = DEFAULT_RETENTION
+    dead_retention: timedelta = DEFAULT_DEAD_RETENTION
     #: What a job whose TTL passed before it started becomes.
-    on_expire: ExpirePolicy = "expired"
+    on_expire: ExpireAction = "expired"
     #: Advisory: the concurrency this queue is provisioned for (printed in the contract).
     concurrency: int | None = None
     #: Whether the queue's producers use ordering keys (per-key FIFO); documentation only.

@@ -5,14 +5,13 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generic, Literal, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, ParamSpec, Protocol, TypeVar
 
+from conveyor._backoff import Backoff, ExponentialBackoff
 from conveyor._errors import ConfigurationError
 from conveyor._limits import INT32_MAX, INT32_MIN, MAX_ATTEMPTS, check_int, check_name, check_seconds
-from conveyor._retry import Backoff, ExponentialBackoff
 
 if TYPE_CHECKING:
-    from conveyor._app import App
     from conveyor._job import Job
 
 P = ParamSpec("P")
@@ -22,6 +21,26 @@ AckPolicy = Literal["auto", "manual"]
 
 #: Exceptions that no retry can fix: the payload or the code is wrong. They dead-letter at once.
 DEFAULT_DEAD_ON: tuple[type[BaseException], ...] = (ValueError, KeyError, TypeError)
+#: Attempts before a job that keeps failing is dead-lettered (``max_attempts_exceeded``).
+DEFAULT_MAX_ATTEMPTS = 5
+#: Starts beyond ``max_attempts`` that a job may take without an outcome (its worker died or hung)
+#: before poison protection dead-letters it (``max_deliveries = max_attempts + DELIVERY_MARGIN``).
+DELIVERY_MARGIN = 5
+#: Seconds a job is leased to a worker before it counts as lost (heartbeats extend it while it runs).
+DEFAULT_VISIBILITY_TIMEOUT = 30.0
+
+
+def deliveries_limit(max_attempts: int, max_deliveries: int | None = None) -> int:
+    """The number of counted starts after which a job is dead-lettered without running."""
+    return max_deliveries if max_deliveries is not None else max_attempts + DELIVERY_MARGIN
+
+
+class Sender(Protocol):
+    """What a task enqueues through (the App)."""
+
+    def send(self, task: str, payload: Mapping[str, Any] | None = None, **envelope: Any) -> Job: ...
+
+    async def send_async(self, task: str, payload: Mapping[str, Any] | None = None, **envelope: Any) -> Job: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,14 +50,14 @@ class TaskOptions:
     not a finite positive number of seconds (NaN, infinity), a priority outside 32 bits."""
 
     queue: str = "default"
-    max_attempts: int = 5
-    #: Deliveries allowed before a job counts as poison (None: ``max_attempts + 5``).
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    #: Counted starts allowed before a job counts as poison (None: ``max_attempts + DELIVERY_MARGIN``).
     max_deliveries: int | None = None
     backoff: Backoff = field(default_factory=ExponentialBackoff)
     dead_on: tuple[type[BaseException], ...] = DEFAULT_DEAD_ON
     #: Seconds a handler may run before it is treated as a transient failure (None: no limit).
     timeout: float | None = None
-    visibility_timeout: float = 30.0
+    visibility_timeout: float = DEFAULT_VISIBILITY_TIMEOUT
     keep_result: bool = True
     ack_policy: AckPolicy = "auto"
     priority: int = 0
@@ -70,15 +89,15 @@ class TaskOptions:
 
     @property
     def deliveries_limit(self) -> int:
-        """The delivery count past which a job is dead-lettered without running."""
-        return self.max_deliveries if self.max_deliveries is not None else self.max_attempts + 5
+        """The number of counted starts after which a job is dead-lettered without running."""
+        return deliveries_limit(self.max_attempts, self.max_deliveries)
 
 
 class Task(Generic[P, R]):
     """A registered handler. Call it to run it inline; ``delay``/``send`` enqueue a job for it."""
 
-    def __init__(self, app: App, name: str, fn: Callable[P, R], options: TaskOptions) -> None:
-        self.app = app
+    def __init__(self, sender: Sender, name: str, fn: Callable[P, R], options: TaskOptions) -> None:
+        self._sender = sender
         self.name = name
         self.fn = fn
         self.options = options
@@ -94,12 +113,12 @@ class Task(Generic[P, R]):
 
     def delay(self, **payload: Any) -> Job:
         """Enqueue a job with ``payload`` as the handler's keyword arguments; return its handle."""
-        return self.app.send(self.name, payload)
+        return self._sender.send(self.name, payload)
 
     async def delay_async(self, **payload: Any) -> Job:
         """Like :meth:`delay`, without blocking the event loop."""
-        return await self.app.send_async(self.name, payload)
+        return await self._sender.send_async(self.name, payload)
 
     def send(self, payload: Mapping[str, Any] | None = None, **options: Any) -> Job:
         """Enqueue with envelope options (``delay``, ``priority``, ``idempotency_key``, ``conn``...)."""
-        return self.app.send(self.name, payload, **options)
+        return self._sender.send(self.name, payload, **options)

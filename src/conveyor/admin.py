@@ -2,6 +2,19 @@
 
 See :class:`Admin`. The CLI, ``conveyor serve`` (HTTP) and the dashboard are presenters over it."""
 
-from conveyor._admin import Admin, AuditEntry, PurgeResult, QueueStats, ReplayResult, Schedule, Subscription
+from conveyor._admin import Admin, AuditEntry, PurgeResult, QueueStats, ReplayResult, Schedule, Subscription, Token
+from conveyor._errors import AuthError, Forbidden, Unauthenticated
 
-__all__ = ["Admin", "AuditEntry", "PurgeResult", "QueueStats", "ReplayResult", "Schedule", "Subscription"]
+__all__ = [
+    "Admin",
+    "AuditEntry",
+    "AuthError",
+    "Forbidden",
+    "PurgeResult",
+    "QueueStats",
+    "ReplayResult",
+    "Schedule",
+    "Subscription",
+    "Token",
+    "Unauthenticated",
+]

@@ -25,11 +25,10 @@ from conveyor._app import App
 from conveyor._job import JobStatus
 from conveyor._message import utcnow
 from conveyor._task import Task
-from conveyor.backends.base import JobRecord, JobsAcquireParams, JobsListParams
+from conveyor.backends.base import JobRecord, JobsListParams
 from conveyor.backends.sqlite import MemoryBackend
-from conveyor.worker._shared import BackendCalls, Counters, Registry
-from conveyor.worker.completer import Completer
-from conveyor.worker.executor import Executor
+from conveyor.worker._config import WorkerConfig
+from conveyor.worker._loops import build_loops
 
 __all__ = ["DrainResult", "MemoryBackend", "assert_enqueued", "drain", "enqueued", "run_job"]
 
@@ -115,25 +114,24 @@ class _Clock:
 
 
 async def _drain(app: App, queues: Sequence[str] | None, max_jobs: int, until: Any) -> DrainResult:
-    lanes = list(queues) if queues else sorted({t.options.queue for t in app.tasks.values()}) or ["default"]
+    lanes = list(queues) if queues else app.catalogue.declared_queues()
     clock = _Clock()
-    counters, registry = Counters(), Registry()
-    calls = BackendCalls(app.backend, counters, threads=1)
-    completer = Completer(calls, registry, counters, clock, flush_interval=0)
-    buffer: asyncio.Queue[Any] = asyncio.Queue()
-    executor = Executor(app, calls, registry, counters, buffer, completer, 1, clock)
-    backend = app.backend
+    # The worker's own loops, driven a round at a time: one slot, a buffer of 100, long leases.
+    config = WorkerConfig(concurrency=1, prefetch=100, visibility_timeout=3600, worker_id="conveyor.testing")
+    loops = build_loops(app.catalogue, app.producer, app.backend, config, lanes, clock, db_threads=1)
+    counters = loops.counters
     try:
         while counters.started + counters.expired + counters.dead <= max_jobs:
             if until is not None and app.handle(until).status().done:
                 break
             ran = 0
-            for queue in lanes:
-                for delivery in backend.jobs_acquire(JobsAcquireParams(queue, 100, 3600, "conveyor.testing", clock())):
-                    registry.add(delivery, 3600)
-                    await executor.process(delivery)
+            await loops.fetcher.run_once()
+            while not loops.buffer.empty():
+                delivery = loops.buffer.get_nowait()
+                if delivery is not None:
+                    await loops.executor.process(delivery)
                     ran += 1
-                await completer.run_once()
+            await loops.completer.run_once()
             if ran:
                 continue
             upcoming = [r.run_at for q in lanes for r in enqueued(app, queue=q) if r.state == "pending"]
@@ -144,5 +142,5 @@ async def _drain(app: App, queues: Sequence[str] | None, max_jobs: int, until: A
         else:
             raise RuntimeError(f"drain ran more than {max_jobs} jobs; is a job retrying forever?")
     finally:
-        calls.shutdown()
+        loops.calls.shutdown()
     return DrainResult(counters.started, counters.completed, counters.retried, counters.dead, counters.expired)

@@ -7,6 +7,7 @@ import json
 import pytest
 from _factory import VT, acquire, at, complete, dead, get, ids, insert, live_ids, new_job, retry
 
+from conveyor import ConfigurationError
 from conveyor.backends.base import (
     Backend,
     ErrorInfo,
@@ -265,3 +266,21 @@ def test_an_outcome_named_twice_in_one_batch_applies_once(backend: Backend) -> N
     assert (finished, retried) == (1, 1)
     assert get(backend, a.id).state == "completed"
     assert get(backend, b.id).attempts == 1
+
+
+def test_a_batch_names_each_job_once_and_only_terminal_states(backend: Backend) -> None:
+    # The same contract check on every engine, before the database sees anything.
+    insert(backend, new_job())
+    (delivery,) = acquire(backend)
+    with pytest.raises(ConfigurationError, match="not a terminal state"):
+        backend.jobs_finish_many(
+            JobsFinishParams([Finish(delivery.id, delivery.receipt, "pending")], now=at(1))  # type: ignore[arg-type]
+        )
+    assert get(backend, delivery.id).state == "processing"
+    twice = [
+        Finish(delivery.id, delivery.receipt, "completed", result='"first"'),
+        Finish(delivery.id, delivery.receipt, "dead", reason="second"),
+    ]
+    assert backend.jobs_finish_many(JobsFinishParams(twice, now=at(1))) == 1
+    record = get(backend, delivery.id)
+    assert (record.state, record.result, record.attempts) == ("completed", '"first"', 1)

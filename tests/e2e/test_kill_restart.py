@@ -12,7 +12,7 @@ from functools import partial
 import pytest
 
 from conveyor import App, Message
-from conveyor._policy import MAX_ATTEMPTS_EXCEEDED, PERMANENT_ERROR
+from conveyor._outcomes import MAX_ATTEMPTS_EXCEEDED, PERMANENT_ERROR
 
 from . import e2e_app
 from ._support import Db, Proc, Procs, wait_until, worker_argv

@@ -138,6 +138,8 @@ def _run_the_tests(reader: Reader, names: dict[str, Any]) -> None:
 
 SPECS = [
     Spec("./scripts/demo.sh", "skip", "the set-up path itself: .ci/run runs it on a clean clone before the tests"),
+    Spec("conveyor serve --port 8000", "skip", "a server: tests/http/test_readme_service.py runs this block"),
+    Spec("export TOKEN=cvy_", "skip", "curl against a server: tests/http/test_readme_service.py runs this block"),
     Spec(
         "# myproject/tasks.py",
         given=lambda reader: {"prelude": "def mail_server_busy() -> bool:\n    return False\n"},
@@ -351,6 +353,13 @@ def test_readme_pipeline_block_runs_as_written(tmp_path: Path) -> None:
             pa.table({"order_id": ["1", "2"], "status": ["pending", "pending"]}), tmp_path / "orders.parquet"
         )
         pq.write_table(pa.table({"user_id": [1, 2, 3], "email": ["a@x", "b@x", "c@x"]}), tmp_path / "users.parquet")
+        # The project the block's --app names, declaring a queue's SLA as "A first app" would.
+        (tmp_path / "myproject").mkdir()
+        (tmp_path / "myproject" / "__init__.py").write_text("")
+        (tmp_path / "myproject" / "tasks.py").write_text(
+            "from datetime import timedelta\nfrom conveyor import App\n\n"
+            "app = App()\napp.queue('emails', sla=timedelta(seconds=60))\n"
+        )
         [(_, code, line)] = [b for b in readme_blocks() if spec_of(b[1]).kind == "pipeline"]
         run_bash(reader, code, line)
         assert (tmp_path / "report" / "report.html").is_file()

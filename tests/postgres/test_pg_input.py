@@ -73,6 +73,8 @@ def test_an_unsupported_scheme_does_not_show_the_password() -> None:
 def test_connection_failures_never_show_the_password(caplog: pytest.LogCaptureFixture) -> None:
     """The pool logs every failed attempt; the error names the reason; neither shows the password."""
     caplog.set_level(logging.DEBUG)
+    # The CLI quiets the pool's logger (tests run `conveyor` in this process too): listen to it here.
+    caplog.set_level(logging.DEBUG, logger="psycopg.pool")
     backend = PostgresBackend(f"postgresql://bob:{SECRET}@127.0.0.1:{_closed_port()}/db", connect_timeout=1.0)
     try:
         with pytest.raises(BackendUnavailable, match=r"no connection within 1s \(connection failed: .*refused"):

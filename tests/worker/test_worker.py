@@ -383,7 +383,8 @@ def test_lost_lease_is_reported_by_heartbeat(app: App) -> None:
 
 def test_rescue_waits_for_the_workers_own_pending_acks(app: App) -> None:
     """After an outage longer than a lease, a worker must write its own acks before rescuing."""
-    from conveyor.worker._shared import BackendCalls, Counters
+    from conveyor.worker._calls import BackendCalls
+    from conveyor.worker._state import Counters
     from conveyor.worker.rescuer import Rescuer
 
     app.send("t", {}, queue="q")
@@ -456,20 +457,20 @@ def test_stopping_an_idle_worker_leaves_no_job_leased(pg_app: App) -> None:
 
 def test_the_default_buffer_grows_with_the_start_rate_and_shrinks_back(sqlite_url: str) -> None:
     from conveyor._message import utcnow
-    from conveyor.worker._shared import BackendCalls, Counters, Registry
+    from conveyor.worker import WorkerConfig
+    from conveyor.worker._calls import BackendCalls
+    from conveyor.worker._state import Counters, Registry
     from conveyor.worker.fetcher import Fetcher
 
     app = App(sqlite_url)
     counters = Counters()
     calls = BackendCalls(app.backend, counters)
 
-    def fetcher(max_capacity: int | None) -> Fetcher:
-        return Fetcher(
-            app, calls, Registry(), counters, asyncio.Queue(), ["q"], 40, "w", 30.0, utcnow, 1.0,
-            max_capacity=max_capacity,
-        )  # fmt: skip
+    def fetcher(config: WorkerConfig) -> Fetcher:
+        return Fetcher(app.catalogue, calls, Registry(), counters, asyncio.Queue(), config, ["q"], utcnow)
 
-    adaptive, fixed = fetcher(160), fetcher(None)
+    # The default buffer adapts (4 to 16 x concurrency: 40 to 160); a given prefetch is fixed.
+    adaptive, fixed = fetcher(WorkerConfig(concurrency=10)), fetcher(WorkerConfig(concurrency=10, prefetch=40))
     for f in (adaptive, fixed):
         f._rate_at -= 1.0  # one second ago, no job started yet
     counters.started = 3_000  # 3,000 jobs/s: 50 ms of work is 150 jobs

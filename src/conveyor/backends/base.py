@@ -32,8 +32,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 from uuid import UUID
+
+from conveyor._errors import ConfigurationError
 
 LiveState = Literal["pending", "processing"]
 TerminalState = Literal["completed", "dead", "expired", "cancelled"]
@@ -547,6 +549,74 @@ class ArchivePruneParams:
 
 
 # --------------------------------------------------------------------------------------------
+# API tokens (the HTTP service's bearer tokens)
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Token:
+    """One API token as stored: never the secret itself, only its SHA-256 (``secret_hash``, hex).
+
+    ``id`` is the public part of the bearer string, by which the token is looked up; ``name`` is
+    unique for ever (a revoked token keeps it) and is the actor of every action taken with the
+    token. ``role`` is ``producer``, ``operator`` or ``admin``; ``queues`` limits the token to those
+    queues (None: every queue)."""
+
+    id: str
+    name: str
+    role: str
+    queues: tuple[str, ...] | None
+    secret_hash: str
+    created_at: datetime
+    expires_at: datetime | None = None
+    revoked_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TokensInsertParams:
+    """Store a new token. Returns False, with nothing written, if its name or id is taken."""
+
+    token: Token
+
+
+@dataclass(frozen=True, slots=True)
+class TokenGetParams:
+    """The token with this public id (revoked and expired ones too), or None."""
+
+    id: str
+
+
+@dataclass(frozen=True, slots=True)
+class TokensRevokeParams:
+    """Set ``revoked_at = now`` on the unrevoked token named ``name``. Returns False if there is none."""
+
+    name: str
+    now: datetime
+# Checks every engine makes the same way
+# --------------------------------------------------------------------------------------------
+
+_Outcome = TypeVar("_Outcome", Finish, RetryItem)
+
+
+def one_outcome_per_job(items: Sequence[_Outcome]) -> list[_Outcome]:
+    """The items of an outcome batch an engine writes: the first for each delivery, i.e. each (job id,
+    receipt) (a second would archive a job twice, or race with the first inside one statement).
+    Items naming one job with different receipts all stay: at most one of them is current, and it
+    must apply even when a stale one (an earlier delivery's late outcome) comes first in the batch.
+    Raises ConfigurationError for a finish whose state is not terminal: the caller's bug, refused
+    before the database sees it."""
+    seen: set[tuple[UUID, str]] = set()
+    kept: list[_Outcome] = []
+    for item in items:
+        if isinstance(item, Finish) and item.state not in TERMINAL_STATES:
+            raise ConfigurationError(f"not a terminal state: {item.state!r}")
+        if (item.id, item.receipt) not in seen:
+            seen.add((item.id, item.receipt))
+            kept.append(item)
+    return kept
+
+
+# --------------------------------------------------------------------------------------------
 # The contract
 # --------------------------------------------------------------------------------------------
 
@@ -656,6 +726,22 @@ class Backend(Protocol):
     def archive_prune(self, params: ArchivePruneParams) -> int:
         """Return how many archived rows were deleted (partitions dropped count their rows)."""
         ...
+
+    # -- schema and API tokens -----------------------------------------------------------------
+
+    def migrations_pending(self) -> list[str]:
+        """The names of the migrations not yet applied (empty: the schema is current)."""
+        ...
+
+    def tokens_insert(self, params: TokensInsertParams) -> bool: ...
+
+    def token_get(self, params: TokenGetParams) -> Token | None: ...
+
+    def tokens_list(self) -> list[Token]:
+        """Every token (revoked and expired ones too), by name."""
+        ...
+
+    def tokens_revoke(self, params: TokensRevokeParams) -> bool: ...
 
 
 @dataclass(slots=True)

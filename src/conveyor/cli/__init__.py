@@ -15,6 +15,8 @@ from conveyor.cli._common import configure_logging, printable, settings
 from conveyor.cli.dlq import audit, dlq
 from conveyor.cli.jobs import contract, job, migrate, publish, send, stats
 from conveyor.cli.schedules import schedules
+from conveyor.cli.serve import serve
+from conveyor.cli.tokens import tokens
 from conveyor.cli.topics import topics
 from conveyor.cli.worker import worker
 
@@ -99,7 +101,7 @@ def _accept_global_options(group: click.Group) -> None:
             _accept_global_options(command)
 
 
-for _command in (migrate, worker, send, stats, job, dlq, audit, schedules, topics, publish, contract):
+for _command in (migrate, worker, serve, tokens, send, stats, job, dlq, audit, schedules, topics, publish, contract):
     cli.add_command(_command)
 
 

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import click
 
-from conveyor._limits import check_worker_options
 from conveyor.cli._common import fail, settings
+from conveyor.worker import WorkerConfig
 
 
 @click.command()
@@ -65,26 +63,20 @@ def worker(
     from conveyor.worker.supervisor import load_app, run_processes
 
     load_app(app_path)
+    lanes, weights = _lanes(queues)
     # Checked here, before any process is forked: a child that refuses its options would be restarted forever.
-    check_worker_options(
+    config = WorkerConfig(
+        queues=tuple(lanes) if lanes else None,
+        weights=weights,
         concurrency=concurrency,
         prefetch=prefetch,
-        visibility_timeout=visibility_timeout,
+        burst=burst,
         graceful_timeout=graceful_timeout,
+        visibility_timeout=visibility_timeout,
     )
-    lanes, weights = _lanes(queues)
-    options: dict[str, Any] = {
-        "queues": lanes,
-        "weights": weights,
-        "concurrency": concurrency,
-        "prefetch": prefetch,
-        "burst": burst,
-        "graceful_timeout": graceful_timeout,
-        "visibility_timeout": visibility_timeout,
-    }
     found = settings(ctx)
     db = found["database_url"] if found["db_given"] else None
-    ctx.exit(run_processes(app_path, db, processes, options))
+    ctx.exit(run_processes(app_path, db, processes, config))
 
 
 def _lanes(text: str | None) -> tuple[list[str] | None, dict[str, int] | None]:

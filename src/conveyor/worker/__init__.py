@@ -1,5 +1,7 @@
-"""The worker runtime: independent loops (fetch, execute, heartbeat, flush, rescue) around one Worker."""
+"""The worker runtime: independent loops (fetch, execute, heartbeat, complete, rescue, schedule, prune)
+around one Worker, configured by one WorkerConfig."""
 
+from conveyor.worker._config import WorkerConfig
 from conveyor.worker._worker import Worker
 
-__all__ = ["Worker"]
+__all__ = ["Worker", "WorkerConfig"]

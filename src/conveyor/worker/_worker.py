@@ -3,86 +3,53 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
-import socket
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
+from typing import Any
 
 from conveyor._app import App
-from conveyor._limits import check_worker_options
 from conveyor._message import utcnow
 from conveyor.backends.base import Delivery, JobsReleaseParams, LeaseRef, QueuesStatsParams
-from conveyor.worker._shared import BackendCalls, Counters, Registry, log
-from conveyor.worker.completer import Completer
-from conveyor.worker.executor import Executor
-from conveyor.worker.fetcher import Fetcher
-from conveyor.worker.heartbeat import Heartbeat
-from conveyor.worker.pruner import Pruner
-from conveyor.worker.rescuer import Rescuer
-from conveyor.worker.scheduler import Scheduler
+from conveyor.worker._config import WorkerConfig
+from conveyor.worker._loops import Loops, build_loops
+from conveyor.worker._state import Counters
+
+log = logging.getLogger("conveyor.worker")
 
 
 class Worker:
     """Drains ``queues`` (lanes, in strict order) with ``concurrency`` handler slots.
 
-    ``queues`` defaults to every queue a registered task declares. ``burst`` stops the worker once
+    ``queues`` defaults to every queue a registered task declares. The other options are those of
+    :class:`~conveyor.worker.WorkerConfig` (``concurrency``, ``prefetch``, ``burst``,
+    ``graceful_timeout``, ...), given one by one or as ``config``. ``burst`` stops the worker once
     its queues hold no live job (ready, scheduled or processing). Stop it with :meth:`stop` (or
     SIGTERM/SIGINT under :meth:`run_sync`): fetching stops, buffered jobs go back to pending at once,
-    running handlers get ``graceful_timeout`` seconds to finish, outcomes are flushed."""
+    running handlers get ``graceful_timeout`` seconds to finish, outcomes are flushed. ``exit_code``
+    is then 0, or 1 if a loop failed or outcomes could not be written."""
 
     def __init__(
         self,
         app: App,
         queues: Sequence[str] | None = None,
         *,
-        concurrency: int = 10,
-        prefetch: int | None = None,
-        visibility_timeout: float = 30.0,
-        poll_interval: float | None = None,
-        flush_interval: float = 0.005,
-        heartbeat_interval: float | None = None,
-        rescue_interval: float = 5.0,
-        schedule_interval: float = 1.0,
-        prune_interval: float = 60.0,
-        weights: Mapping[str, int] | None = None,
-        graceful_timeout: float = 30.0,
-        burst: bool = False,
-        worker_id: str | None = None,
+        config: WorkerConfig | None = None,
         clock: Callable[[], datetime] = utcnow,
+        **options: Any,
     ) -> None:
-        check_worker_options(
-            concurrency=concurrency,
-            prefetch=prefetch,
-            visibility_timeout=visibility_timeout,
-            graceful_timeout=graceful_timeout,
-        )
-        declared = sorted({t.options.queue for t in app.tasks.values()}) or ["default"]
+        if config is None:
+            config = WorkerConfig(queues=tuple(queues) if queues else None, **options)
+        elif queues or options:
+            raise TypeError("give either config or queues and options, not both")
         self.app = app
-        self.queues = list(queues) if queues else declared
-        self.concurrency = concurrency
-        # Leased-but-unstarted jobs held per process. The default starts at Celery's reservation, 4
-        # per slot, and adapts up to 16 per slot while handlers start jobs fast enough to use them
-        # (the buffer then holds about 50 ms of work: see Fetcher._adapt). Measured on PostgreSQL with
-        # no-op jobs: 2 x concurrency made the fetcher the bottleneck of a drain, and bigger acquires
-        # share each statement's fixed cost (docs/benchmarks.md). An explicit --prefetch is fixed:
-        # long-running jobs that should spread over many workers want it close to concurrency.
-        self.capacity = prefetch if prefetch is not None else max(4 * concurrency, 20)
-        self.max_capacity = None if prefetch is not None else max(16 * concurrency, self.capacity)
-        self.visibility_timeout = visibility_timeout
-        self.poll_interval = poll_interval
-        self.flush_interval = flush_interval
-        self.heartbeat_interval = heartbeat_interval
-        self.rescue_interval = rescue_interval
-        self.schedule_interval = schedule_interval
-        self.prune_interval = prune_interval
-        self.weights = dict(weights) if weights else None
-        self.graceful_timeout = graceful_timeout
-        self.burst = burst
-        self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}"
+        self.config = config
+        self.queues = list(config.queues) if config.queues else app.catalogue.declared_queues()
+        self.worker_id = config.identity
         self.clock = clock
         self.counters = Counters()
-        self.registry = Registry()
         self._stop_requested: asyncio.Event | None = None
         self._stopping = False
         self.exit_code = 0
@@ -99,61 +66,27 @@ class Worker:
         if self._stopping:
             self._stop_requested.set()
         backend = self.app.backend
-        calls = BackendCalls(backend, self.counters)
-        buffer: asyncio.Queue[Delivery | None] = asyncio.Queue()
-        poll = self.poll_interval if self.poll_interval is not None else (1.0 if backend.notifies else 0.25)
-        completer = Completer(calls, self.registry, self.counters, self.clock, self.flush_interval)
-        fetcher = Fetcher(
-            self.app,
-            calls,
-            self.registry,
-            self.counters,
-            buffer,
+        loops = build_loops(
+            self.app.catalogue,
+            self.app.producer,
+            backend,
+            self.config,
             self.queues,
-            self.capacity,
-            self.worker_id,
-            self.visibility_timeout,
             self.clock,
-            poll,
-            self.weights,
-            self.max_capacity,
-        )
-        executor = Executor(
-            self.app,
-            calls,
-            self.registry,
-            self.counters,
-            buffer,
-            completer,
-            self.concurrency,
-            self.clock,
-            on_take=fetcher.space.set,
+            counters=self.counters,
             on_stuck=self._on_stuck,
         )
-        heartbeat = Heartbeat(calls, self.registry, self.counters, self.clock, self.heartbeat_interval, completer)
-        rescuer = Rescuer(calls, self.counters, self.clock, self.rescue_interval, ready=lambda: completer.backlog == 0)
-        scheduler = Scheduler(self.app, calls, self.clock, self.schedule_interval)
-        pruner = Pruner(self.app, calls, self.clock, self.prune_interval)
-
         log.info(
             "worker %s: queues %s, concurrency %d, engine %s",
             self.worker_id,
             ",".join(self.queues),
-            self.concurrency,
+            self.config.concurrency,
             backend.engine,
         )
-        executor.start()
-        loops = {
-            "fetcher": asyncio.create_task(fetcher.run(), name="fetcher"),
-            "completer": asyncio.create_task(completer.run(), name="completer"),
-            "heartbeat": asyncio.create_task(heartbeat.run(), name="heartbeat"),
-            "rescuer": asyncio.create_task(rescuer.run(), name="rescuer"),
-            "scheduler": asyncio.create_task(scheduler.run(), name="scheduler"),
-            "pruner": asyncio.create_task(pruner.run(), name="pruner"),
-        }
-        watch = asyncio.create_task(self._watch(fetcher, executor, completer, calls), name="watch")
+        tasks = {loop: asyncio.create_task(loop.run(), name=loop.name) for loop in loops.all()}
+        watch = asyncio.create_task(self._watch(loops), name="watch")
         stop_wait = asyncio.create_task(self._stop_requested.wait())
-        done, _ = await asyncio.wait({stop_wait, *loops.values()}, return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait({stop_wait, *tasks.values()}, return_when=asyncio.FIRST_COMPLETED)
         for task in done:
             if task is stop_wait:
                 continue
@@ -168,39 +101,51 @@ class Worker:
                 log.error("worker loop %s ended unexpectedly; stopping", task.get_name())
         watch.cancel()
         stop_wait.cancel()
-
-        # 1. Stop fetching; let an acquire under way land in the buffer rather than vanish.
-        fetcher.stop()
-        await asyncio.wait({loops["fetcher"]}, timeout=30)
-        # 2. Hand buffered-but-unstarted jobs back to pending at once.
-        await self._release_buffered(buffer, calls)
-        # 3. Let running handlers finish within the graceful timeout (heartbeats keep their leases).
-        cut = await executor.stop(self.graceful_timeout)
-        if cut:
-            log.warning("%d handler(s) still running after %ss; their leases will expire", cut, self.graceful_timeout)
-        # 4. Flush every outcome, then stop the maintenance loops.
-        if not await completer.stop():
-            self.exit_code = 1
-        for loop in (heartbeat, rescuer, scheduler, pruner):
-            loop.stop()
-        for name in ("completer", "heartbeat", "rescuer", "scheduler", "pruner"):
-            loops[name].cancel()
-        await asyncio.gather(*loops.values(), return_exceptions=True)
-        calls.shutdown()
+        await self._shut_down(loops, tasks)
         log.info("worker %s stopped: %s", self.worker_id, self.counters.as_dict())
 
-    async def _release_buffered(self, buffer: asyncio.Queue[Delivery | None], calls: BackendCalls) -> None:
+    async def _shut_down(self, loops: Loops, tasks: dict[Any, asyncio.Task[None]]) -> None:
+        # 1. Stop fetching; let an acquire under way land in the buffer rather than vanish.
+        loops.fetcher.stop()
+        await asyncio.wait({tasks[loops.fetcher]}, timeout=30)
+        # 2. Hand buffered-but-unstarted jobs back to pending at once.
+        await self._release_buffered(loops)
+        # 3. Let running handlers finish within the graceful timeout (heartbeats keep their leases).
+        loops.executor.stop()
+        executor = tasks[loops.executor]
+        await asyncio.wait({executor}, timeout=self.config.graceful_timeout)
+        if not executor.done():
+            cut = loops.executor.running
+            executor.cancel()
+            await asyncio.wait({executor}, timeout=2.0)
+            log.warning(
+                "%d handler(s) still running after %ss; their leases will expire", cut, self.config.graceful_timeout
+            )
+        # 4. Flush every outcome, then stop the maintenance loops.
+        loops.completer.stop()
+        await asyncio.wait({tasks[loops.completer]})
+        if not loops.completer.flushed_all:
+            self.exit_code = 1
+        for loop in (loops.heartbeat, loops.rescuer, loops.scheduler, loops.pruner):
+            loop.stop()
+            tasks[loop].cancel()
+        await asyncio.gather(*tasks.values(), return_exceptions=True)
+        loops.calls.shutdown()
+
+    async def _release_buffered(self, loops: Loops) -> None:
         refs: list[LeaseRef] = []
+        buffer: asyncio.Queue[Delivery | None] = loops.buffer
         while not buffer.empty():
             delivery = buffer.get_nowait()
             if delivery is None:
                 continue
-            held = self.registry.held.get(delivery.id)
+            held = loops.registry.held.get(delivery.id)
             if held is not None and not held.lost:
                 refs.append(LeaseRef(delivery.id, delivery.receipt))
-            self.registry.drop(delivery.id)
+            loops.registry.drop(delivery.id)
         if refs:
             deadline = asyncio.get_running_loop().time() + 30
+            calls = loops.calls
             released = await calls.call(
                 calls.backend.jobs_release_many,
                 JobsReleaseParams(refs, self.clock()),
@@ -209,13 +154,19 @@ class Worker:
             )
             self.counters.released += released
 
-    async def _watch(self, fetcher: Fetcher, executor: Executor, completer: Completer, calls: BackendCalls) -> None:
+    async def _watch(self, loops: Loops) -> None:
         """With ``burst``: stop once the worker is idle and its queues hold no live job."""
-        if not self.burst:
+        if not self.config.burst:
             return
+        calls = loops.calls
         while True:
             await asyncio.sleep(0.1)
-            if not (fetcher.idle and executor.running == 0 and completer.backlog == 0 and len(self.registry) == 0):
+            if not (
+                loops.fetcher.idle
+                and loops.executor.running == 0
+                and loops.completer.backlog == 0
+                and len(loops.registry) == 0
+            ):
                 continue
             stats = await calls.call(calls.backend.queues_stats, QueuesStatsParams(self.clock()))
             live = sum(s.pending + s.scheduled + s.processing for s in stats if s.queue in self.queues)

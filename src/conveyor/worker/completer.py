@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import time
 from collections.abc import Callable, Sequence
 from datetime import datetime
@@ -19,7 +20,7 @@ from typing import cast
 from uuid import UUID
 
 from conveyor._errors import BackendError, BackendUnavailable
-from conveyor._policy import OUTCOME_REFUSED, Outcome, storable
+from conveyor._outcomes import OUTCOME_REFUSED, Outcome, storable
 from conveyor.backends.base import (
     ErrorInfo,
     Finish,
@@ -29,15 +30,21 @@ from conveyor.backends.base import (
     LeaseRef,
     RetryItem,
 )
-from conveyor.worker._shared import BackendCalls, Counters, Registry, log
+from conveyor.worker._calls import BackendCalls
+from conveyor.worker._service import Service
+from conveyor.worker._state import Counters, Registry
+
+log = logging.getLogger("conveyor.worker")
 
 
-class Completer:
+class Completer(Service):
     """Buffers outcomes and flushes them every ``flush_interval`` seconds (0: flush at once).
 
     An outcome is only dropped from memory after the database accepted it: while the database is
     away the batch is kept and retried, so a restart loses no ack. (A lease may expire meanwhile;
     the late ack is then stale and counted, and the job runs again: at-least-once.)"""
+
+    name = "completer"
 
     def __init__(
         self,
@@ -47,7 +54,9 @@ class Completer:
         clock: Callable[[], datetime],
         flush_interval: float = 0.005,
         max_batch: int = 1000,
+        final_timeout: float = 60.0,
     ) -> None:
+        super().__init__()
         self.calls = calls
         self.registry = registry
         self.counters = counters
@@ -57,8 +66,10 @@ class Completer:
         self._pending: list[Outcome] = []
         self._starts: dict[UUID, LeaseRef] = {}
         self._wake = asyncio.Event()
-        self._stopping = False
         self._give_up_at: float | None = None
+        self.final_timeout = final_timeout
+        #: False when the last flush gave up with outcomes left unwritten.
+        self.flushed_all = True
 
     def add(self, outcome: Outcome) -> None:
         """Queue one outcome for the next flush."""
@@ -204,22 +215,15 @@ class Completer:
         return self._give_up_at is not None and time.monotonic() >= self._give_up_at
 
     async def run(self) -> None:
-        """Flush on a short ticker until stopped."""
-        while not self._stopping:
+        """Flush on a short ticker until stopped, then flush what is left (see :meth:`stop`)."""
+        while not self.stopping:
             await self._wake.wait()
             self._wake.clear()
-            if self.flush_interval > 0 and not self._stopping:
+            if self.flush_interval > 0 and not self.stopping:
                 # Wait a moment so that outcomes finishing together share one statement.
                 await asyncio.sleep(self.flush_interval)
             await self.run_once()
-
-    async def stop(self, timeout: float = 60.0) -> bool:
-        """Flush what is left (retrying for up to ``timeout`` s if the database is away), then end.
-
-        Returns whether everything was written."""
-        self._stopping = True
-        self._wake.set()
-        self._give_up_at = time.monotonic() + timeout
+        self._give_up_at = time.monotonic() + self.final_timeout
         try:
             await self.run_once()
         except Exception as exc:  # the database stayed away past the timeout, or a bug
@@ -228,5 +232,11 @@ class Completer:
                 len(self._pending),
                 exc,
             )
-            return False
-        return True
+            self.flushed_all = False
+
+    def stop(self) -> None:
+        """End the loop after a last flush of everything queued, retrying for up to
+        ``final_timeout`` seconds while the database is away; ``flushed_all`` then says whether
+        every outcome was written."""
+        super().stop()
+        self._wake.set()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import logging
 import queue
 import threading
 from collections.abc import Callable
@@ -19,14 +20,18 @@ from concurrent.futures import Future
 from datetime import datetime
 from typing import Any, ParamSpec, TypeVar
 
-from conveyor._app import App
+from conveyor._catalogue import Catalogue
 from conveyor._context import JobContext
 from conveyor._errors import HandlerTimeout
-from conveyor._policy import Outcome, before_run, on_failure, on_manual, on_success
+from conveyor._outcomes import Outcome, before_run, on_failure, on_manual, on_success
 from conveyor._task import Task
 from conveyor.backends.base import Delivery, JobsStartParams, LeaseRef, LeasesExtendParams
-from conveyor.worker._shared import BackendCalls, Counters, Registry, log
+from conveyor.worker._calls import BackendCalls
+from conveyor.worker._service import Service
+from conveyor.worker._state import Counters, Registry
 from conveyor.worker.completer import Completer
+
+log = logging.getLogger("conveyor.worker")
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -177,15 +182,19 @@ class Starts:
             self._flushing = False
 
 
-class Executor:
+class Executor(Service):
     """Runs deliveries from the buffer through their task's handler and hands outcomes to the completer.
 
-    ``on_stuck`` is called once when as many handler threads hang past their timeout as there are
-    slots: a thread cannot be stopped, so only a new process gets them back."""
+    ``run()`` runs ``concurrency`` slots until :meth:`stop`, after which each slot ends once its
+    handler returns (the worker cancels the run past its graceful timeout). ``on_stuck`` is called
+    once when as many handler threads hang past their timeout as there are slots: a thread cannot be
+    stopped, so only a new process gets them back."""
+
+    name = "executor"
 
     def __init__(
         self,
-        app: App,
+        catalogue: Catalogue,
         calls: BackendCalls,
         registry: Registry,
         counters: Counters,
@@ -196,7 +205,9 @@ class Executor:
         on_take: Callable[[], None] = lambda: None,
         on_stuck: Callable[[int], None] = lambda stuck: None,
     ) -> None:
-        self.app = app
+        super().__init__()
+        self.catalogue = catalogue
+        self.backend = calls.backend
         self.registry = registry
         self.counters = counters
         self.buffer = buffer
@@ -208,7 +219,6 @@ class Executor:
         self.running = 0
         self.starts = Starts(calls, clock)
         self._threads = HandlerThreads(concurrency)
-        self._slots: list[asyncio.Task[None]] = []
         self._stuck_reported = False
 
     # The worker passes itself as the lease keeper so that ``ctx.extend`` reaches the database.
@@ -217,7 +227,7 @@ class Executor:
         if held is None or held.lost:
             return False
         params = LeasesExtendParams([LeaseRef(delivery.id, delivery.receipt)], seconds, self.clock())
-        extended = self.app.backend.leases_extend_many(params)
+        extended = self.backend.leases_extend_many(params)
         if delivery.id in extended:
             held.visibility_timeout = seconds
             return True
@@ -230,9 +240,9 @@ class Executor:
         if held is None or held.lost:
             self.registry.drop(delivery.id)
             return None
-        task = self.app.tasks.get(delivery.task)
+        task = self.catalogue.tasks.get(delivery.task)
         options = task.options if task else None
-        on_expire = self.app.queue_policy(delivery.queue).on_expire
+        on_expire = self.catalogue.queue_options(delivery.queue).on_expire
         outcome: Outcome | None = before_run(delivery, options, self.clock(), on_expire)
         if outcome is None:
             assert task is not None
@@ -253,7 +263,7 @@ class Executor:
 
     async def _run(self, task: Task[Any, Any], delivery: Delivery) -> Outcome:
         options = task.options
-        ctx = JobContext(delivery, keeper=self, backend=self.app.backend)
+        ctx = JobContext(delivery, keeper=self, backend=self.backend)
         try:
             kwargs: dict[str, Any] = json.loads(delivery.payload)
             if task.wants_context:
@@ -336,22 +346,24 @@ class Executor:
             finally:
                 self.running -= 1
 
-    def start(self) -> None:
-        self._slots = [asyncio.create_task(self._slot(), name=f"slot-{i}") for i in range(self.concurrency)]
+    async def run(self) -> None:
+        """Run the slots until stopped (and their handlers returned) or cancelled."""
+        slots = [asyncio.create_task(self._slot(), name=f"slot-{i}") for i in range(self.concurrency)]
+        try:
+            await asyncio.gather(*slots)
+        finally:
+            for slot in slots:
+                slot.cancel()
+            await asyncio.wait(slots, timeout=1.0)
+            # Threads still running a handler are abandoned (daemons: they do not hold the process's
+            # exit); their leases expire and rescue returns the jobs.
+            self._threads.shutdown(wait=False, cancel_futures=True)
 
-    async def stop(self, graceful_timeout: float) -> int:
-        """Let running handlers finish within ``graceful_timeout``; return how many were cut off."""
-        for _ in self._slots:
+    def stop(self) -> None:
+        """Let each slot end once its handler returns (buffered jobs are the worker's to hand back)."""
+        super().stop()
+        for _ in range(self.concurrency):
             self.buffer.put_nowait(None)
-        _done, pending = await asyncio.wait(self._slots, timeout=graceful_timeout) if self._slots else (set(), set())
-        for slot in pending:
-            slot.cancel()
-        if pending:
-            await asyncio.wait(pending, timeout=1.0)
-        # Threads still running a handler are abandoned (daemons: they do not hold the process's
-        # exit); their leases expire and rescue returns the jobs.
-        self._threads.shutdown(wait=False, cancel_futures=True)
-        return len(pending)
 
 
 class _Raised(Exception):

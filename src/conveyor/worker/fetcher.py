@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import Any
 
-from conveyor._app import App
+from conveyor._catalogue import Catalogue
 from conveyor.backends.base import Delivery, JobsAcquireParams, Listener
-from conveyor.worker._shared import BackendCalls, Counters, Registry, log
+from conveyor.worker._calls import BackendCalls
+from conveyor.worker._config import WorkerConfig
+from conveyor.worker._service import Service
+from conveyor.worker._state import Counters, Registry
+
+log = logging.getLogger("conveyor.worker")
 
 # An adaptive buffer holds about this many seconds of work at the rate handlers are starting jobs.
 _BUFFER_SECONDS = 0.05
@@ -19,7 +25,7 @@ _BUFFER_SECONDS = 0.05
 _ADAPT_EVERY = 0.25
 
 
-class Fetcher:
+class Fetcher(Service):
     """Keeps the buffer topped up from the worker's queues (lanes), in strict lane order.
 
     It refills when the buffer falls to half its capacity, in one acquire per lane, so that
@@ -27,50 +33,49 @@ class Fetcher:
     LISTEN/NOTIFY) or the poll interval, whichever comes first: with notifications, pickup latency
     does not depend on the poll interval, which then only catches jobs whose ``run_at`` came due."""
 
+    name = "fetcher"
+
     def __init__(
         self,
-        app: App,
+        catalogue: Catalogue,
         calls: BackendCalls,
         registry: Registry,
         counters: Counters,
         buffer: asyncio.Queue[Delivery | None],
+        config: WorkerConfig,
         queues: Sequence[str],
-        capacity: int,
-        worker_id: str,
-        visibility_timeout: float,
         clock: Callable[[], datetime],
-        poll_interval: float,
-        weights: Mapping[str, int] | None = None,
-        max_capacity: int | None = None,
     ) -> None:
-        self.app = app
+        super().__init__()
+        self.catalogue = catalogue
         self.calls = calls
         self.registry = registry
         self.counters = counters
         self.buffer = buffer
         self.queues = list(queues)
-        self.capacity = capacity
+        self.capacity = config.capacity
         # With max_capacity the buffer adapts between capacity and max_capacity (see _adapt).
-        self.base_capacity = capacity
-        self.max_capacity = max_capacity
+        self.base_capacity = config.capacity
+        self.max_capacity = config.max_capacity
         self._rate_at = time.monotonic()
         self._rate_started = 0
-        self.worker_id = worker_id
-        self.visibility_timeout = visibility_timeout
+        self.worker_id = config.identity
+        self.visibility_timeout = config.visibility_timeout
         self.clock = clock
-        self.poll_interval = poll_interval
+        backend = calls.backend
+        self.poll_interval = (
+            config.poll_interval if config.poll_interval is not None else (1.0 if backend.notifies else 0.25)
+        )
         self.space = asyncio.Event()
-        self._stop = asyncio.Event()
         self._listener: Listener | None = None
         self._listen_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="conveyor-listen")
         self.idle = False
-        self.weights = dict(weights) if weights else None
+        self.weights = dict(config.weights) if config.weights else None
 
     def _vt_for(self, queue: str) -> float:
         """The lease taken at acquire: the longest visibility timeout of the queue's tasks (the
         task is only known per row after acquire), else the worker's default."""
-        declared = [t.options.visibility_timeout for t in self.app.tasks.values() if t.options.queue == queue]
-        return max(declared, default=self.visibility_timeout)
+        return self.catalogue.lease_for(queue, self.visibility_timeout)
 
     def _adapt(self) -> None:
         """Size the buffer to hold about ``_BUFFER_SECONDS`` of work at the current start rate.
@@ -123,7 +128,7 @@ class Fetcher:
             return 0
         params = JobsAcquireParams(queue, limit, self._vt_for(queue), self.worker_id, self.clock())
         deliveries = await self.calls.call(
-            self.calls.backend.jobs_acquire, params, give_up=self._stop.is_set, what="acquire"
+            self.calls.backend.jobs_acquire, params, give_up=(lambda: self.stopping), what="acquire"
         )
         return self._take(deliveries)
 
@@ -131,7 +136,7 @@ class Fetcher:
         """Hold leased deliveries, buffer them for the executor and count them."""
         self.counters.acquired += len(deliveries)
         for delivery in deliveries:
-            options = self.app.task_options(delivery.task)
+            options = self.catalogue.task_options(delivery.task)
             vt = options.visibility_timeout if options else self.visibility_timeout
             self.registry.add(delivery, vt)
             self.buffer.put_nowait(delivery)
@@ -144,7 +149,7 @@ class Fetcher:
             self._listener = backend.listen(self.queues)
         idle_wait = 0.01
         try:
-            while not self._stop.is_set():
+            while not self.stopping:
                 self._adapt()
                 if self.buffer.qsize() > self.capacity // 2:
                     self.space.clear()
@@ -153,7 +158,7 @@ class Fetcher:
                 try:
                     got = await self.run_once()
                 except Exception:
-                    if self._stop.is_set():
+                    if self.stopping:
                         break
                     raise
                 self.idle = got == 0 and self.buffer.qsize() == 0
@@ -164,7 +169,7 @@ class Fetcher:
                     await self._wait_notification(self.poll_interval)
                 else:
                     # No notifications: poll adaptively, fast after work, slower when idle.
-                    await self._wait_for(self._stop, idle_wait)
+                    await self._wait_for(self._stopped, idle_wait)
                     idle_wait = min(idle_wait * 2, self.poll_interval)
         finally:
             if self._listener is not None:
@@ -188,7 +193,7 @@ class Fetcher:
 
         def wait_then_acquire() -> list[Delivery]:
             # The listener blocks a thread; bound each wait so a stop is noticed within 0.25 s.
-            if not listener.wait(min(timeout, 0.25)) or queue is None or self._stop.is_set():
+            if not listener.wait(min(timeout, 0.25)) or queue is None or self.stopping:
                 return []
             limit = self.capacity - self.buffer.qsize()
             if limit <= 0:
@@ -200,7 +205,7 @@ class Fetcher:
                 return []
 
         waited: asyncio.Future[list[Delivery]] = loop.run_in_executor(self._listen_pool, wait_then_acquire)
-        stop: asyncio.Future[bool] = asyncio.ensure_future(self._stop.wait())
+        stop: asyncio.Future[bool] = asyncio.ensure_future(self._stopped.wait())
         either: list[asyncio.Future[Any]] = [waited, stop]
         try:
             await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
@@ -211,12 +216,10 @@ class Fetcher:
         self._take(await waited)
 
     async def _wait_for(self, event: asyncio.Event, timeout: float | None) -> None:
-        waits = {asyncio.ensure_future(event.wait()), asyncio.ensure_future(self._stop.wait())}
+        waits = {asyncio.ensure_future(event.wait()), asyncio.ensure_future(self._stopped.wait())}
         try:
             await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         finally:
             for w in waits:
                 w.cancel()
 
-    def stop(self) -> None:
-        self._stop.set()

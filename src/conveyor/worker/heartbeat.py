@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
+import logging
+import time
 from collections import defaultdict
 from collections.abc import Callable
 from datetime import datetime
 
+from conveyor._task import DEFAULT_VISIBILITY_TIMEOUT
 from conveyor.backends.base import LeaseRef, LeasesExtendParams
-from conveyor.worker._shared import BackendCalls, Counters, Registry, log
+from conveyor.worker._calls import BackendCalls
+from conveyor.worker._service import Service
+from conveyor.worker._state import Counters, Registry
 from conveyor.worker.completer import Completer
 
+log = logging.getLogger("conveyor.worker")
 
-class Heartbeat:
+
+class Heartbeat(Service):
     """Every ``visibility_timeout / 3`` extends the leases of held deliveries (buffered and running).
 
     Buffered deliveries are extended too: a job waiting in the prefetch buffer behind slow handlers
@@ -21,6 +26,12 @@ class Heartbeat:
     so a buffered job is not started and a running one's outcome is known to be stale. The starts of
     jobs found running are handed to the completer to be counted now rather than with their outcome,
     so that the start of a job that runs long is known should this worker die under it."""
+
+    name = "heartbeat"
+    #: How often the loop re-reads the registry. The interval depends on what is held, and a
+    #: short-lease delivery acquired while the loop slept on a long interval (e.g. the 10 s of an
+    #: empty registry) must be extended before its lease runs out, not after the old sleep ends.
+    TICK = 0.1
 
     def __init__(
         self,
@@ -31,19 +42,31 @@ class Heartbeat:
         interval: float | None = None,
         completer: Completer | None = None,
     ) -> None:
-        self.completer = completer
+        super().__init__()
         self.calls = calls
         self.registry = registry
         self.counters = counters
         self.clock = clock
-        self.interval = interval
-        self._stop = asyncio.Event()
+        self.beat = interval
+        self.completer = completer
+        self._last = time.monotonic()
+
+    def beat_interval(self) -> float:
+        """A third of the shortest lease held (or the configured interval)."""
+        if self.beat is not None:
+            return self.beat
+        leases = [h.visibility_timeout for h in self.registry.held.values()]
+        return max(0.2, min(leases, default=DEFAULT_VISIBILITY_TIMEOUT) / 3)
 
     def next_interval(self) -> float:
-        if self.interval is not None:
-            return self.interval
-        vts = [h.visibility_timeout for h in self.registry.held.values()]
-        return max(0.2, min(vts, default=30.0) / 3)
+        return min(self.TICK, self.beat_interval())
+
+    def due(self) -> bool:
+        now = time.monotonic()
+        if now - self._last < self.beat_interval():
+            return False
+        self._last = now
+        return True
 
     async def run_once(self) -> int:
         """Extend every held lease; return how many were extended."""
@@ -59,7 +82,7 @@ class Heartbeat:
             params = LeasesExtendParams(refs, vt, self.clock())
             ids = set(
                 await self.calls.call(
-                    self.calls.backend.leases_extend_many, params, give_up=self._stop.is_set, what="heartbeat"
+                    self.calls.backend.leases_extend_many, params, give_up=lambda: self.stopping, what="heartbeat"
                 )
             )
             extended += len(ids)
@@ -70,27 +93,3 @@ class Heartbeat:
                     self.counters.lost_leases += 1
                     log.warning("lease of job %s was lost (expired and rescued)", ref.id)
         return extended
-
-    #: How often the loop re-reads the registry. The interval depends on what is held, and a
-    #: short-lease delivery acquired while the loop slept on a long interval (e.g. the 10 s of an
-    #: empty registry) must be extended before its lease runs out, not after the old sleep ends.
-    TICK = 0.1
-
-    async def run(self) -> None:
-        loop = asyncio.get_running_loop()
-        last = loop.time()
-        while not self._stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), timeout=min(self.TICK, self.next_interval()))
-            if self._stop.is_set():
-                return
-            if loop.time() - last < self.next_interval():
-                continue
-            last = loop.time()
-            try:
-                await self.run_once()
-            except Exception:
-                log.exception("heartbeat failed")
-
-    def stop(self) -> None:
-        self._stop.set()

@@ -2,22 +2,27 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
+import logging
 import random
 from collections.abc import Callable
 from datetime import datetime
 
 from conveyor.backends.base import JobsRescueParams
-from conveyor.worker._shared import BackendCalls, Counters, log
+from conveyor.worker._calls import BackendCalls
+from conveyor.worker._service import Service
+from conveyor.worker._state import Counters
+
+log = logging.getLogger("conveyor.worker")
 
 
-class Rescuer:
+class Rescuer(Service):
     """Every ``interval`` seconds (jittered, so that many workers do not all rescue at once).
 
     A round is skipped while ``ready()`` is false: the worker passes "my completer has nothing left to
     write", because after a database outage longer than a lease this worker's own finished jobs have
     expired leases too, and rescuing them before their acks land would run them a second time."""
+
+    name = "rescuer"
 
     def __init__(
         self,
@@ -27,43 +32,30 @@ class Rescuer:
         interval: float = 5.0,
         ready: Callable[[], bool] = lambda: True,
     ) -> None:
-        self.ready = ready
+        super().__init__()
         self.calls = calls
         self.counters = counters
         self.clock = clock
         self.interval = interval
-        self._stop = asyncio.Event()
+        self.ready = ready
+
+    def next_interval(self) -> float:
+        return self.interval * random.uniform(0.5, 1.5)
 
     async def run_once(self) -> int:
         """Rescue expired leases now; return how many jobs went back to pending."""
-        total = 0
         if not self.ready():
             return 0
+        total = 0
         while True:
+            params = JobsRescueParams(self.clock())
             n = await self.calls.call(
-                self.calls.backend.jobs_rescue_expired,
-                JobsRescueParams(self.clock()),
-                give_up=self._stop.is_set,
-                what="rescue",
+                self.calls.backend.jobs_rescue_expired, params, give_up=lambda: self.stopping, what="rescue"
             )
             total += n
-            if n < JobsRescueParams(self.clock()).limit:
+            if n < params.limit:
                 break
         if total:
             self.counters.rescued += total
             log.info("rescued %d job(s) with expired leases", total)
         return total
-
-    async def run(self) -> None:
-        while not self._stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), timeout=self.interval * random.uniform(0.5, 1.5))
-            if self._stop.is_set():
-                return
-            try:
-                await self.run_once()
-            except Exception:
-                log.exception("rescue failed")
-
-    def stop(self) -> None:
-        self._stop.set()

@@ -2,42 +2,51 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
+import logging
 from collections.abc import Callable
 from datetime import datetime
 
-from conveyor._app import App
 from conveyor._cron import Cron
 from conveyor._errors import ConveyorError
 from conveyor._limits import preview
 from conveyor._message import Message
+from conveyor._producer import Producer
 from conveyor.backends.base import Schedule, ScheduleFireParams, SchedulesUpsertParams
-from conveyor.worker._shared import BackendCalls, log
+from conveyor.worker._calls import BackendCalls
+from conveyor.worker._service import Service
+
+log = logging.getLogger("conveyor.worker")
 
 
-class Scheduler:
+class Scheduler(Service):
     """Every ``interval`` seconds, fires the schedules whose next tick is due.
 
     Correctness lives in the database, not in leadership: firing is a compare-and-set on the
     schedule's ``next_run_at`` in the same transaction as the job insert, so two schedulers that
     see the same due tick fire it once. After downtime only the latest missed tick fires (once),
-    and the next tick is computed from now, so a backlog of missed ticks is never replayed."""
+    and the next tick is computed from now, so a backlog of missed ticks is never replayed. The
+    producer builds each tick's job exactly as a send would (task defaults, limits)."""
 
-    def __init__(self, app: App, calls: BackendCalls, clock: Callable[[], datetime], interval: float = 1.0) -> None:
-        self.app = app
+    name = "scheduler"
+    run_first = True
+
+    def __init__(
+        self, producer: Producer, calls: BackendCalls, clock: Callable[[], datetime], interval: float = 1.0
+    ) -> None:
+        super().__init__()
+        self.producer = producer
         self.calls = calls
         self.clock = clock
         self.interval = interval
-        self._stop = asyncio.Event()
         self._declared = False
         self._skipped: dict[str, datetime] = {}
 
     async def declare(self) -> None:
         """Store the app's declared schedules (existing ones keep their pause state and next tick)."""
-        if self.app.schedules:
-            params = SchedulesUpsertParams(list(self.app.schedules.values()))
+        declared = self.producer.catalogue.schedules
+        if declared:
+            params = SchedulesUpsertParams(list(declared.values()))
             await self.calls.call(self.calls.backend.schedules_upsert, params, what="schedules")
         self._declared = True
 
@@ -73,21 +82,9 @@ class Scheduler:
             priority=schedule.priority,
             headers={"schedule": schedule.name, "tick": due.isoformat()},
         )
-        job = self.app._new_job(message, now)
+        job = self.producer.new_job(message, now)
         params = ScheduleFireParams(schedule.name, due, following, job, now)
         if await self.calls.call(self.calls.backend.schedule_fire, params, what="schedule fire"):
             log.info("schedule %s fired tick %s as job %s", schedule.name, due.isoformat(), job.id)
             return 1
         return 0
-
-    async def run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                await self.run_once()
-            except Exception:
-                log.exception("scheduler failed")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), timeout=self.interval)
-
-    def stop(self) -> None:
-        self._stop.set()

@@ -11,12 +11,13 @@ import os
 import signal
 import sys
 import time
-from typing import Any
 
 from conveyor._app import App
 from conveyor._errors import ConfigurationError
-from conveyor.worker._shared import log
+from conveyor.worker._config import WorkerConfig
 from conveyor.worker._worker import Worker
+
+log = logging.getLogger("conveyor.worker")
 
 
 def load_app(path: str) -> App:
@@ -36,7 +37,7 @@ def load_app(path: str) -> App:
     return app
 
 
-def run_worker(app_path: str, database_url: str | None, options: dict[str, Any], child: bool = False) -> int:
+def run_worker(app_path: str, database_url: str | None, config: WorkerConfig, child: bool = False) -> int:
     """Load the app and run one Worker in this process until it stops; return its exit code."""
     if child:
         # The supervisor owns SIGINT (a terminal's Ctrl-C reaches the whole process group); a child
@@ -45,7 +46,7 @@ def run_worker(app_path: str, database_url: str | None, options: dict[str, Any],
     app = load_app(app_path)
     if database_url:
         app.database_url = database_url
-    worker = Worker(app, **options)
+    worker = Worker(app, config=config)
     try:
         return worker.run_sync(signals=(signal.SIGTERM,) if child else (signal.SIGTERM, signal.SIGINT))
     finally:
@@ -61,26 +62,26 @@ def _log_config() -> tuple[int, str | None]:
 
 
 def _child_main(
-    app_path: str, database_url: str | None, options: dict[str, Any], log_config: tuple[int, str | None]
+    app_path: str, database_url: str | None, config: WorkerConfig, log_config: tuple[int, str | None]
 ) -> None:
     level, fmt = log_config
     logging.basicConfig(level=level, format=fmt or logging.BASIC_FORMAT)
-    sys.exit(run_worker(app_path, database_url, options, child=True))
+    sys.exit(run_worker(app_path, database_url, config, child=True))
 
 
-def run_processes(app_path: str, database_url: str | None, processes: int, options: dict[str, Any]) -> int:
+def run_processes(app_path: str, database_url: str | None, processes: int, config: WorkerConfig) -> int:
     """Run ``processes`` worker processes and supervise them until a signal (or, with burst, until
     all have drained). A child that dies unexpectedly is restarted. Returns 0 when every child
     stopped cleanly."""
     if processes <= 1:
-        return run_worker(app_path, database_url, options)
+        return run_worker(app_path, database_url, config)
     load_app(app_path)  # fail fast, in the parent, with a clear message
     ctx = multiprocessing.get_context("spawn")
     children: list[multiprocessing.process.BaseProcess] = []
     stopping = [0]
 
     def spawn() -> multiprocessing.process.BaseProcess:
-        p = ctx.Process(target=_child_main, args=(app_path, database_url, options, _log_config()), daemon=False)
+        p = ctx.Process(target=_child_main, args=(app_path, database_url, config, _log_config()), daemon=False)
         p.start()
         return p
 
@@ -106,7 +107,7 @@ def run_processes(app_path: str, database_url: str | None, processes: int, optio
             break
         children.append(spawn())
         forward(children[-1])  # a signal that came while it was being started
-    burst = bool(options.get("burst"))
+    burst = config.burst
     failed = False
     while True:
         alive = False

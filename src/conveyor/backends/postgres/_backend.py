@@ -9,13 +9,13 @@ import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext, suppress
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 from uuid import UUID
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.pq import TransactionStatus
-from psycopg.rows import TupleRow, tuple_row
+from psycopg.rows import TupleRow, class_row, tuple_row
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from conveyor._errors import BackendError, BackendUnavailable, ConfigurationError
@@ -59,6 +59,11 @@ from conveyor.backends.base import (
     SubscriptionsDeleteParams,
     SubscriptionsListParams,
     SubscriptionsUpsertParams,
+    Token,
+    TokenGetParams,
+    TokensInsertParams,
+    TokensRevokeParams,
+    one_outcome_per_job,
 )
 from conveyor.backends.postgres._listener import PostgresListener
 
@@ -77,6 +82,7 @@ _CHECK_IDLE_AFTER = 1.0
 _INSERT_CHUNK = 50_000
 
 Conn = psycopg.Connection[TupleRow]
+R = TypeVar("R")
 
 
 # Batches of at least this many jobs without idempotency keys are inserted by COPY (see jobs_copy);
@@ -289,6 +295,14 @@ class PostgresBackend:
         with self._connection(name, ack) as conn:
             return conn.execute(self._q[name], params, prepare=True).fetchone()
 
+    def _records(self, name: str, params: Mapping[str, Any], record: type[R], ack: bool = False) -> list[R]:
+        """The rows of a statement as ``record`` dataclasses, mapped by column name (a statement's
+        select list names its columns as the record's fields, so that adding a field cannot shift
+        the others)."""
+        with self._connection(name, ack) as conn:
+            cur = conn.cursor(row_factory=class_row(record))
+            return cur.execute(self._q[name], params, prepare=True).fetchall()
+
     def close(self) -> None:
         """Close the pool and every listener this backend opened."""
         for listener in list(self._listeners):
@@ -452,7 +466,7 @@ class PostgresBackend:
         """Lease up to ``limit`` ready jobs of one queue in one statement (FOR UPDATE SKIP LOCKED)."""
         if params.limit <= 0:
             return []
-        rows = self._fetchall(
+        return self._records(
             "jobs_acquire",
             {
                 "queue": params.queue,
@@ -461,9 +475,9 @@ class PostgresBackend:
                 "worker_id": params.worker_id,
                 "now": params.now,
             },
+            Delivery,
             ack=True,
         )
-        return [Delivery(*row) for row in rows]
 
     def jobs_start_many(self, params: JobsStartParams) -> list[UUID]:
         """Count deliveries as started, in one statement; return the ids still held."""
@@ -475,7 +489,7 @@ class PostgresBackend:
 
     def jobs_finish_many(self, params: JobsFinishParams) -> int:
         """Archive deliveries in their terminal state in one statement; return how many applied."""
-        items = [(item, _receipt(item.receipt)) for item in params.items]
+        items = [(item, _receipt(item.receipt)) for item in one_outcome_per_job(params.items)]
         items = [(item, receipt) for item, receipt in items if receipt is not None]
         if not items:
             return 0
@@ -501,7 +515,7 @@ class PostgresBackend:
 
     def jobs_retry_many(self, params: JobsRetryParams) -> int:
         """Return deliveries to pending at their ``run_at`` in one statement; return how many applied."""
-        items = [(item, _receipt(item.receipt)) for item in params.items]
+        items = [(item, _receipt(item.receipt)) for item in one_outcome_per_job(params.items)]
         items = [(item, receipt) for item, receipt in items if receipt is not None]
         if not items:
             return 0
@@ -567,24 +581,25 @@ class PostgresBackend:
 
     def job_get(self, params: JobGetParams) -> JobRecord | None:
         """The job, live or archived, or None."""
-        row = self._fetchone("job_get", {"id": params.id})
-        return JobRecord(*row) if row else None
+        rows = self._records("job_get", {"id": params.id}, JobRecord)
+        return rows[0] if rows else None
 
     def jobs_list(self, params: JobsListParams) -> list[JobRecord]:
         """Live jobs ordered by id, after ``after``."""
-        rows = self._fetchall("jobs_list", {"queue": params.queue, "after": params.after, "limit": params.limit})
-        return [JobRecord(*row) for row in rows]
+        return self._records(
+            "jobs_list", {"queue": params.queue, "after": params.after, "limit": params.limit}, JobRecord
+        )
 
     def queues_stats(self, params: QueuesStatsParams) -> list[QueueStats]:
         """Counts per queue (every queue with a live or archived row), ordered by name."""
-        rows = self._fetchall("queues_stats", {"now": params.now})
-        return [QueueStats(*row) for row in rows]
+        return self._records("queues_stats", {"now": params.now}, QueueStats)
 
     def archive_read(self, params: ArchiveReadParams) -> list[JobRecord]:
         """Archived rows after the (finished_at, id) watermark, in that order."""
         after_at, after_id = params.after if params.after is not None else (None, None)
-        rows = self._fetchall("archive_read", {"after_at": after_at, "after_id": after_id, "limit": params.limit})
-        return [JobRecord(*row) for row in rows]
+        return self._records(
+            "archive_read", {"after_at": after_at, "after_id": after_id, "limit": params.limit}, JobRecord
+        )
 
     # ---------------------------------------------------------------------------------------
     # Dead letters and audit
@@ -592,7 +607,7 @@ class PostgresBackend:
 
     def dead_list(self, params: DeadListParams) -> list[JobRecord]:
         """Unreplayed dead letters, newest first."""
-        rows = self._fetchall(
+        return self._records(
             "dead_list",
             {
                 "queue": params.queue,
@@ -603,8 +618,8 @@ class PostgresBackend:
                 "before_at": params.before[0] if params.before else None,
                 "before_id": params.before[1] if params.before else None,
             },
+            JobRecord,
         )
-        return [JobRecord(*row) for row in rows]
 
     def dead_replay_many(self, params: DeadReplayParams) -> list[tuple[UUID, UUID]]:
         """Replay dead letters as new jobs in one transaction; return the pairs replayed, in input order."""
@@ -732,7 +747,7 @@ class PostgresBackend:
 
     def schedules_list(self) -> list[Schedule]:
         """Every schedule, by name."""
-        return [Schedule(*row) for row in self._fetchall("schedules_list", {})]
+        return self._records("schedules_list", {}, Schedule)
 
     def schedules_update(self, params: SchedulesUpdateParams) -> bool:
         """Pause, resume or re-time one schedule; False if it does not exist."""
@@ -802,7 +817,7 @@ class PostgresBackend:
 
     def subscriptions_list(self, params: SubscriptionsListParams) -> list[Subscription]:
         """Subscriptions (of one topic, or all), ordered by topic then queue."""
-        return [Subscription(*row) for row in self._fetchall("subscriptions_list", {"topic": params.topic})]
+        return self._records("subscriptions_list", {"topic": params.topic}, Subscription)
 
     def subscriptions_delete(self, params: SubscriptionsDeleteParams) -> bool:
         """Delete one subscription; False if it did not exist."""
@@ -863,3 +878,53 @@ class PostgresBackend:
                 )
                 deleted += cur.rowcount
         return deleted
+
+    # ---------------------------------------------------------------------------------------
+    # Schema and API tokens
+    # ---------------------------------------------------------------------------------------
+
+    def migrations_pending(self) -> list[str]:
+        """The names of the migrations not yet applied to this database."""
+        with self._connection("migrations_pending") as conn:
+            ledger = conn.execute(self._q["migrations_ledger_exists"]).fetchone()
+            rows = conn.execute(self._q["migrations_applied"]).fetchall() if ledger and ledger[0] else []
+        done = {row[0] for row in rows}
+        return [m.name for m in load_migrations(_PACKAGE) if m.version not in done]
+
+    def tokens_insert(self, params: TokensInsertParams) -> bool:
+        """Store a token; False, with nothing written, if its name or id is taken."""
+        t = params.token
+        row = self._fetchone(
+            "tokens_insert",
+            {
+                "id": t.id,
+                "name": t.name,
+                "role": t.role,
+                "queues": None if t.queues is None else list(t.queues),
+                "secret_hash": t.secret_hash,
+                "created_at": t.created_at,
+                "expires_at": t.expires_at,
+            },
+        )
+        return row is not None
+
+    def token_get(self, params: TokenGetParams) -> Token | None:
+        """The token with this public id, or None."""
+        row = self._fetchone("token_get", {"id": params.id})
+        return None if row is None else _token(row)
+
+    def tokens_list(self) -> list[Token]:
+        """Every token, by name."""
+        return [_token(row) for row in self._fetchall("tokens_list", {})]
+
+    def tokens_revoke(self, params: TokensRevokeParams) -> bool:
+        """Revoke the unrevoked token named ``name``; False if there is none."""
+        with self._connection("tokens_revoke") as conn:
+            return conn.execute(self._q["tokens_revoke"], {"name": params.name, "now": params.now}).rowcount > 0
+
+
+def _token(row: TupleRow) -> Token:
+    id_, name, role, queues, secret_hash, created_at, expires_at, revoked_at = row
+    return Token(
+        id_, name, role, None if queues is None else tuple(queues), secret_hash, created_at, expires_at, revoked_at
+    )

@@ -7,21 +7,17 @@ import sqlite3
 import threading
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any
 from uuid import UUID
 
 from conveyor._errors import BackendError, ConfigurationError
 from conveyor.backends import base
-from conveyor.backends._sql import load_queries
+from conveyor.backends._sql import load_migrations, load_queries
 from conveyor.backends.sqlite import _convert as cv
 from conveyor.backends.sqlite import _schema
 from conveyor.backends.sqlite._connection import ConnectionPool, Connections, MemoryConnection, translated
 
 _QUERIES = load_queries("conveyor.backends.sqlite")
-
-_RECORD_STATES: frozenset[str] = frozenset(base.TERMINAL_STATES)
-
-_Item = TypeVar("_Item", base.Finish, base.RetryItem)
 
 
 class SqliteBackend:
@@ -168,15 +164,13 @@ class SqliteBackend:
         if items == "[]":
             return []
         with self._pool.write() as conn:
-            rows = conn.execute(self._q["jobs_start"], {"items": items}).fetchall()
+            rows = conn.execute(self._q["jobs_start_many"], {"items": items}).fetchall()
         return _held(params.items, rows)
 
     def jobs_finish_many(self, params: base.JobsFinishParams) -> int:
         """Archive deliveries in their terminal state; return how many applied (the rest were stale)."""
         items = []
-        for item in _first_per_delivery(params.items):
-            if item.state not in _RECORD_STATES:
-                raise BackendError(f"not a terminal state: {item.state!r}")
+        for item in base.one_outcome_per_job(params.items):
             error = item.error
             items.append(
                 {
@@ -211,12 +205,12 @@ class SqliteBackend:
                 "traceback": item.error.traceback,
                 "counted": 1 if item.counted else 0,
             }
-            for item in _first_per_delivery(params.items)
+            for item in base.one_outcome_per_job(params.items)
         ]
         if not items:
             return 0
         with self._pool.write() as conn:
-            return conn.execute(self._q["jobs_retry"], {"items": json.dumps(items)}).rowcount
+            return conn.execute(self._q["jobs_retry_many"], {"items": json.dumps(items)}).rowcount
 
     def jobs_release_many(self, params: base.JobsReleaseParams) -> int:
         """Hand leased jobs that never started back to pending; return how many applied."""
@@ -224,7 +218,7 @@ class SqliteBackend:
         if items == "[]":
             return 0
         with self._pool.write() as conn:
-            return conn.execute(self._q["jobs_release"], {"items": items}).rowcount
+            return conn.execute(self._q["jobs_release_many"], {"items": items}).rowcount
 
     def leases_extend_many(self, params: base.LeasesExtendParams) -> list[UUID]:
         """Extend the leases still held; return their ids (a missing id means the lease was lost)."""
@@ -233,7 +227,7 @@ class SqliteBackend:
             return []
         with self._pool.write() as conn:
             rows = conn.execute(
-                self._q["leases_extend"],
+                self._q["leases_extend_many"],
                 {
                     "items": items,
                     "lease_expires_at": _lease_end(params.now, params.visibility_timeout),
@@ -377,7 +371,7 @@ class SqliteBackend:
         ids = json.dumps([cv.to_db_id(i) for i in params.ids])
         now = cv.to_db_time(params.now)
         with self._pool.write() as conn:
-            rows = conn.execute(self._q["dead_purge"], {"ids": ids}).fetchall()
+            rows = conn.execute(self._q["dead_purge_many"], {"ids": ids}).fetchall()
             purged = sorted(UUID(row[0]) for row in rows)
             self._audit(conn, now, params.actor, "purge", params.reason, purged, {"count": len(purged)})
         return len(purged)
@@ -569,19 +563,62 @@ class SqliteBackend:
         with self._pool.write() as conn:
             return conn.execute(self._q["archive_prune"], args).rowcount
 
+    # ------------------------------------------------------------------ schema and API tokens
 
-def _first_per_delivery(items: Sequence[_Item]) -> list[_Item]:
-    # One outcome per delivery and batch: a second item for the same (id, receipt) would otherwise
-    # archive the job twice or race with the first inside one statement. Items naming the same job
-    # with different receipts all stay: at most one of them is current, and it must apply even when
-    # a stale one (an earlier delivery's late outcome) comes first in the batch.
-    seen: set[tuple[UUID, str]] = set()
-    kept: list[_Item] = []
-    for item in items:
-        if (item.id, item.receipt) not in seen:
-            seen.add((item.id, item.receipt))
-            kept.append(item)
-    return kept
+    def migrations_pending(self) -> list[str]:
+        """The names of the migrations not yet applied to this database."""
+        with self._pool.read() as conn:
+            ledger = conn.execute(self._q["migrations_ledger_exists"]).fetchone()
+            done = {row[0] for row in conn.execute(self._q["migrations_applied"])} if ledger else set()
+        return [m.name for m in load_migrations("conveyor.backends.sqlite") if m.version not in done]
+
+    def tokens_insert(self, params: base.TokensInsertParams) -> bool:
+        """Store a token; False, with nothing written, if its name or id is taken."""
+        t = params.token
+        with self._pool.write() as conn:
+            rows = conn.execute(
+                self._q["tokens_insert"],
+                {
+                    "id": t.id,
+                    "name": t.name,
+                    "role": t.role,
+                    "queues": None if t.queues is None else json.dumps(list(t.queues)),
+                    "secret_hash": t.secret_hash,
+                    "created_at": cv.to_db_time(t.created_at),
+                    "expires_at": cv.to_db_time_or_none(t.expires_at),
+                },
+            ).fetchall()
+        return bool(rows)
+
+    def token_get(self, params: base.TokenGetParams) -> base.Token | None:
+        """The token with this public id, or None."""
+        with self._pool.read() as conn:
+            row = conn.execute(self._q["token_get"], {"id": params.id}).fetchone()
+        return None if row is None else _token(row)
+
+    def tokens_list(self) -> list[base.Token]:
+        """Every token, by name."""
+        with self._pool.read() as conn:
+            return [_token(row) for row in conn.execute(self._q["tokens_list"]).fetchall()]
+
+    def tokens_revoke(self, params: base.TokensRevokeParams) -> bool:
+        """Revoke the unrevoked token named ``name``; False if there is none."""
+        with self._pool.write() as conn:
+            cur = conn.execute(self._q["tokens_revoke"], {"name": params.name, "now": cv.to_db_time(params.now)})
+            return cur.rowcount > 0
+
+
+def _token(row: sqlite3.Row) -> base.Token:
+    return base.Token(
+        id=row["id"],
+        name=row["name"],
+        role=row["role"],
+        queues=None if row["queues"] is None else tuple(json.loads(row["queues"])),
+        secret_hash=row["secret_hash"],
+        created_at=cv.from_db_time(row["created_at"]),
+        expires_at=cv.from_db_time_or_none(row["expires_at"]),
+        revoked_at=cv.from_db_time_or_none(row["revoked_at"]),
+    )
 
 
 def _lease_end(now: datetime, visibility_timeout: float) -> float:

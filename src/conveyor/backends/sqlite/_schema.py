@@ -43,7 +43,7 @@ def migrate(pool: Connections, queries: dict[str, str]) -> list[str]:
     migrations: list[Migration] = load_migrations(_PACKAGE)
     applied: list[str] = []
     with pool.write() as conn:
-        conn.execute(queries["migrations_create"])
+        conn.execute(queries["migrations_table"])
         done = {row[0] for row in conn.execute(queries["migrations_applied"])}
         for migration in migrations:
             if migration.version in done:

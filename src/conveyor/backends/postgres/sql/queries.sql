@@ -10,7 +10,8 @@
 -- O(rows finished recently) per call instead of one primary-key probe per item (measured: a
 -- 500-item finish went from ~2.6 s to a few ms in a 60,000-job drain).
 --
--- Conventions: parameters are psycopg named placeholders; batches travel as parallel arrays that
+-- Conventions: a statement that returns records names its columns as the record's fields (the
+-- backend maps rows by name). Parameters are psycopg named placeholders; batches travel as parallel arrays that
 -- the statement unnests, so that one call is one round trip however many jobs it names. Arrays
 -- are sent in binary (the b placeholders): psycopg builds a binary array many times faster than the quoted
 -- text form, which dominated the cost of a 20,000-job insert. Payloads,
@@ -38,6 +39,10 @@ CREATE TABLE IF NOT EXISTS conveyor_schema_migrations (
 
 -- name: migrations_applied
 SELECT version FROM conveyor_schema_migrations ORDER BY version
+
+-- name: migrations_ledger_exists
+-- Whether migrate() has ever run here (readiness checks ask before the ledger exists).
+SELECT to_regclass('conveyor_schema_migrations') IS NOT NULL
 
 -- name: migrations_record
 INSERT INTO conveyor_schema_migrations (version, name) VALUES (%(version)s, %(name)s)
@@ -560,8 +565,8 @@ SELECT (SELECT count(*) FROM rescued), (SELECT count(*) FROM notified)
     SELECT id, queue, task, payload::text, headers::text, state, priority, run_at, enqueued_at,
            expires_at, attempts, deliveries, max_attempts, max_deliveries, idempotency_key,
            ordering_key, replay_of, first_started_at, started_at, lease_expires_at, worker_id,
-           error_type, error_message, traceback, NULL::timestamptz, NULL::text, NULL::text,
-           NULL::uuid, rescues
+           error_type, error_message, traceback, NULL::timestamptz AS finished_at, NULL::text AS result,
+           NULL::text AS reason, NULL::uuid AS replayed_by, rescues
     FROM jobs
     WHERE id = %(id)s
 )
@@ -582,8 +587,8 @@ LIMIT 1
 SELECT id, queue, task, payload::text, headers::text, state, priority, run_at, enqueued_at,
        expires_at, attempts, deliveries, max_attempts, max_deliveries, idempotency_key,
        ordering_key, replay_of, first_started_at, started_at, lease_expires_at, worker_id,
-       error_type, error_message, traceback, NULL::timestamptz, NULL::text, NULL::text,
-       NULL::uuid, rescues
+       error_type, error_message, traceback, NULL::timestamptz AS finished_at, NULL::text AS result,
+       NULL::text AS reason, NULL::uuid AS replayed_by, rescues
 FROM jobs
 WHERE (%(queue)s::text IS NULL OR queue = %(queue)s::text)
   AND (%(after)s::uuid IS NULL OR id > %(after)s::uuid)
@@ -612,10 +617,11 @@ ended AS (
     GROUP BY queue
 )
 SELECT coalesce(l.queue, e.queue) AS queue,
-       coalesce(l.pending, 0), coalesce(l.scheduled, 0), coalesce(l.processing, 0),
-       coalesce(e.completed, 0), coalesce(e.dead, 0), coalesce(e.expired, 0),
-       coalesce(e.cancelled, 0),
-       extract(epoch FROM (%(now)s - l.oldest_ready))::float8
+       coalesce(l.pending, 0) AS pending, coalesce(l.scheduled, 0) AS scheduled,
+       coalesce(l.processing, 0) AS processing, coalesce(e.completed, 0) AS completed,
+       coalesce(e.dead, 0) AS dead, coalesce(e.expired, 0) AS expired,
+       coalesce(e.cancelled, 0) AS cancelled,
+       extract(epoch FROM (%(now)s - l.oldest_ready))::float8 AS oldest_pending_age
 FROM live AS l
 FULL JOIN ended AS e ON e.queue = l.queue
 ORDER BY 1
@@ -716,3 +722,25 @@ WHERE (finished_at, id) > (coalesce(%(after_at)s::timestamptz, '-infinity'),
                            coalesce(%(after_id)s::uuid, '00000000-0000-0000-0000-000000000000'))
 ORDER BY finished_at, id
 LIMIT %(limit)s
+
+-- name: tokens_insert
+-- A taken name or id inserts nothing (RETURNING then yields no row): names are unique for ever.
+INSERT INTO tokens (id, name, role, queues, secret_hash, created_at, expires_at, revoked_at)
+VALUES (%(id)s, %(name)s, %(role)s, %(queues)s, %(secret_hash)s, %(created_at)s, %(expires_at)s, NULL)
+ON CONFLICT DO NOTHING
+RETURNING id
+
+-- name: token_get
+-- One primary-key probe per request that the service's token cache has not seen lately.
+SELECT id, name, role, queues, secret_hash, created_at, expires_at, revoked_at
+FROM tokens
+WHERE id = %(id)s
+
+-- name: tokens_list
+SELECT id, name, role, queues, secret_hash, created_at, expires_at, revoked_at
+FROM tokens
+ORDER BY name
+
+-- name: tokens_revoke
+UPDATE tokens SET revoked_at = %(now)s
+WHERE name = %(name)s AND revoked_at IS NULL

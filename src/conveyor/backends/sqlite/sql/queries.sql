@@ -5,7 +5,7 @@
 -- Times inside those arrays are integer microseconds, divided here, because integers survive the
 -- JSON round trip exactly where decimal floats might not.
 
--- name: migrations_create
+-- name: migrations_table
 -- The ledger of applied migrations; created before anything else so that migrate() can read it
 -- inside the same write transaction that applies the missing versions.
 CREATE TABLE IF NOT EXISTS schema_migrations (
@@ -18,6 +18,10 @@ CREATE TABLE IF NOT EXISTS schema_migrations (
 -- Read inside BEGIN IMMEDIATE, so a second process calling migrate() at the same time waits for
 -- the first and then sees its versions instead of applying them again.
 SELECT version FROM schema_migrations ORDER BY version
+
+-- name: migrations_ledger_exists
+-- Whether migrate() has ever run here (readiness checks ask before the ledger exists).
+SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schema_migrations'
 
 -- name: migrations_record
 INSERT INTO schema_migrations (version, name, applied_at) VALUES (:version, :name, :now)
@@ -60,7 +64,7 @@ SELECT job_id FROM idempotency_keys WHERE queue = :queue AND key = :key
 -- second test covers a smaller id that committed after a larger one was already handed out.
 -- RETURNING does not promise any order, so the caller sorts.
 -- A lease is not a delivery: deliveries is counted when the handler starts (with its outcome, or
--- by jobs_start), so jobs a worker only prefetched are not charged if it dies.
+-- by jobs_start_many), so jobs a worker only prefetched are not charged if it dies.
 -- :lease_expires_at is now + the visibility timeout, added by the caller on exact microseconds: a
 -- sum of two REAL seconds here could round below the exact end, and rescue (lease < now) would
 -- then take the lease back at the very instant it should still hold.
@@ -97,7 +101,7 @@ RETURNING id, queue, task, payload, headers, priority, run_at, enqueued_at, expi
     deliveries, max_attempts, max_deliveries, idempotency_key, ordering_key, receipt,
     lease_expires_at, rescues
 
--- name: jobs_start
+-- name: jobs_start_many
 -- Count deliveries as started before their outcome: a suspect job's just before its handler runs
 -- (poison protection reads the count, so a handler that kills its worker has been counted), and jobs
 -- running long from the heartbeat. Same (id, receipt) match as every outcome; RETURNING names the
@@ -153,7 +157,7 @@ WHERE state = 'processing'
       SELECT json_extract(value, '$.id'), json_extract(value, '$.receipt') FROM json_each(:items)
   )
 
--- name: jobs_retry
+-- name: jobs_retry_many
 -- Back to pending at the item's run_at with the attempt counted and its error kept for
 -- inspection; the receipt is cleared so the failed delivery can no longer act on the job.
 UPDATE jobs
@@ -178,7 +182,7 @@ FROM (
 ) AS r
 WHERE jobs.id = r.id AND jobs.receipt = r.receipt AND jobs.state = 'processing'
 
--- name: jobs_release
+-- name: jobs_release_many
 -- Hand back leased jobs that never started (graceful shutdown): ready again at once. A lease is not a
 -- delivery, so deliveries stays, and a job never started before is again one that never started.
 UPDATE jobs
@@ -194,7 +198,7 @@ FROM (
 ) AS r
 WHERE jobs.id = r.id AND jobs.receipt = r.receipt AND jobs.state = 'processing'
 
--- name: leases_extend
+-- name: leases_extend_many
 -- Heartbeat: push the lease of every delivery still held (same receipt, still processing); the
 -- (id, receipt) pairs returned tell the worker which leases it still has. The new end is computed
 -- by the caller, as in jobs_acquire.
@@ -309,7 +313,7 @@ FROM (
 ) AS r
 WHERE archive.id = r.dead_id AND archive.state = 'dead' AND archive.replayed_by IS NULL
 
--- name: dead_purge
+-- name: dead_purge_many
 -- Delete dead letters for good; RETURNING names them for the audit row.
 DELETE FROM archive
 WHERE state = 'dead' AND id IN (SELECT value FROM json_each(:ids))
@@ -461,3 +465,24 @@ WHERE rowid IN (
     ORDER BY a.finished_at
     LIMIT :limit
 )
+
+-- name: tokens_insert
+-- A taken name or id inserts nothing (RETURNING then yields no row): names are unique for ever.
+INSERT INTO tokens (id, name, role, queues, secret_hash, created_at, expires_at, revoked_at)
+VALUES (:id, :name, :role, :queues, :secret_hash, :created_at, :expires_at, NULL)
+ON CONFLICT DO NOTHING
+RETURNING id
+
+-- name: token_get
+SELECT id, name, role, queues, secret_hash, created_at, expires_at, revoked_at
+FROM tokens
+WHERE id = :id
+
+-- name: tokens_list
+SELECT id, name, role, queues, secret_hash, created_at, expires_at, revoked_at
+FROM tokens
+ORDER BY name
+
+-- name: tokens_revoke
+UPDATE tokens SET revoked_at = :now
+WHERE name = :name AND revoked_at IS NULL

@@ -111,7 +111,7 @@ def test_weighted_lanes_option_errors(db: str) -> None:
 
 
 def test_send_applies_the_apps_backpressure(db: str) -> None:
-    args = ("--app", "tests.features.bounded_app:app", "send", "bounded", "t")
+    args = ("--app", "tests.e2e.bounded_app:app", "send", "bounded", "t")
     ok(db, *args)
     ok(db, *args)
     one_line_error(run(db, *args), "queue 'bounded' is full")

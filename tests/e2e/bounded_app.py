@@ -1,4 +1,4 @@
-"""An app with a bounded queue, for the CLI backpressure test (``tests.features.bounded_app:app``)."""
+"""An app with a bounded queue, for the CLI backpressure test (``tests.e2e.bounded_app:app``)."""
 
 from conveyor import App
 

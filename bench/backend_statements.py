@@ -1,6 +1,6 @@
 """Micro-benchmark of the PostgreSQL backend's hot statements (not collected by pytest).
 
-Run: ``.venv/bin/python tests/postgres/bench_backend.py [--jobs 100000] [--batch 100] [--threads 1]``
+Run: ``.venv/bin/python -m bench.backend_statements [--jobs 100000] [--batch 100] [--threads 1]``
 
 Creates a scratch database on CONVEYOR_TEST_POSTGRES_URL's server, then measures: one
 ``jobs_insert_many`` of 20,000 jobs; inserting ``--jobs`` jobs in batches of 20,000; draining

@@ -1,0 +1,72 @@
+"""Backpressure: a queue past its high-water mark refuses sends (QueueFull), by priority class."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from datetime import datetime
+
+from conveyor._catalogue import Catalogue
+from conveyor._errors import QueueFull
+from conveyor._queue import QueueOptions
+from conveyor.backends.base import Backend, NewJob, QueueLoadParams
+
+#: The drain rate behind ``retry_after`` is measured over this many seconds.
+DRAIN_WINDOW = 60.0
+#: A cached depth is read again after this many seconds.
+_FRESH_FOR = 0.1
+
+
+class LoadGauge:
+    """Decides whether a queue with a ``max_depth`` takes more jobs.
+
+    It reads a queue's depth at most every 100 ms and counts its own sends in between, so that a hot
+    producer does not add a COUNT per send; it refuses only on a fresh reading (the cached depth may
+    count jobs that have drained since)."""
+
+    def __init__(self, catalogue: Catalogue, backend: Callable[[], Backend]) -> None:
+        self._catalogue = catalogue
+        self._backend = backend
+        self._loads: dict[str, tuple[float, int, int]] = {}
+
+    def check(self, rows: Sequence[NewJob], now: datetime) -> None:
+        """Raise QueueFull if a queue of ``rows`` is past the mark of a row's priority class."""
+        by_queue: dict[str, list[NewJob]] = {}
+        for row in rows:
+            by_queue.setdefault(row.queue, []).append(row)
+        for queue, queued in by_queue.items():
+            options = self._catalogue.queues.get(queue)
+            if options is None or options.max_depth is None:
+                continue
+            refusal = self.refusal(options, queued, self._load(queue, now, fresh=False))
+            if refusal is not None:
+                refusal = self.refusal(options, queued, self._load(queue, now, fresh=True))
+            if refusal is not None:
+                raise refusal
+            tick, depth, drained = self._loads[queue]
+            self._loads[queue] = (tick, depth + len(queued), drained)
+
+    @staticmethod
+    def refusal(options: QueueOptions, queued: Sequence[NewJob], load: tuple[int, int]) -> QueueFull | None:
+        """The QueueFull that sending ``queued`` into a queue at ``load`` (depth, drained) meets, if any."""
+        depth, drained = load
+        for row in queued:
+            limit = options.limit_for(row.priority)
+            assert limit is not None
+            if depth + 1 > limit:
+                rate = drained / DRAIN_WINDOW
+                excess = depth + 1 - limit
+                retry_after = excess / rate if rate > 0 else DRAIN_WINDOW
+                return QueueFull(options.name, depth, limit, max(0.1, min(retry_after, 3600.0)))
+            depth += 1
+        return None
+
+    def _load(self, queue: str, now: datetime, fresh: bool) -> tuple[int, int]:
+        """(live depth, jobs drained in the last minute), read at most every 100 ms unless ``fresh``."""
+        cached = self._loads.get(queue)
+        tick = time.monotonic()
+        if fresh or cached is None or tick - cached[0] > _FRESH_FOR:
+            load = self._backend().queue_load(QueueLoadParams(queue, now, window=DRAIN_WINDOW))
+            cached = (tick, load.depth, load.drained)
+            self._loads[queue] = cached
+        return cached[1], cached[2]

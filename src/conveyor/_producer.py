@@ -1,0 +1,141 @@
+"""The producer: turns messages into rows (validated, defaulted, encoded once) and inserts them.
+
+Every field is checked here, above the seam, so that no engine ever sees a value another engine would
+refuse (``conveyor._limits``); a task's declared options fill what a message leaves out."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from datetime import datetime
+from typing import Any, overload
+from uuid import UUID
+
+from conveyor._catalogue import Catalogue
+from conveyor._ids import MintedId
+from conveyor._limits import GOOD_NAMES, INT32_MAX, INT32_MIN, MAX_ATTEMPTS, check_int, check_key, check_name
+from conveyor._load import LoadGauge
+from conveyor._message import Message, encode_headers, encode_json_object, resolve_times, utcnow
+from conveyor._task import DEFAULT_MAX_ATTEMPTS, deliveries_limit
+from conveyor.backends.base import Backend, JobsInsertParams, NewJob
+
+
+class Producer:
+    """Builds and inserts the rows of sends for one App's catalogue."""
+
+    def __init__(self, catalogue: Catalogue, backend: Callable[[], Backend], max_payload_bytes: int) -> None:
+        self.catalogue = catalogue
+        self.max_payload_bytes = max_payload_bytes
+        self._backend = backend
+        self.load = LoadGauge(catalogue, backend)
+
+    def insert(self, messages: Sequence[Message], conn: Any = None) -> list[UUID]:
+        """Insert ``messages`` in one round trip (on ``conn``, the caller's connection, if given);
+        return the stored id of each, in order (a duplicate key's holder).
+
+        Raises PayloadError (nothing written) for a message that does not validate, and QueueFull
+        when backpressure refuses it."""
+        if not messages:
+            return []
+        now = utcnow()
+        rows = _NewJobs(self.new_job, messages, now)
+        if self.catalogue.queues:
+            self.load.check(rows, now)
+        return self._backend().jobs_insert_many(JobsInsertParams(rows, now, conn))
+
+    def new_job(self, message: Message, now: datetime) -> NewJob:
+        """The row of one message. Raises PayloadError for any field out of range."""
+        # The hot path of send_many: kept to plain lookups (a 20,000-job batch calls it 20,000 times).
+        task = message.task
+        if type(task) is not str or task not in GOOD_NAMES:
+            check_name(task, "task")
+        options = self.catalogue.task_options(task)
+        queue = message.queue
+        if queue is None:
+            queue = options.queue if options else "default"
+        elif type(queue) is not str or queue not in GOOD_NAMES:
+            check_name(queue, "queue")
+        max_attempts = message.max_attempts
+        if max_attempts is None:
+            max_attempts = options.max_attempts if options else DEFAULT_MAX_ATTEMPTS
+        elif type(max_attempts) is not int or not 1 <= max_attempts <= MAX_ATTEMPTS:
+            max_attempts = check_int(max_attempts, "max_attempts", 1, MAX_ATTEMPTS)
+        max_deliveries = options.deliveries_limit if options else deliveries_limit(max_attempts)
+        priority = message.priority
+        if priority is None:
+            priority = options.priority if options else 0
+        elif type(priority) is not int or not INT32_MIN <= priority <= INT32_MAX:
+            priority = check_int(priority, "priority", INT32_MIN, INT32_MAX)
+        if message.delay is None and message.run_at is None and message.ttl is None and message.expires_at is None:
+            run_at, expires_at = now, None
+        else:
+            run_at, expires_at = resolve_times(message, now)
+        idempotency_key = message.idempotency_key
+        if idempotency_key is not None:
+            check_key(idempotency_key, "idempotency_key")
+            dedup_until: datetime | None = now + self.catalogue.dedup_window_of(queue)
+        else:
+            dedup_until = None
+        if message.ordering_key is not None:
+            check_key(message.ordering_key, "ordering_key")
+        return NewJob(
+            message.id,
+            queue,
+            task,
+            encode_json_object(message.payload, "payload", self.max_payload_bytes),
+            encode_headers(message.headers, message.id, self.max_payload_bytes),
+            priority,
+            run_at,
+            max_attempts,
+            max(max_deliveries, max_attempts),
+            expires_at,
+            idempotency_key,
+            message.ordering_key,
+            None,
+            dedup_until,
+            type(message.id) is MintedId and message.id.first_use(),
+        )
+
+
+class _NewJobs(Sequence[NewJob]):
+    """The rows of one send_many, each built (validated and encoded) when it is first read.
+
+    A backend that streams the rows to its database (PostgreSQL's COPY) thus encodes one job while
+    the server is still inserting the previous ones, instead of encoding the whole batch first.
+    A message that does not validate raises PayloadError when its row is read, and the backend's
+    transaction rolls back."""
+
+    __slots__ = ("_build", "_messages", "_now", "_rows")
+
+    def __init__(
+        self, build: Callable[[Message, datetime], NewJob], messages: Sequence[Message], now: datetime
+    ) -> None:
+        self._build = build
+        self._messages = messages
+        self._now = now
+        self._rows: list[NewJob] = []
+
+    def __len__(self) -> int:
+        return len(self._messages)
+
+    def _build_to(self, stop: int) -> None:
+        rows, build, messages, now = self._rows, self._build, self._messages, self._now
+        for i in range(len(rows), min(stop, len(messages))):
+            rows.append(build(messages[i], now))
+
+    @overload
+    def __getitem__(self, index: int) -> NewJob: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[NewJob]: ...
+    def __getitem__(self, index: int | slice) -> NewJob | Sequence[NewJob]:
+        if isinstance(index, slice) or index < 0:
+            self._build_to(len(self._messages))
+        else:
+            self._build_to(index + 1)
+        return self._rows[index]
+
+    def __iter__(self) -> Iterator[NewJob]:
+        rows, build, messages, now = self._rows, self._build, self._messages, self._now
+        for i, message in enumerate(messages):
+            if i == len(rows):
+                rows.append(build(message, now))
+            yield rows[i]

@@ -1,0 +1,98 @@
+"""``conveyor serve``: the HTTP API (Starlette on uvicorn), a presenter over app.admin and the producer API."""
+
+from __future__ import annotations
+
+import click
+
+from conveyor._errors import BackendError
+from conveyor.cli._common import app_of, fail, printable, settings
+
+
+@click.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (0.0.0.0: every interface).")
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535))
+@click.option(
+    "--workers",
+    "-w",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1, 64),
+    help="Server processes (each with its own group commit); about one per core.",
+)
+@click.option(
+    "--insecure-no-auth",
+    is_flag=True,
+    help="Serve WITHOUT bearer tokens: anyone who reaches the port may do anything. Local experiments only.",
+)
+@click.option(
+    "--group-commit/--no-group-commit",
+    default=True,
+    show_default=True,
+    help="Coalesce concurrent single-job sends into one transaction (off: one transaction per request).",
+)
+@click.option(
+    "--token-cache",
+    default=5.0,
+    show_default=True,
+    type=click.FloatRange(0, 3600),
+    help="Seconds a token read from the database is trusted (a revoke takes effect within it).",
+)
+@click.option(
+    "--max-body-bytes",
+    default=16 * 1024 * 1024,
+    show_default=True,
+    type=click.IntRange(1024, 2**31 - 1),
+    help="Largest request body (413 past it); payloads have their own limit (256 KiB by default).",
+)
+@click.option("--access-log", is_flag=True, help="Log every request (method, path, status; never headers).")
+@click.pass_context
+def serve(
+    ctx: click.Context,
+    host: str,
+    port: int,
+    workers: int,
+    insecure_no_auth: bool,
+    group_commit: bool,
+    token_cache: float,
+    max_body_bytes: int,
+    access_log: bool,
+) -> None:
+    """Serve the HTTP API: producers send jobs (202, or 429 + Retry-After), operators read queues
+    and dead letters with bearer tokens (conveyor tokens create). OpenAPI at /openapi.json."""
+    try:
+        from conveyor.http import ServiceConfig
+        from conveyor.http._factory import NO_AUTH_WARNING, to_environment
+        from conveyor.http._serve import serve as run_service
+    except ImportError as exc:
+        fail(f"conveyor serve needs the http extra: pip install 'conveyor[http]' ({exc})")
+    found = settings(ctx)
+    app = app_of(ctx)
+    # Opens the database once before the service starts: the embedded SQLite default is migrated
+    # here, and a PostgreSQL schema that lacks migrations is reported at once. A database that
+    # cannot be reached does not stop the service: it answers 503 (and /readyz says why) until the
+    # database is back.
+    try:
+        pending = app.admin.ready()
+        if pending:
+            missing = ", ".join(pending)
+            click.echo(f"conveyor serve: the database lacks migrations {missing}: run `conveyor migrate`", err=True)
+        elif not insecure_no_auth and not any(t.revoked_at is None for t in app.admin.tokens()):
+            click.echo(
+                "conveyor serve: no token exists yet; make one with `conveyor tokens create NAME --role admin`",
+                err=True,
+            )
+    except BackendError as exc:
+        click.echo(
+            f"conveyor serve: the database cannot be used now ({printable(exc)}); serving 503s until it can", err=True
+        )
+    if insecure_no_auth:
+        click.secho(NO_AUTH_WARNING, fg="red", bold=True, err=True)
+    config = ServiceConfig(
+        auth=not insecure_no_auth, group_commit=group_commit, token_cache=token_cache, max_body_bytes=max_body_bytes
+    )
+    app.close()
+    to_environment(app.database_url, found.get("app_path"), config)
+    click.echo(f"conveyor serve: http://{host}:{port} ({workers} worker(s); OpenAPI at /openapi.json)", err=True)
+    if workers > 1 and port == 0:
+        fail("--workers above 1 needs a --port (every process listens on the same one)")
+    ctx.exit(run_service(host, port, workers, "info" if found.get("verbose") else "warning", access_log))

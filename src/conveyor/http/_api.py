@@ -1,0 +1,712 @@
+"""The routes of ``conveyor serve``: a presenter over the producer API and ``app.admin``.
+
+Each endpoint reads its request (``_parse``), checks the caller's token (``conveyor._tokens``, via
+``app.admin.authenticate``), calls the one Python operation it stands for, and turns the result or
+the exception into a response (:func:`error_response`). Blocking calls run in worker threads so that
+the event loop keeps accepting requests; producers' single-job sends go through the group commit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, ParamSpec, TypeVar
+from uuid import UUID
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from conveyor import _tokens
+from conveyor._app import App
+from conveyor._errors import (
+    BackendError,
+    BackendUnavailable,
+    ConfigurationError,
+    ConveyorError,
+    Forbidden,
+    NotFoundError,
+    PayloadError,
+    PayloadTooLarge,
+    QueueFull,
+    Unauthenticated,
+)
+from conveyor._job import JobStatus
+from conveyor._limits import check_name
+from conveyor._message import Message
+from conveyor.admin import AuditEntry, QueueStats, Schedule, Token
+from conveyor.http import _parse
+from conveyor.http._group import GroupCommit
+from conveyor.http._openapi import document
+from conveyor.http._parse import BadRequest
+
+log = logging.getLogger("conveyor.http")
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+#: Seconds a client is told to wait (Retry-After) when the database cannot be reached.
+UNAVAILABLE_RETRY_AFTER = 2
+#: The actor of audited actions when the service runs without auth.
+NO_AUTH_ACTOR = "insecure-no-auth"
+#: Most jobs in one batch request, ids in one replay or purge request.
+MAX_BATCH = 1000
+MAX_IDS = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceConfig:
+    """How ``conveyor serve`` runs. ``auth`` False (``--insecure-no-auth``) lets anyone do anything;
+    ``group_commit`` False gives every single-job request its own transaction (for comparison);
+    ``token_cache`` is how many seconds a token read from the database is trusted (a revoke takes
+    effect within it); ``max_body_bytes`` bounds a request body (413 past it)."""
+
+    auth: bool = True
+    group_commit: bool = True
+    token_cache: float = 5.0
+    max_body_bytes: int = 16 * 1024 * 1024
+    max_group: int = 1000
+    group_concurrency: int = 1
+
+
+# ------------------------------------------------------------------------------------------------
+# Responses
+# ------------------------------------------------------------------------------------------------
+
+
+def json_response(data: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> Response:
+    """A JSON response. ASCII-escaped, so that no text (a name quoting a lone surrogate) can fail
+    to encode."""
+    body = json.dumps(data, separators=(",", ":"), ensure_ascii=True, allow_nan=False, default=str)
+    return Response(body, status, headers=dict(headers or {}), media_type="application/json")
+
+
+def _error(status: int, code: str, message: str, field: str | None = None, **headers: str) -> Response:
+    error: dict[str, Any] = {"status": status, "code": code, "message": message}
+    if field is not None:
+        error["field"] = field
+    return json_response({"error": error}, status, headers={k.replace("_", "-"): v for k, v in headers.items()})
+
+
+def error_response(exc: Exception, prefix: str = "") -> Response:
+    """The response for an exception the Python API raised: 400 naming the field, 401, 403, 404,
+    413, 429 with Retry-After, 503 with Retry-After. Messages carry no token or password: the
+    API's own messages never quote a secret, and a database URL is redacted by the backends."""
+    message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if isinstance(exc, BadRequest):
+        return _error(400, "bad_request", message, exc.field)
+    if isinstance(exc, Unauthenticated):
+        return _error(401, "unauthenticated", message, www_authenticate='Bearer realm="conveyor"')
+    if isinstance(exc, Forbidden):
+        return _error(403, "forbidden", message)
+    if isinstance(exc, NotFoundError):
+        return _error(404, "not_found", message)
+    if isinstance(exc, PayloadTooLarge):
+        return _error(413, "too_large", message, _parse.field_of(message, prefix))
+    if isinstance(exc, PayloadError | ConfigurationError):
+        return _error(400, "bad_request", message, _parse.field_of(message, prefix))
+    if isinstance(exc, QueueFull):
+        seconds = str(max(1, math.ceil(exc.retry_after)))
+        return _error(429, "queue_full", message, retry_after=seconds)
+    if isinstance(exc, BackendUnavailable):
+        return _error(503, "unavailable", message, retry_after=str(UNAVAILABLE_RETRY_AFTER))
+    if isinstance(exc, BackendError):
+        return _error(503, "database_error", message, retry_after=str(UNAVAILABLE_RETRY_AFTER))
+    raise exc
+
+
+def _status_json(status: JobStatus) -> dict[str, Any]:
+    return status.to_json()
+
+
+def _dead_json(s: JobStatus) -> dict[str, Any]:
+    return {
+        "id": str(s.id),
+        "queue": s.queue,
+        "task": s.task,
+        "attempts": s.attempts,
+        "deliveries": s.deliveries,
+        "failed_at": s.finished_at.isoformat() if s.finished_at else None,
+        "reason": s.reason,
+        "error_type": s.error.type if s.error else None,
+        "error_message": s.error.message if s.error else None,
+        "idempotency_key": s.idempotency_key,
+    }
+
+
+def _queue_json(q: QueueStats) -> dict[str, Any]:
+    return {name: getattr(q, name) for name in q.__slots__}
+
+
+def _schedule_json(s: Schedule) -> dict[str, Any]:
+    return {
+        "name": s.name,
+        "cron": s.cron,
+        "task": s.task,
+        "queue": s.queue,
+        "payload": json.loads(s.payload),
+        "priority": s.priority,
+        "paused": s.paused,
+        "next_run_at": s.next_run_at.isoformat(),
+        "last_run_at": s.last_run_at.isoformat() if s.last_run_at else None,
+    }
+
+
+def _audit_json(e: AuditEntry) -> dict[str, Any]:
+    return {
+        "id": e.id,
+        "at": e.at.isoformat(),
+        "actor": e.actor,
+        "action": e.action,
+        "reason": e.reason,
+        "job_ids": [str(j) for j in e.job_ids],
+        "details": json.loads(e.details or "{}"),
+    }
+
+
+def _token_json(t: Token) -> dict[str, Any]:
+    return {
+        "id": t.id,
+        "name": t.name,
+        "role": t.role,
+        "queues": list(t.queues) if t.queues is not None else None,
+        "created_at": t.created_at.isoformat(),
+        "expires_at": t.expires_at.isoformat() if t.expires_at else None,
+        "revoked_at": t.revoked_at.isoformat() if t.revoked_at else None,
+    }
+
+
+def _same_json(a: Any, b: Any) -> bool:
+    """Whether two decoded JSON values are the same value (``true`` is not ``1``; ``1`` is ``1.0``)."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    if isinstance(a, int | float) and isinstance(b, int | float):
+        return a == b
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same_json(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same_json(x, y) for x, y in zip(a, b, strict=True))
+    return type(a) is type(b) and bool(a == b)
+
+
+# ------------------------------------------------------------------------------------------------
+# The service
+# ------------------------------------------------------------------------------------------------
+
+
+class Service:
+    """The HTTP face of one App: its routes, the caller's token, and the group commit."""
+
+    def __init__(self, app: App, config: ServiceConfig) -> None:
+        self.app = app
+        self.config = config
+        self.group: GroupCommit[Any] | None = None
+        self._anonymous = Token(NO_AUTH_ACTOR, NO_AUTH_ACTOR, "admin", None, "", datetime.now(UTC))
+
+    # -- plumbing ----------------------------------------------------------------------------------
+
+    @staticmethod
+    async def run(fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
+        """Run a blocking call of the Python API in a worker thread."""
+        return await asyncio.to_thread(fn, *args, **kwargs)
+
+    async def token(self, request: Request) -> Token:
+        """The caller's token; raises Unauthenticated. Without auth, an anonymous admin."""
+        return await self.token_of(request.headers.get("authorization", ""))
+
+    async def token_of(self, authorization: str) -> Token:
+        """The token an ``Authorization`` header presents (see :meth:`token`)."""
+        if not self.config.auth:
+            return self._anonymous
+        scheme, _, bearer = authorization.partition(" ")
+        bearer = bearer.strip()
+        if scheme.lower() != "bearer" or not bearer:
+            raise Unauthenticated("a bearer token is required (Authorization: Bearer cvy_...)")
+        admin = self.app.admin
+        cached = admin.authenticate_cached(bearer, max_age=self.config.token_cache)
+        if cached is not None:
+            return cached
+        return await self.run(admin.authenticate, bearer, max_age=self.config.token_cache)
+
+    async def body(self, request: Request) -> Any:
+        """The request body as strict JSON, at most ``max_body_bytes`` (else PayloadTooLarge)."""
+        return await self.body_of(request.headers.get("content-length", ""), request.stream())
+
+    async def body_of(self, declared: str, chunks: AsyncIterator[bytes]) -> Any:
+        """The body that ``chunks`` stream, as strict JSON (see :meth:`body`)."""
+        limit = self.config.max_body_bytes
+        if declared.isdigit() and int(declared) > limit:
+            raise PayloadTooLarge(f"the body is {int(declared)} bytes, over the {limit}-byte limit of a request")
+        parts: list[bytes] = []
+        size = 0
+        async for chunk in chunks:
+            size += len(chunk)
+            if size > limit:
+                raise PayloadTooLarge(f"the body is over the {limit}-byte limit of a request")
+            parts.append(chunk)
+        return _parse.loads(b"".join(parts))
+
+    def actor(self, token: Token) -> str:
+        """Who an action is audited as: the token's name."""
+        return token.name
+
+    # -- health ------------------------------------------------------------------------------------
+
+    async def healthz(self, request: Request) -> Response:
+        """The process answers."""
+        return json_response({"status": "ok"})
+
+    async def readyz(self, request: Request) -> Response:
+        """The database answers and its schema is current."""
+        try:
+            pending = await self.run(self.app.admin.ready)
+        except BackendError as exc:
+            return _error(503, "unavailable", str(exc).splitlines()[0], retry_after=str(UNAVAILABLE_RETRY_AFTER))
+        if pending:
+            return _error(
+                503,
+                "not_migrated",
+                f"the database lacks migrations {', '.join(pending)}: run `conveyor migrate`",
+                retry_after=str(UNAVAILABLE_RETRY_AFTER),
+            )
+        return json_response({"status": "ready"})
+
+    async def openapi(self, request: Request) -> Response:
+        """The OpenAPI document of this service."""
+        return json_response(document(auth=self.config.auth))
+
+    # -- producer ----------------------------------------------------------------------------------
+
+    def _headers_of(self, fields: Mapping[str, Any], token: Token, prefix: str = "") -> dict[str, Any] | None:
+        headers = fields.get("headers")
+        if headers is not None and not isinstance(headers, dict):
+            raise BadRequest(f"{prefix}headers must be a JSON object", f"{prefix}headers")
+        if not self.config.auth:
+            return headers
+        return _tokens.stamp(headers, token)
+
+    async def send(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """POST /v1/queues/{queue}/jobs: enqueue one job; 202 once it is committed.
+
+        The hot path of the service, so a plain ASGI handler: Starlette's routing, request and
+        response objects cost about as much as the rest of the request (see docs/http.md)."""
+        headers = {k: v for k, v in scope["headers"] if k in _SEND_HEADERS}
+        try:
+            body, status, extra = await self._send(scope, receive, headers)
+        except Conflict as exc:
+            await _error(409, "conflict", str(exc))(scope, receive, send)
+            return
+        except ConveyorError as exc:
+            await error_response(exc)(scope, receive, send)
+            return
+        await send({"type": "http.response.start", "status": status, "headers": [_JSON_TYPE, *extra]})
+        await send({"type": "http.response.body", "body": body})
+
+    async def _send(
+        self, scope: Scope, receive: Receive, headers: Mapping[bytes, bytes]
+    ) -> tuple[bytes, int, list[tuple[bytes, bytes]]]:
+        token = await self.token_of(headers.get(b"authorization", b"").decode("latin-1"))
+        queue = check_name(scope["path"][len("/v1/queues/") : -len("/jobs")], "queue")
+        _tokens.require(token, "producer", queue)
+        fields = _parse.obj(await self.body_of(headers.get(b"content-length", b"").decode("latin-1"), _chunks(receive)))
+        key = headers.get(b"idempotency-key")
+        message = _parse.message(
+            fields,
+            queue=queue,
+            idempotency_key=key.decode("latin-1") if key is not None else None,
+            headers=self._headers_of(fields, token),
+        )
+        job = self.app.prepare(message)
+        if self.app.queue_options(queue).max_depth is not None:
+            await self.run(self.app.admit, job)
+        if self.group is not None:
+            stored = await self.group.submit(job)
+        else:
+            stored = (await self.run(self.app.insert_prepared, [job]))[0]
+        duplicate = stored != message.id
+        if duplicate:
+            await self._check_same(stored, message, job.payload)
+        name = json.dumps(queue, ensure_ascii=True)
+        body = f'{{"id":"{stored}","queue":{name},"duplicate":{"true" if duplicate else "false"}}}'
+        return body.encode("ascii"), 202, [(b"location", f"/v1/jobs/{stored}".encode("ascii"))]
+
+    async def _check_same(self, stored: UUID, message: Message, payload: str) -> None:
+        """Raise 409 if the job holding the idempotency key is not this request's job (another
+        task, or another payload: ``payload`` is this request's, encoded)."""
+        existing = await self.run(self.app.job, stored)
+        if existing.task != message.task or not _same_json(existing.payload, json.loads(payload)):
+            raise Conflict(
+                f"idempotency key {message.idempotency_key!r:.80} is held by job {stored} with a different "
+                "task or payload; use a new key for a new job"
+            )
+
+    async def send_batch(self, request: Request) -> Response:
+        """POST /v1/queues/{queue}/jobs:batch: enqueue up to 1,000 jobs in one transaction (all or none)."""
+        token = await self.token(request)
+        queue = check_name(request.path_params["queue"], "queue")
+        _tokens.require(token, "producer", queue)
+        fields = _parse.obj(await self.body(request))
+        unknown = [k for k in fields if k != "jobs"]
+        if unknown:
+            raise BadRequest(f"unknown field {unknown[0]!r:.60}; a batch has: jobs", unknown[0][:200])
+        items = fields.get("jobs")
+        if not isinstance(items, list) or not items or len(items) > MAX_BATCH:
+            raise BadRequest(f"jobs must be an array of 1 to {MAX_BATCH} jobs", "jobs")
+        messages: list[Message] = []
+        jobs = []
+        for i, item in enumerate(items):
+            prefix = f"jobs[{i}]."
+            try:
+                body = _parse.obj(item, f"jobs[{i}]")
+                message = _parse.message(
+                    body, queue=queue, prefix=prefix, headers=self._headers_of(body, token, prefix)
+                )
+                jobs.append(self.app.prepare(message))
+            except (PayloadError, ConfigurationError) as exc:
+                return error_response(exc, prefix)
+            messages.append(message)
+        if self.app.queue_options(queue).max_depth is not None:
+            for job in jobs:
+                await self.run(self.app.admit, job)
+        stored = await self.run(self.app.insert_prepared, jobs)
+        for message, job, job_id in zip(messages, jobs, stored, strict=True):
+            if job_id != message.id:
+                await self._check_same(job_id, message, job.payload)
+        return json_response(
+            {"jobs": [{"id": str(j), "duplicate": j != m.id} for j, m in zip(stored, messages, strict=True)]},
+            202,
+        )
+
+    async def job(self, request: Request) -> Response:
+        """GET /v1/jobs/{id}: a job's state, attempts, result or error."""
+        token = await self.token(request)
+        job_id = _parse.uuid_of(request.path_params["id"], "id")
+        status = await self.run(self.app.admin.job, job_id)
+        if self.config.auth and not _tokens.may_read(token, status.queue, status.headers):
+            # 404, not 403: a token must not learn which ids exist outside what it may read.
+            raise NotFoundError(f"no job {job_id}")
+        return json_response(_status_json(status))
+
+    async def publish(self, request: Request) -> Response:
+        """POST /v1/topics/{topic}/messages: one job per matching subscription, in one transaction."""
+        token = await self.token(request)
+        topic = check_name(request.path_params["topic"], "topic")
+        # A topic's subscriptions span queues: a token limited to queues cannot publish.
+        _tokens.require(token, "producer", None)
+        fields = _parse.obj(await self.body(request))
+        key = request.headers.get("idempotency-key")
+        envelope = _parse.fields(
+            fields, allowed=_parse.PUBLISH_FIELDS, idempotency_key=key, headers=self._headers_of(fields, token)
+        )
+        payload = envelope.pop("payload", {})
+        headers = envelope.pop("headers", None) or {}
+        jobs = await self.run(self.app.publish, topic, payload, headers=headers, **envelope)
+        return json_response({"jobs": [str(j.id) for j in jobs]}, 202)
+
+    # -- operator ----------------------------------------------------------------------------------
+
+    async def queues(self, request: Request) -> Response:
+        """GET /v1/queues: counts per queue (a token limited to queues sees those)."""
+        token = await self.token(request)
+        _tokens.require_role(token, "operator")
+        rows = await self.run(self.app.admin.queues)
+        return json_response({"queues": [_queue_json(q) for q in rows if _tokens.allows(token, "operator", q.queue)]})
+
+    async def dead_letters(self, request: Request) -> Response:
+        """GET /v1/dead-letters: unreplayed dead letters, newest first, a page at a time."""
+        token = await self.token(request)
+        params = request.query_params
+        queue = _parse.str_param(params, "queue")
+        _tokens.require(token, "operator", queue)
+        limit = _parse.int_param(params, "limit", 100, 1, 1000)
+        before_text = _parse.str_param(params, "before")
+        before = _parse.parse_cursor(before_text) if before_text else None
+        rows = await self.run(
+            self.app.admin.dead_letters,
+            queue=queue,
+            task=_parse.str_param(params, "task"),
+            error_type=_parse.str_param(params, "error_type"),
+            limit=limit,
+            before=before,
+        )
+        last = rows[-1] if len(rows) == limit else None
+        following = _parse.cursor((last.finished_at, last.id)) if last and last.finished_at else None
+        return json_response({"dead_letters": [_dead_json(r) for r in rows], "next_before": following})
+
+    async def dead_letter(self, request: Request) -> Response:
+        """GET /v1/dead-letters/{id}: one dead letter in full."""
+        token = await self.token(request)
+        job_id = _parse.uuid_of(request.path_params["id"], "id")
+        _tokens.require_role(token, "operator")
+        status = await self.run(self.app.admin.dead_letter, job_id)
+        if not _tokens.allows(token, "operator", status.queue):
+            raise NotFoundError(f"no dead letter {job_id}")
+        return json_response(_status_json(status))
+
+    async def _selection(self, token: Token, fields: Mapping[str, Any], role: _tokens.Role) -> dict[str, Any]:
+        """The selection of a replay or purge body: ``ids``, or ``queue`` (with ``task`` and
+        ``error_type``); checked against the token's role and queues."""
+        allowed = ("ids", "queue", "task", "error_type", "reason", "rate")
+        for name in fields:
+            if name not in allowed or (name == "rate" and role == "admin"):
+                raise BadRequest(f"unknown field {name!r:.60}", name[:200])
+        ids = fields.get("ids")
+        filters = {name: fields.get(name) for name in ("queue", "task", "error_type")}
+        for name, value in filters.items():
+            if value is not None and not isinstance(value, str):
+                raise BadRequest(f"{name} must be a string", name)
+        if not isinstance(fields.get("reason"), str):
+            raise BadRequest("reason is required: why (it is kept in the audit log)", "reason")
+        if ids is not None:
+            if not isinstance(ids, list) or not ids or len(ids) > MAX_IDS:
+                raise BadRequest(f"ids must be an array of 1 to {MAX_IDS} job ids", "ids")
+            parsed = [_parse.uuid_of(i, f"ids[{n}]") if isinstance(i, str) else _bad_id(n) for n, i in enumerate(ids)]
+            if any(v is not None for v in filters.values()):
+                raise BadRequest("give ids or a filter (queue, task, error_type), not both", "ids")
+            if token.queues is not None:
+                for job_id in parsed:
+                    try:
+                        status = await self.run(self.app.admin.dead_letter, job_id)
+                    except NotFoundError:
+                        continue
+                    _tokens.require(token, role, status.queue)
+            else:
+                _tokens.require(token, role, None)
+            return {"ids": parsed}
+        if filters["queue"] is None:
+            raise BadRequest("give ids, or a queue (with task and error_type to narrow it)", "queue")
+        _tokens.require(token, role, filters["queue"])
+        return {"ids": None, **filters}
+
+    async def replay(self, request: Request) -> Response:
+        """POST /v1/dead-letters:replay: re-enqueue dead letters (audited with the token's name)."""
+        token = await self.token(request)
+        _tokens.require_role(token, "operator")
+        fields = _parse.obj(await self.body(request))
+        selection = await self._selection(token, fields, "operator")
+        rate = fields.get("rate")
+        if rate is not None and (isinstance(rate, bool) or not isinstance(rate, int | float)):
+            raise BadRequest("rate must be a number of jobs per second", "rate")
+        result = await self.run(
+            self.app.admin.replay, **selection, reason=fields["reason"], actor=self.actor(token), rate=rate
+        )
+        return json_response(
+            {
+                "replayed": [{"dead_id": str(d), "new_id": str(n)} for d, n in result.replayed],
+                "skipped": [str(s) for s in result.skipped],
+            }
+        )
+
+    async def purge(self, request: Request) -> Response:
+        """POST /v1/dead-letters:purge: delete dead letters for good (admin; audited)."""
+        token = await self.token(request)
+        _tokens.require_role(token, "admin")
+        fields = _parse.obj(await self.body(request))
+        selection = await self._selection(token, fields, "admin")
+        result = await self.run(self.app.admin.purge, **selection, reason=fields["reason"], actor=self.actor(token))
+        return json_response({"purged": result.purged, "selected": result.selected})
+
+    async def audit(self, request: Request) -> Response:
+        """GET /v1/audit: operator actions, newest first."""
+        token = await self.token(request)
+        _tokens.require(token, "operator", None)
+        limit = _parse.int_param(request.query_params, "limit", 100, 1, 10_000)
+        entries = await self.run(self.app.admin.audit, limit)
+        return json_response({"audit": [_audit_json(e) for e in entries]})
+
+    async def schedules(self, request: Request) -> Response:
+        """GET /v1/schedules: every schedule (of the token's queues) with its next tick."""
+        token = await self.token(request)
+        _tokens.require_role(token, "operator")
+        rows = await self.run(self.app.admin.schedules)
+        visible = [s for s in rows if _tokens.allows(token, "operator", s.queue)]
+        return json_response({"schedules": [_schedule_json(s) for s in visible]})
+
+    async def schedule_action(self, request: Request) -> Response:
+        """POST /v1/schedules/{name}:pause and :resume (audited)."""
+        token = await self.token(request)
+        name = check_name(request.path_params["name"], "schedule name")
+        action = request.path_params["action"]
+        _tokens.require_role(token, "operator")
+        if token.queues is not None:
+            found = next((s for s in await self.run(self.app.admin.schedules) if s.name == name), None)
+            if found is None or not _tokens.allows(token, "operator", found.queue):
+                raise NotFoundError(f"no schedule named {name!r}")
+        change = self.app.admin.pause_schedule if action == "pause" else self.app.admin.resume_schedule
+        schedule = await self.run(change, name, actor=self.actor(token))
+        return json_response(_schedule_json(schedule))
+
+    # -- admin -------------------------------------------------------------------------------------
+
+    async def tokens(self, request: Request) -> Response:
+        """GET /v1/tokens: every token (never a secret)."""
+        token = await self.token(request)
+        _tokens.require(token, "admin", None)
+        rows = await self.run(self.app.admin.tokens)
+        return json_response({"tokens": [_token_json(t) for t in rows]})
+
+    async def create_token(self, request: Request) -> Response:
+        """POST /v1/tokens: make a token; its bearer string is in this response only."""
+        token = await self.token(request)
+        _tokens.require(token, "admin", None)
+        fields = _parse.obj(await self.body(request))
+        for key in fields:
+            if key not in ("name", "role", "queues", "expires_in"):
+                raise BadRequest(f"unknown field {key!r:.60}; a token has: name, role, queues, expires_in", key[:200])
+        queues = fields.get("queues")
+        if queues is not None and (not isinstance(queues, list) or not all(isinstance(q, str) for q in queues)):
+            raise BadRequest("queues must be an array of queue names", "queues")
+        expires_in = fields.get("expires_in")
+        expires_at = None
+        if expires_in is not None:
+            if isinstance(expires_in, bool) or not isinstance(expires_in, int | float) or not 0 < expires_in <= 3.2e9:
+                raise BadRequest("expires_in must be a positive number of seconds (at most 100 years)", "expires_in")
+            expires_at = datetime.now(UTC) + timedelta(seconds=expires_in)
+        name, role = fields.get("name"), fields.get("role")
+        if not isinstance(name, str):
+            raise BadRequest("name is required (a string)", "name")
+        if not isinstance(role, str):
+            raise BadRequest("role is required: producer, operator or admin", "role")
+        made, bearer = await self.run(
+            self.app.admin.create_token, name, role, queues=queues, expires_at=expires_at, actor=self.actor(token)
+        )
+        return json_response({**_token_json(made), "token": bearer}, 201)
+
+    async def revoke_token(self, request: Request) -> Response:
+        """DELETE /v1/tokens/{name}: revoke a token for good (audited)."""
+        token = await self.token(request)
+        _tokens.require(token, "admin", None)
+        await self.run(self.app.admin.revoke_token, request.path_params["name"], actor=self.actor(token))
+        return Response(status_code=204)
+
+
+_SEND_HEADERS = frozenset((b"authorization", b"content-length", b"idempotency-key"))
+_JSON_TYPE = (b"content-type", b"application/json")
+
+
+async def _chunks(receive: Receive) -> AsyncIterator[bytes]:
+    """The chunks of a request body, as the ASGI server hands them over."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise BadRequest("the client went away before sending the whole body")
+        yield message.get("body", b"")
+        if not message.get("more_body", False):
+            return
+
+
+class Conflict(ConveyorError):
+    """An idempotency key reused for a different job (409)."""
+
+
+def _bad_id(n: int) -> UUID:
+    raise BadRequest(f"ids[{n}] must be a job id (a string)", f"ids[{n}]")
+
+
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+
+def _answering(endpoint: Endpoint) -> Endpoint:
+    """Wrap an endpoint so that every error the Python API raises becomes its status code."""
+
+    async def answer(request: Request) -> Response:
+        try:
+            return await endpoint(request)
+        except Conflict as exc:
+            return _error(409, "conflict", str(exc))
+        except ConveyorError as exc:
+            return error_response(exc)
+
+    answer.__doc__ = endpoint.__doc__
+    return answer
+
+
+def routes(service: Service) -> list[Route]:
+    """The service's routes; see the OpenAPI document (``conveyor.http._openapi``)."""
+    s = service
+
+    def r(path: str, endpoint: Endpoint, methods: Sequence[str]) -> Route:
+        return Route(path, _answering(endpoint), methods=list(methods))
+
+    return [
+        r("/healthz", s.healthz, ["GET"]),
+        r("/readyz", s.readyz, ["GET"]),
+        r("/openapi.json", s.openapi, ["GET"]),
+        r("/v1/queues", s.queues, ["GET"]),
+        r("/v1/queues/{queue}/jobs:batch", s.send_batch, ["POST"]),
+        r("/v1/jobs/{id}", s.job, ["GET"]),
+        r("/v1/topics/{topic}/messages", s.publish, ["POST"]),
+        r("/v1/dead-letters", s.dead_letters, ["GET"]),
+        r("/v1/dead-letters:replay", s.replay, ["POST"]),
+        r("/v1/dead-letters:purge", s.purge, ["POST"]),
+        r("/v1/dead-letters/{id}", s.dead_letter, ["GET"]),
+        r("/v1/audit", s.audit, ["GET"]),
+        r("/v1/schedules", s.schedules, ["GET"]),
+        r("/v1/schedules/{name}:{action:pause_or_resume}", s.schedule_action, ["POST"]),
+        r("/v1/tokens", s.tokens, ["GET"]),
+        r("/v1/tokens", s.create_token, ["POST"]),
+        r("/v1/tokens/{name}", s.revoke_token, ["DELETE"]),
+    ]
+
+
+def create_app(app: App, config: ServiceConfig | None = None) -> ASGIApp:
+    """The ASGI application of ``conveyor serve`` for ``app`` (run it under uvicorn).
+
+    It opens the database when it starts (and migrates the embedded SQLite default, as the App
+    does), runs the group commit on its event loop, and waits for the transactions under way
+    when it stops."""
+    config = config or ServiceConfig()
+    service = Service(app, config)
+
+    @asynccontextmanager
+    async def lifespan(_: Starlette) -> Any:
+        if config.group_commit:
+            service.group = GroupCommit(
+                app.insert_prepared, max_group=config.max_group, concurrency=config.group_concurrency
+            )
+        try:
+            yield
+        finally:
+            if service.group is not None:
+                await service.group.drain()
+            await asyncio.to_thread(app.close)
+
+    _register_convertor()
+    starlette = Starlette(routes=routes(service), lifespan=lifespan)
+
+    async def asgi(scope: Scope, receive: Receive, send: Send) -> None:
+        # Single-job sends skip Starlette (see Service.send); everything else is routed by it.
+        if scope["type"] == "http" and scope["method"] == "POST":
+            path: str = scope["path"]
+            if path.startswith("/v1/queues/") and path.endswith("/jobs") and path.count("/") == 4 and len(path) > 16:
+                await service.send(scope, receive, send)
+                return
+        await starlette(scope, receive, send)
+
+    return asgi
+
+
+def _register_convertor() -> None:
+    from starlette.convertors import CONVERTOR_TYPES, Convertor
+
+    if "pause_or_resume" in CONVERTOR_TYPES:
+        return
+
+    class PauseOrResume(Convertor[str]):
+        regex = "pause|resume"
+
+        def convert(self, value: str) -> str:
+            return value
+
+        def to_string(self, value: str) -> str:
+            return value
+
+    CONVERTOR_TYPES["pause_or_resume"] = PauseOrResume()

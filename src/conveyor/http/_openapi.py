@@ -1,0 +1,367 @@
+"""The OpenAPI 3.1 document of ``conveyor serve``, served at ``/openapi.json``.
+
+Written out rather than derived from models: the service checks values with the Python API's own
+rules (``conveyor._limits``), and this document states the same limits (from the same constants)
+so that clients and generators (schemathesis) see them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from conveyor import __version__
+from conveyor._limits import INT32_MAX, INT32_MIN, MAX_ATTEMPTS, MAX_KEY_BYTES, MAX_NAME_CHARS, MAX_SECONDS
+
+_NAME = {"type": "string", "minLength": 1, "maxLength": MAX_NAME_CHARS}
+_KEY = {"type": "string", "minLength": 1, "maxLength": MAX_KEY_BYTES, "description": f"1 to {MAX_KEY_BYTES} bytes"}
+_SECONDS = {"type": "number", "minimum": 0, "maximum": MAX_SECONDS}
+_TIME = {"type": "string", "format": "date-time"}
+_UUID = {"type": "string", "format": "uuid"}
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _json(schema: dict[str, Any], description: str = "") -> dict[str, Any]:
+    return {"description": description or "OK", "content": {"application/json": {"schema": schema}}}
+
+
+def _errors(*codes: int) -> dict[str, Any]:
+    text = {
+        400: "Bad input: the message names the field",
+        401: "No valid bearer token",
+        403: "The token's role or queues do not allow this",
+        404: "Not found (or not visible to this token)",
+        409: "The idempotency key is held by a job with a different task or payload",
+        413: "The body, a payload or the headers are over their size limit",
+        429: "The queue is past its high-water mark: retry after Retry-After seconds",
+        503: "The database cannot be reached: retry after Retry-After seconds",
+    }
+    out: dict[str, Any] = {}
+    for code in codes:
+        response = _json(_ref("Error"), text[code])
+        if code in (429, 503):
+            response["headers"] = {"Retry-After": {"schema": {"type": "integer"}, "description": "seconds"}}
+        out[str(code)] = response
+    return out
+
+
+_AUTH = (401, 403)
+_QUEUE_PARAM = {"name": "queue", "in": "path", "required": True, "schema": _NAME}
+_ID_PARAM = {"name": "id", "in": "path", "required": True, "schema": _UUID}
+_IDEMPOTENCY_HEADER = {
+    "name": "Idempotency-Key",
+    "in": "header",
+    "required": False,
+    "schema": _KEY,
+    "description": "Same as the body's idempotency_key: a retry with the same key enqueues nothing new.",
+}
+
+_JOB_PROPERTIES: dict[str, Any] = {
+    "task": {**_NAME, "description": "The task name a worker runs"},
+    "payload": {"type": "object", "description": "The handler's keyword arguments (JSON object, 256 KiB)"},
+    "headers": {"type": "object"},
+    "priority": {"type": "integer", "minimum": INT32_MIN, "maximum": INT32_MAX},
+    "delay": {**_SECONDS, "description": "Seconds before the job may run (or run_at)"},
+    "run_at": _TIME,
+    "ttl": {**_SECONDS, "exclusiveMinimum": 0, "description": "Expire if not started within (or expires_at)"},
+    "expires_at": _TIME,
+    "idempotency_key": _KEY,
+    "ordering_key": _KEY,
+    "max_attempts": {"type": "integer", "minimum": 1, "maximum": MAX_ATTEMPTS},
+}
+
+_SCHEMAS: dict[str, Any] = {
+    "Error": {
+        "type": "object",
+        "required": ["error"],
+        "properties": {
+            "error": {
+                "type": "object",
+                "required": ["status", "code", "message"],
+                "properties": {
+                    "status": {"type": "integer"},
+                    "code": {"type": "string"},
+                    "message": {"type": "string"},
+                    "field": {"type": "string"},
+                },
+            }
+        },
+    },
+    "NewJob": {
+        "type": "object",
+        "required": ["task"],
+        "additionalProperties": False,
+        "properties": _JOB_PROPERTIES,
+    },
+    "Accepted": {
+        "type": "object",
+        "required": ["id", "queue", "duplicate"],
+        "properties": {
+            "id": _UUID,
+            "queue": {"type": "string"},
+            "duplicate": {"type": "boolean", "description": "True: the key's job already existed"},
+        },
+    },
+    "Batch": {
+        "type": "object",
+        "required": ["jobs"],
+        "additionalProperties": False,
+        "properties": {"jobs": {"type": "array", "minItems": 1, "maxItems": 1000, "items": _ref("NewJob")}},
+    },
+    "BatchAccepted": {
+        "type": "object",
+        "properties": {
+            "jobs": {
+                "type": "array",
+                "items": {"type": "object", "properties": {"id": _UUID, "duplicate": {"type": "boolean"}}},
+            }
+        },
+    },
+    "Publish": {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            name: _JOB_PROPERTIES[name]
+            for name in ("payload", "headers", "priority", "delay", "run_at", "ttl", "expires_at", "idempotency_key")
+        },
+    },
+    "JobStatus": {
+        "type": "object",
+        "properties": {
+            "id": _UUID,
+            "queue": {"type": "string"},
+            "task": {"type": "string"},
+            "state": {"enum": ["pending", "processing", "completed", "dead", "expired", "cancelled"]},
+            "attempts": {"type": "integer"},
+            "deliveries": {"type": "integer"},
+            "payload": {"type": "object"},
+            "headers": {"type": "object"},
+            "result": {},
+            "error": {"type": ["object", "null"]},
+        },
+    },
+    "Selection": {
+        "type": "object",
+        "required": ["reason"],
+        "additionalProperties": False,
+        "properties": {
+            "ids": {"type": "array", "items": _UUID, "minItems": 1, "maxItems": 10000},
+            "queue": _NAME,
+            "task": _NAME,
+            "error_type": {"type": "string"},
+            "reason": {"type": "string", "minLength": 1, "maxLength": 2000},
+        },
+        "description": "ids, or a queue (narrowed by task and error_type); never both",
+    },
+    "NewToken": {
+        "type": "object",
+        "required": ["name", "role"],
+        "additionalProperties": False,
+        "properties": {
+            "name": _NAME,
+            "role": {"enum": ["producer", "operator", "admin"]},
+            "queues": {"type": "array", "items": _NAME, "minItems": 1},
+            "expires_in": {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_SECONDS},
+        },
+    },
+}
+
+
+def document(auth: bool = True) -> dict[str, Any]:
+    """The OpenAPI document; ``auth`` False drops the bearer requirement (``--insecure-no-auth``)."""
+    security: list[dict[str, list[str]]] = [{"bearer": []}] if auth else []
+    sec = {"security": security}
+    json_body = {"required": True, "content": {"application/json": {"schema": None}}}
+
+    def body(schema: dict[str, Any]) -> dict[str, Any]:
+        return {**json_body, "content": {"application/json": {"schema": schema}}}
+
+    paths: dict[str, Any] = {
+        "/healthz": {"get": {"summary": "The process answers", "security": [], "responses": {"200": _json({})}}},
+        "/readyz": {
+            "get": {
+                "summary": "The database answers and its schema is current",
+                "security": [],
+                "responses": {"200": _json({}), **_errors(503)},
+            }
+        },
+        "/v1/queues/{queue}/jobs": {
+            "post": {
+                "summary": "Enqueue one job (202 once committed; concurrent requests share a transaction)",
+                "operationId": "send",
+                **sec,
+                "parameters": [_QUEUE_PARAM, _IDEMPOTENCY_HEADER],
+                "requestBody": body(_ref("NewJob")),
+                "responses": {
+                    "202": {
+                        **_json(_ref("Accepted"), "Accepted and committed"),
+                        "headers": {"Location": {"schema": {"type": "string"}}},
+                    },
+                    **_errors(400, *_AUTH, 409, 413, 429, 503),
+                },
+            }
+        },
+        "/v1/queues/{queue}/jobs:batch": {
+            "post": {
+                "summary": "Enqueue up to 1,000 jobs in one transaction (all or none)",
+                "operationId": "sendBatch",
+                **sec,
+                "parameters": [_QUEUE_PARAM],
+                "requestBody": body(_ref("Batch")),
+                "responses": {
+                    "202": _json(_ref("BatchAccepted"), "Accepted and committed"),
+                    **_errors(400, *_AUTH, 409, 413, 429, 503),
+                },
+            }
+        },
+        "/v1/jobs/{id}": {
+            "get": {
+                "summary": "A job's state, attempts, result or error (producers: the jobs they sent)",
+                "operationId": "getJob",
+                **sec,
+                "parameters": [_ID_PARAM],
+                "responses": {"200": _json(_ref("JobStatus")), **_errors(400, *_AUTH, 404, 503)},
+            }
+        },
+        "/v1/topics/{topic}/messages": {
+            "post": {
+                "summary": "Publish: one job per matching subscription, in one transaction",
+                "operationId": "publish",
+                **sec,
+                "parameters": [{"name": "topic", "in": "path", "required": True, "schema": _NAME}, _IDEMPOTENCY_HEADER],
+                "requestBody": body(_ref("Publish")),
+                "responses": {
+                    "202": _json({"type": "object", "properties": {"jobs": {"type": "array", "items": _UUID}}}),
+                    **_errors(400, *_AUTH, 413, 503),
+                },
+            }
+        },
+        "/v1/queues": {
+            "get": {
+                "summary": "Counts per queue (operator)",
+                "operationId": "queues",
+                **sec,
+                "responses": {"200": _json({"type": "object"}), **_errors(*_AUTH, 503)},
+            }
+        },
+        "/v1/dead-letters": {
+            "get": {
+                "summary": "Unreplayed dead letters, newest first; page with before=next_before (operator)",
+                "operationId": "deadLetters",
+                **sec,
+                "parameters": [
+                    {"name": "queue", "in": "query", "schema": _NAME},
+                    {"name": "task", "in": "query", "schema": _NAME},
+                    {"name": "error_type", "in": "query", "schema": {"type": "string"}},
+                    {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 1000}},
+                    {"name": "before", "in": "query", "schema": {"type": "string"}},
+                ],
+                "responses": {"200": _json({"type": "object"}), **_errors(400, *_AUTH, 503)},
+            }
+        },
+        "/v1/dead-letters/{id}": {
+            "get": {
+                "summary": "One dead letter in full (operator)",
+                "operationId": "deadLetter",
+                **sec,
+                "parameters": [_ID_PARAM],
+                "responses": {"200": _json(_ref("JobStatus")), **_errors(400, *_AUTH, 404, 503)},
+            }
+        },
+        "/v1/dead-letters:replay": {
+            "post": {
+                "summary": "Re-enqueue dead letters with fresh attempts (operator; audited)",
+                "operationId": "replay",
+                **sec,
+                "requestBody": body(_ref("Selection")),
+                "responses": {"200": _json({"type": "object"}), **_errors(400, *_AUTH, 413, 503)},
+            }
+        },
+        "/v1/dead-letters:purge": {
+            "post": {
+                "summary": "Delete dead letters for good (admin; audited)",
+                "operationId": "purge",
+                **sec,
+                "requestBody": body(_ref("Selection")),
+                "responses": {"200": _json({"type": "object"}), **_errors(400, *_AUTH, 413, 503)},
+            }
+        },
+        "/v1/audit": {
+            "get": {
+                "summary": "Operator actions, newest first (operator)",
+                "operationId": "audit",
+                **sec,
+                "parameters": [
+                    {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 10000}}
+                ],
+                "responses": {"200": _json({"type": "object"}), **_errors(400, *_AUTH, 503)},
+            }
+        },
+        "/v1/schedules": {
+            "get": {
+                "summary": "Every schedule with its next tick (operator)",
+                "operationId": "schedules",
+                **sec,
+                "responses": {"200": _json({"type": "object"}), **_errors(*_AUTH, 503)},
+            }
+        },
+        "/v1/schedules/{name}:pause": {
+            "post": {
+                "summary": "Stop firing a schedule (operator; audited)",
+                "operationId": "pauseSchedule",
+                **sec,
+                "parameters": [{"name": "name", "in": "path", "required": True, "schema": _NAME}],
+                "responses": {"200": _json({"type": "object"}), **_errors(400, *_AUTH, 404, 503)},
+            }
+        },
+        "/v1/schedules/{name}:resume": {
+            "post": {
+                "summary": "Fire a paused schedule again from its next tick (operator; audited)",
+                "operationId": "resumeSchedule",
+                **sec,
+                "parameters": [{"name": "name", "in": "path", "required": True, "schema": _NAME}],
+                "responses": {"200": _json({"type": "object"}), **_errors(400, *_AUTH, 404, 503)},
+            }
+        },
+        "/v1/tokens": {
+            "get": {
+                "summary": "Every token, never a secret (admin)",
+                "operationId": "tokens",
+                **sec,
+                "responses": {"200": _json({"type": "object"}), **_errors(*_AUTH, 503)},
+            },
+            "post": {
+                "summary": "Make a token; its bearer string is in this response only (admin; audited)",
+                "operationId": "createToken",
+                **sec,
+                "requestBody": body(_ref("NewToken")),
+                "responses": {"201": _json({"type": "object"}), **_errors(400, *_AUTH, 413, 503)},
+            },
+        },
+        "/v1/tokens/{name}": {
+            "delete": {
+                "summary": "Revoke a token for good (admin; audited)",
+                "operationId": "revokeToken",
+                **sec,
+                "parameters": [{"name": "name", "in": "path", "required": True, "schema": _NAME}],
+                "responses": {"204": {"description": "Revoked"}, **_errors(400, *_AUTH, 404, 503)},
+            }
+        },
+    }
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "Conveyor",
+            "version": __version__,
+            "description": "A durable, at-least-once task queue on SQL: producers enqueue over HTTP, "
+            "operators read queues and replay dead letters. Every error is JSON: {error: {status, code, "
+            "message, field}}.",
+        },
+        "paths": paths,
+        "components": {
+            "schemas": _SCHEMAS,
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer", "bearerFormat": "cvy_<id>_<secret>"}},
+        },
+    }

@@ -1,0 +1,82 @@
+"""The worker's configuration: one frozen, validated value that prefork hands to every process."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from conveyor._errors import ConfigurationError
+from conveyor._limits import check_int, check_name, check_seconds, check_worker_options
+from conveyor._task import DEFAULT_VISIBILITY_TIMEOUT
+
+#: Handler slots per worker process.
+DEFAULT_CONCURRENCY = 10
+#: Seconds running handlers get to finish on SIGTERM.
+DEFAULT_GRACEFUL_TIMEOUT = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerConfig:
+    """How one worker process runs. Raises ConfigurationError for a value out of range.
+
+    ``queues`` None: every queue a registered task declares. ``weights`` shares slots between lanes
+    (else lanes are drained in strict order). ``prefetch`` None: adaptive, 4 to 16 per slot (see the
+    fetcher); a given number is fixed. ``poll_interval`` None: 1 s with notifications, else 0.25 s.
+    ``heartbeat_interval`` None: a third of the shortest lease held. ``burst``: stop once the queues
+    hold no live job. ``worker_id`` None: ``host:pid``."""
+
+    queues: tuple[str, ...] | None = None
+    weights: Mapping[str, int] | None = None
+    concurrency: int = DEFAULT_CONCURRENCY
+    prefetch: int | None = None
+    visibility_timeout: float = DEFAULT_VISIBILITY_TIMEOUT
+    poll_interval: float | None = None
+    flush_interval: float = 0.005
+    heartbeat_interval: float | None = None
+    rescue_interval: float = 5.0
+    schedule_interval: float = 1.0
+    prune_interval: float = 60.0
+    graceful_timeout: float = DEFAULT_GRACEFUL_TIMEOUT
+    burst: bool = False
+    worker_id: str | None = field(default=None)
+
+    def __post_init__(self) -> None:
+        error = ConfigurationError
+        check_worker_options(
+            concurrency=self.concurrency,
+            prefetch=self.prefetch,
+            visibility_timeout=self.visibility_timeout,
+            graceful_timeout=self.graceful_timeout,
+        )
+        if self.queues is not None:
+            object.__setattr__(self, "queues", tuple(check_name(q, "queue", error) for q in self.queues) or None)
+        if self.weights is not None:
+            weights = {
+                check_name(q, "queue", error): check_int(w, f"weight of {q}", 1, 1_000_000, error)
+                for q, w in self.weights.items()
+            }
+            object.__setattr__(self, "weights", weights or None)
+        for name in ("poll_interval", "heartbeat_interval"):
+            value = getattr(self, name)
+            if value is not None:
+                check_seconds(value, name, error, strict=True)
+        for name in ("rescue_interval", "schedule_interval", "prune_interval"):
+            check_seconds(getattr(self, name), name, error, strict=True)
+        check_seconds(self.flush_interval, "flush_interval", error)
+
+    @property
+    def identity(self) -> str:
+        """This worker's id in the database (``worker_id`` on its leases)."""
+        return self.worker_id or f"{socket.gethostname()}:{os.getpid()}"
+
+    @property
+    def capacity(self) -> int:
+        """Leased-but-unstarted jobs held at first (the prefetch buffer's size)."""
+        return self.prefetch if self.prefetch is not None else max(4 * self.concurrency, 20)
+
+    @property
+    def max_capacity(self) -> int | None:
+        """The most the adaptive buffer grows to (None: fixed at ``capacity``)."""
+        return None if self.prefetch is not None else max(16 * self.concurrency, self.capacity)

@@ -1,0 +1,98 @@
+"""Group commit against a live `conveyor serve`: concurrent single-job requests share transactions, every
+202 is durable, and one bad request in a group fails only itself."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import httpx
+import psycopg
+import pytest
+from tests.http.conftest import Server, make_tokens, start, stop
+
+from conveyor import App
+
+N = 200
+
+
+async def _burst(server: Server, bodies: list[dict[str, object]], role: str = "producer") -> list[httpx.Response]:
+    limits = httpx.Limits(max_connections=len(bodies), max_keepalive_connections=len(bodies))
+    headers = {"Authorization": f"Bearer {server.tokens[role]}"}
+    async with httpx.AsyncClient(base_url=server.url, headers=headers, limits=limits, timeout=60) as client:
+        return await asyncio.gather(*(client.post("/v1/queues/burst/jobs", json=b) for b in bodies))
+
+
+def _transactions(db: str, ids: list[str]) -> int:
+    """How many transactions inserted these jobs: distinct xmin on PostgreSQL (the inserting
+    transaction's id); distinct enqueued_at on SQLite (one timestamp per insert call)."""
+    if db.startswith("postgresql"):
+        with psycopg.connect(db) as conn:
+            query = "SELECT count(DISTINCT xmin::text) FROM jobs WHERE id = ANY(%s::uuid[])"
+            row = conn.execute(query, [ids]).fetchone()
+            assert row is not None
+            return int(row[0])
+    with App(db) as app:
+        return len({app.job(i).enqueued_at for i in ids})
+
+
+def test_concurrent_requests_share_transactions_and_every_202_is_durable(server: Server) -> None:
+    responses = asyncio.run(_burst(server, [{"task": "t", "payload": {"n": i}} for i in range(N)]))
+    assert [r.status_code for r in responses] == [202] * N
+    ids = [r.json()["id"] for r in responses]
+    with App(server.db) as app:  # a fresh connection: what the service answered 202 for is committed
+        assert sorted(app.job(i).payload["n"] for i in ids) == list(range(N))
+    transactions = _transactions(server.db, ids)
+    assert 1 <= transactions < N / 2, transactions
+
+
+def test_one_bad_request_never_fails_the_others(server: Server) -> None:
+    with server.client("producer") as c:
+        first = c.post("/v1/queues/burst/jobs", json={"task": "t", "payload": {"k": 0}, "idempotency_key": "held"})
+        assert first.status_code == 202
+    bodies: list[dict[str, object]] = []
+    for i in range(N):
+        if i % 10 == 3:
+            bodies.append({"task": "t", "priority": "urgent"})  # 400
+        elif i % 10 == 6:
+            bodies.append({"task": "t", "payload": {"k": i}, "idempotency_key": "held"})  # 409: another payload
+        elif i % 10 == 9:
+            bodies.append({"task": "t", "payload": {"blob": "x" * 300_000}})  # 413
+        else:
+            bodies.append({"task": "t", "payload": {"n": i}})
+    responses = asyncio.run(_burst(server, bodies))
+    expected = {3: 400, 6: 409, 9: 413}
+    assert [r.status_code for r in responses] == [expected.get(i % 10, 202) for i in range(N)]
+    good = [r.json()["id"] for r in responses if r.status_code == 202]
+    with App(server.db) as app:
+        stats = {q.queue: q.pending for q in app.admin.queues()}
+        assert stats == {"burst": len(good) + 1}  # the good ones and the first holder of "held", nothing else
+        assert all(app.job(i).state == "pending" for i in good)
+
+
+def test_without_group_commit_each_request_is_its_own_transaction(postgres_database: str, tmp_path: Path) -> None:
+    tokens = make_tokens(postgres_database)
+    server = start(postgres_database, tmp_path, "--no-group-commit")
+    server.tokens = tokens
+    try:
+        responses = asyncio.run(_burst(server, [{"task": "t", "payload": {"n": i}} for i in range(50)]))
+    finally:
+        stop(server)
+    assert [r.status_code for r in responses] == [202] * 50
+    assert _transactions(postgres_database, [r.json()["id"] for r in responses]) == 50
+
+
+@pytest.mark.parametrize("workers", [2])
+def test_group_commit_with_several_processes(postgres_database: str, tmp_path: Path, workers: int) -> None:
+    tokens = make_tokens(postgres_database)
+    server = start(postgres_database, tmp_path, "--workers", str(workers))
+    server.tokens = tokens
+    try:
+        responses = asyncio.run(_burst(server, [{"task": "t", "payload": {"n": i}} for i in range(N)]))
+    finally:
+        stop(server)
+    assert [r.status_code for r in responses] == [202] * N
+    ids = [r.json()["id"] for r in responses]
+    assert _transactions(postgres_database, ids) < N / 2
+    with App(postgres_database) as app:
+        assert sum(q.pending for q in app.admin.queues()) == N

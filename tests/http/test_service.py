@@ -1,0 +1,362 @@
+"""`conveyor serve` against a live process, on SQLite and PostgreSQL: every status code, roles and scopes,
+audit rows, idempotency, hostile input."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+from tests.http.conftest import Server, start, stop
+
+from conveyor import App, Reject
+from conveyor.testing import drain
+
+JOB = {"task": "emails.send", "payload": {"to": "ada@example.com"}}
+
+
+def _error(response: httpx.Response, status: int, field: str | None = None) -> str:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert error["status"] == status
+    assert error["message"]
+    if field is not None:
+        assert error.get("field") == field, error
+    return str(error["message"])
+
+
+def test_send_answers_202_with_location_and_the_job_is_stored(server: Server) -> None:
+    with server.client("producer") as c:
+        sent = c.post("/v1/queues/emails/jobs", json={**JOB, "priority": 5, "delay": 60})
+        assert sent.status_code == 202, sent.text
+        body = sent.json()
+        assert body["queue"] == "emails" and body["duplicate"] is False
+        assert sent.headers["location"] == f"/v1/jobs/{body['id']}"
+        status = c.get(sent.headers["location"])
+        assert status.status_code == 200, status.text
+        job = status.json()
+        assert job["state"] == "pending" and job["priority"] == 5 and job["payload"] == JOB["payload"]
+        assert job["headers"]["sent_by"] == "shop"  # the token that sent it
+    with App(server.db) as app:
+        assert app.job(body["id"]).task == "emails.send"
+
+
+def test_401_without_a_valid_token(server: Server) -> None:
+    secret = server.tokens["producer"]
+    with httpx.Client(base_url=server.url) as c:
+        _error(c.post("/v1/queues/emails/jobs", json=JOB), 401)
+        bad = c.post("/v1/queues/emails/jobs", json=JOB, headers={"Authorization": "Bearer nope"})
+        _error(bad, 401)
+        wrong = secret[:-4] + ("AAAA" if not secret.endswith("AAAA") else "BBBB")
+        message = _error(c.post("/v1/queues/emails/jobs", json=JOB, headers={"Authorization": f"Bearer {wrong}"}), 401)
+        assert wrong.rsplit("_", 1)[1] not in message and secret.rsplit("_", 1)[1] not in message
+        assert c.get("/v1/queues", headers={"Authorization": "Basic eDp5"}).status_code == 401
+        assert c.get("/healthz").status_code == 200  # health needs no token
+    assert secret.rsplit("_", 1)[1] not in server.stderr()
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"task": "t", "priority": "high"}, "priority"),
+        ({"task": "t", "priority": 2**31}, "priority"),
+        ({"task": "t", "priority": True}, "priority"),
+        ({"task": "t", "max_attempts": 0}, "max_attempts"),
+        ({"task": "t", "delay": -1}, "delay"),
+        ({"task": "t", "ttl": 0}, "ttl"),
+        ({"task": "t", "run_at": "tomorrow"}, "run_at"),
+        ({"task": "t", "run_at": "2030-01-01T00:00:00"}, "run_at"),  # naive
+        ({"task": "t", "payload": [1, 2]}, "payload"),
+        ({"task": "t", "payload": {"s": "a\u0000b"}}, "payload"),
+        ({"task": "t", "headers": "x"}, "headers"),
+        ({"task": ""}, "task"),
+        ({"task": "a\u0000b"}, "task"),
+        ({"task": "x" * 201}, "task"),
+        ({"task": 7}, "task"),
+        ({"payload": {}}, "task"),
+        ({"task": "t", "idempotency_key": "k" * 513}, "idempotency_key"),
+        ({"task": "t", "ordering_key": ""}, "ordering_key"),
+        ({"task": "t", "color": "red"}, "color"),
+    ],
+)
+def test_400_names_the_field(server: Server, body: dict[str, object], field: str) -> None:
+    with server.client("admin") as c:
+        _error(c.post("/v1/queues/emails/jobs", json=body), 400, field)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"",
+        b"   ",
+        b"{",
+        b"[1, 2]",
+        b'"a string"',
+        b"null",
+        b'{"task": "t", "delay": NaN}',
+        b'{"task": "t", "delay": Infinity}',
+        b'{"task": "t", "delay": 1e999}',
+        b'{"task": "t", "priority": ' + b"9" * 5000 + b"}",
+        b"\xff\xfe\x00{",
+        b'{"task": "\xc3\x28"}',
+        b'{"task": "t", "payload": ' + b'{"a":' * 150 + b"1" + b"}" * 150 + b"}",
+        b'{"task": "t", "payload": ' + b"[" * 5000 + b"]" * 5000 + b"}",
+        b'{"task": "t", "payload": {"s": "\\ud800"}}',
+    ],
+)
+def test_hostile_bodies_get_400_never_500(server: Server, raw: bytes) -> None:
+    with server.client("admin") as c:
+        response = c.post("/v1/queues/emails/jobs", content=raw, headers={"Content-Type": "application/json"})
+        _error(response, 400)
+        batch = c.post("/v1/queues/emails/jobs:batch", content=raw)
+        _error(batch, 400)
+    with App(server.db) as app:
+        assert app.admin.queues() == []  # nothing was written
+
+
+def test_413_for_a_payload_or_a_body_over_the_limit(server: Server) -> None:
+    with server.client("admin") as c:
+        big = {"task": "t", "payload": {"blob": "x" * 300_000}}
+        message = _error(c.post("/v1/queues/emails/jobs", json=big), 413, "payload")
+        assert "reference" in message
+        _error(c.post("/v1/queues/emails/jobs", json={"task": "t", "headers": {"h": "x" * 300_000}}), 413, "headers")
+        huge = b'{"task": "t", "payload": {"blob": "' + b"x" * (2 * 1024 * 1024) + b'"}}'
+        _error(c.post("/v1/queues/emails/jobs", content=huge), 413)
+
+
+def test_idempotency_key_returns_the_same_job_and_409_for_another_payload(server: Server) -> None:
+    with server.client("producer") as c:
+        first = c.post("/v1/queues/emails/jobs", json=JOB, headers={"Idempotency-Key": "order-7"})
+        assert first.status_code == 202
+        again = c.post("/v1/queues/emails/jobs", json={**JOB, "idempotency_key": "order-7"})
+        assert again.status_code == 202 and again.json() == {**first.json(), "duplicate": True}
+        key = {"Idempotency-Key": "order-7"}
+        _error(c.post("/v1/queues/emails/jobs", json={**JOB, "payload": {"to": "bob"}}, headers=key), 409)
+        _error(c.post("/v1/queues/emails/jobs", json={**JOB, "task": "other"}, headers=key), 409)
+        # true is not 1: a different payload
+        c.post("/v1/queues/emails/jobs", json={"task": "t", "payload": {"a": 1}, "idempotency_key": "k2"})
+        again_k2 = c.post("/v1/queues/emails/jobs", json={"task": "t", "payload": {"a": True}, "idempotency_key": "k2"})
+        _error(again_k2, 409)
+        mismatch = c.post(
+            "/v1/queues/emails/jobs", json={**JOB, "idempotency_key": "a"}, headers={"Idempotency-Key": "b"}
+        )
+        _error(mismatch, 400, "idempotency_key")
+    with App(server.db) as app:
+        assert [q.pending for q in app.admin.queues()] == [2]
+
+
+def test_404_for_unknown_jobs_and_400_for_a_malformed_id(server: Server) -> None:
+    with server.client("admin") as c:
+        _error(c.get(f"/v1/jobs/{uuid.uuid4()}"), 404)
+        _error(c.get("/v1/jobs/not-a-uuid"), 400, "id")
+        _error(c.get(f"/v1/dead-letters/{uuid.uuid4()}"), 404)
+        _error(c.post("/v1/schedules/nope:pause"), 404)
+        _error(c.delete("/v1/tokens/nope"), 404)
+        assert c.get("/v1/nothing").status_code == 404
+
+
+def test_roles_and_queue_scopes(server: Server) -> None:
+    with server.client("producer") as shop, server.client("producer2") as billing:
+        mine = shop.post("/v1/queues/emails/jobs", json=JOB).json()["id"]
+        assert shop.get(f"/v1/jobs/{mine}").status_code == 200
+        # Another producer cannot read it, nor learn that it exists.
+        _error(billing.get(f"/v1/jobs/{mine}"), 404)
+        # Claiming another token's name in the headers does not help: the service stamps the sender.
+        forged = billing.post("/v1/queues/emails/jobs", json={**JOB, "headers": {"sent_by": "shop"}}).json()["id"]
+        _error(shop.get(f"/v1/jobs/{forged}"), 404)
+        for path in ("/v1/queues", "/v1/dead-letters", "/v1/audit", "/v1/schedules", "/v1/tokens"):
+            _error(shop.get(path), 403)
+        _error(shop.post("/v1/dead-letters:replay", json={"queue": "emails", "reason": "x"}), 403)
+    with server.client("emails") as mailer:
+        assert mailer.post("/v1/queues/emails/jobs", json=JOB).status_code == 202
+        _error(mailer.post("/v1/queues/billing/jobs", json=JOB), 403)
+        _error(mailer.post("/v1/queues/billing/jobs:batch", json={"jobs": [JOB]}), 403)
+        _error(mailer.post("/v1/topics/orders/messages", json={}), 403)  # topics span queues
+    with server.client("operator") as ops:
+        assert ops.get(f"/v1/jobs/{mine}").status_code == 200  # operators read every job
+        assert {q["queue"] for q in ops.get("/v1/queues").json()["queues"]} == {"emails"}
+        _error(ops.post("/v1/dead-letters:purge", json={"queue": "emails", "reason": "x"}), 403)
+        _error(ops.get("/v1/tokens"), 403)
+        _error(ops.post("/v1/tokens", json={"name": "x", "role": "admin"}), 403)
+    with server.client("emails_ops") as mail_ops:
+        assert mail_ops.get("/v1/dead-letters", params={"queue": "emails"}).status_code == 200
+        _error(mail_ops.get("/v1/dead-letters"), 403)  # every queue
+        _error(mail_ops.get("/v1/dead-letters", params={"queue": "billing"}), 403)
+        _error(mail_ops.get("/v1/audit"), 403)
+
+
+def _dead_letters(db: str, n: int) -> list[str]:
+    """``n`` dead letters on queue 'doomed', made by the real worker policy (a handler that rejects)."""
+    with App(db) as app:
+
+        @app.task(name="doomed", queue="doomed", max_attempts=1)
+        def doomed(n: int = 0) -> None:
+            raise Reject("always")
+
+        jobs = [doomed.delay(n=i) for i in range(n)]
+        assert drain(app, ["doomed"]).dead == n
+        return [str(j.id) for j in jobs]
+
+
+def test_dead_letters_page_replay_and_purge_are_audited_with_the_token_name(server: Server) -> None:
+    dead = _dead_letters(server.db, 5)
+    with server.client("operator") as ops, server.client("admin") as root:
+        first = ops.get("/v1/dead-letters", params={"queue": "doomed", "limit": 2}).json()
+        assert len(first["dead_letters"]) == 2 and first["next_before"]
+        page = {"queue": "doomed", "limit": 2}
+        second = ops.get("/v1/dead-letters", params={**page, "before": first["next_before"]})
+        third = ops.get("/v1/dead-letters", params={**page, "before": second.json()["next_before"]})
+        seen = [d["id"] for page in (first, second.json(), third.json()) for d in page["dead_letters"]]
+        assert sorted(seen) == sorted(dead) and third.json()["next_before"] is None
+        _error(ops.get("/v1/dead-letters", params={"before": "garbage!"}), 400, "before")
+        _error(ops.get("/v1/dead-letters", params={"limit": "ten"}), 400, "limit")
+        _error(ops.get("/v1/dead-letters", params={"limit": "0"}), 400, "limit")
+        shown = ops.get(f"/v1/dead-letters/{dead[0]}").json()
+        assert shown["state"] == "dead" and shown["error"]["type"] == "Reject"
+
+        _error(ops.post("/v1/dead-letters:replay", json={"ids": dead[:2]}), 400, "reason")
+        _error(ops.post("/v1/dead-letters:replay", json={"ids": ["nope"], "reason": "x"}), 400, "ids[0]")
+        _error(ops.post("/v1/dead-letters:replay", json={"ids": dead[:1], "queue": "doomed", "reason": "x"}), 400)
+        replayed = ops.post("/v1/dead-letters:replay", json={"ids": dead[:2], "reason": "fixed the bug"})
+        assert replayed.status_code == 200, replayed.text
+        pairs = replayed.json()["replayed"]
+        assert [p["dead_id"] for p in pairs] == dead[:2]
+        assert ops.get(f"/v1/jobs/{pairs[0]['new_id']}").json()["replay_of"] == dead[0]
+
+        purged = root.post("/v1/dead-letters:purge", json={"queue": "doomed", "reason": "noise"})
+        assert purged.json() == {"purged": 3, "selected": 3}
+        audit = root.get("/v1/audit", params={"limit": 10}).json()["audit"]
+        by_action = {e["action"]: e for e in audit}
+        assert by_action["replay"]["actor"] == "ops" and by_action["replay"]["reason"] == "fixed the bug"
+        assert sorted(by_action["replay"]["job_ids"]) == sorted(dead[:2])
+        assert by_action["purge"]["actor"] == "root" and len(by_action["purge"]["job_ids"]) == 3
+
+
+def test_schedules_pause_and_resume_audited(server: Server) -> None:
+    with App(server.db) as app:
+        app.admin.add_schedule("nightly", "0 3 * * *", "reports.nightly", queue="reports", actor="test")
+    with server.client("operator") as ops:
+        listed = ops.get("/v1/schedules").json()["schedules"]
+        assert [s["name"] for s in listed] == ["nightly"] and listed[0]["paused"] is False
+        assert ops.post("/v1/schedules/nightly:pause").json()["paused"] is True
+        assert ops.post("/v1/schedules/nightly:resume").json()["paused"] is False
+        actions = [(e["actor"], e["action"]) for e in ops.get("/v1/audit").json()["audit"]]
+        assert ("ops", "schedule.pause") in actions and ("ops", "schedule.resume") in actions
+    with server.client("emails_ops") as mail_ops:
+        assert mail_ops.get("/v1/schedules").json()["schedules"] == []  # not its queue
+        _error(mail_ops.post("/v1/schedules/nightly:pause"), 404)
+
+
+def test_tokens_over_http_revoke_and_expiry(server: Server) -> None:
+    with server.client("admin") as root:
+        made = root.post("/v1/tokens", json={"name": "ci", "role": "producer", "queues": ["emails"]})
+        assert made.status_code == 201, made.text
+        bearer = made.json()["token"]
+        _error(root.post("/v1/tokens", json={"name": "ci", "role": "producer"}), 400)  # names stay taken
+        _error(root.post("/v1/tokens", json={"name": "x", "role": "king"}), 400)
+        _error(root.post("/v1/tokens", json={"name": "x", "role": "admin", "expires_in": -1}), 400, "expires_in")
+        listed = root.get("/v1/tokens").json()["tokens"]
+        assert "ci" in {t["name"] for t in listed}
+        assert all("secret" not in json.dumps(t) and bearer.rsplit("_", 1)[1] not in json.dumps(t) for t in listed)
+        with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {bearer}"}) as ci:
+            assert ci.post("/v1/queues/emails/jobs", json=JOB).status_code == 202
+            assert root.delete("/v1/tokens/ci").status_code == 204
+            _error(ci.post("/v1/queues/emails/jobs", json=JOB), 401)  # --token-cache 0: at once
+        short = root.post("/v1/tokens", json={"name": "brief", "role": "producer", "expires_in": 1}).json()["token"]
+        with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {short}"}) as brief:
+            assert brief.post("/v1/queues/emails/jobs", json=JOB).status_code == 202
+            time.sleep(1.2)
+            assert "expired" in _error(brief.post("/v1/queues/emails/jobs", json=JOB), 401)
+        actions = [(e["actor"], e["action"]) for e in root.get("/v1/audit").json()["audit"]]
+        assert ("root", "token.create") in actions and ("root", "token.revoke") in actions
+
+
+def test_429_with_retry_after_from_backpressure(server: Server) -> None:
+    with server.client("producer") as c:
+        assert [c.post("/v1/queues/tight/jobs", json=JOB).status_code for _ in range(2)] == [202, 202]
+        full = c.post("/v1/queues/tight/jobs", json=JOB)
+        _error(full, 429)
+        assert int(full.headers["retry-after"]) >= 1
+        # A high-priority send is refused only at 100 % of max_depth.
+        assert c.post("/v1/queues/tight/jobs", json={**JOB, "priority": 1}).status_code == 202
+        _error(c.post("/v1/queues/tight/jobs:batch", json={"jobs": [JOB]}), 429)
+    with App(server.db) as app:
+        assert [(q.queue, q.pending) for q in app.admin.queues()] == [("tight", 3)]
+
+
+def test_batch_is_all_or_nothing_and_names_the_item(server: Server) -> None:
+    with server.client("producer") as c:
+        bad = c.post("/v1/queues/emails/jobs:batch", json={"jobs": [JOB, {**JOB, "max_attempts": "x"}]})
+        _error(bad, 400, "jobs[1].max_attempts")
+        _error(c.post("/v1/queues/emails/jobs:batch", json={"jobs": []}), 400, "jobs")
+        _error(c.post("/v1/queues/emails/jobs:batch", json={"jobs": [JOB] * 1001}), 400, "jobs")
+        _error(c.post("/v1/queues/emails/jobs:batch", json={"jobs": [JOB], "x": 1}), 400, "x")
+        ok = c.post("/v1/queues/emails/jobs:batch", json={"jobs": [JOB, {**JOB, "idempotency_key": "b1"}]})
+        assert ok.status_code == 202 and len(ok.json()["jobs"]) == 2
+    with App(server.db) as app:
+        assert [q.pending for q in app.admin.queues()] == [2]
+
+
+def test_publish_copies_to_matching_subscriptions(server: Server) -> None:
+    with App(server.db) as app:
+        app.subscribe("orders", "billing", "billing.charge")
+        app.subscribe("orders", "eu", "ship.eu", filter={"region": "eu"})
+    with server.client("producer") as c:
+        eu = c.post("/v1/topics/orders/messages", json={"payload": {"order": 1}, "headers": {"region": "eu"}})
+        assert eu.status_code == 202 and len(eu.json()["jobs"]) == 2
+        us = c.post("/v1/topics/orders/messages", json={"payload": {"order": 2}, "headers": {"region": "us"}})
+        assert len(us.json()["jobs"]) == 1
+        _error(c.post("/v1/topics/orders/messages", json={"task": "x"}), 400, "task")
+        assert c.get(f"/v1/jobs/{us.json()['jobs'][0]}").json()["headers"]["sent_by"] == "shop"
+
+
+def test_openapi_and_health(server: Server) -> None:
+    with httpx.Client(base_url=server.url) as c:
+        doc = c.get("/openapi.json").json()
+        assert doc["openapi"].startswith("3.")
+        assert "/v1/queues/{queue}/jobs" in doc["paths"] and "/v1/dead-letters:replay" in doc["paths"]
+        assert c.get("/readyz").json() == {"status": "ready"}
+
+
+def test_503_with_retry_after_when_the_database_is_unreachable(tmp_path: Path) -> None:
+    unreachable = f"postgresql://postgres@127.0.0.1:{_closed_port()}/nowhere?connect_timeout=2"
+    server = start(unreachable, tmp_path, "--insecure-no-auth", app_path=None, wait_ready=False)
+    try:
+        with httpx.Client(base_url=server.url, timeout=30) as c:
+            assert c.get("/healthz").status_code == 200
+            ready = c.get("/readyz")
+            _error(ready, 503)
+            assert int(ready.headers["retry-after"]) >= 1
+            sent = c.post("/v1/queues/emails/jobs", json=JOB)
+            _error(sent, 503)
+            assert int(sent.headers["retry-after"]) >= 1
+            _error(c.get("/v1/queues"), 503)
+        assert "WITHOUT AUTHENTICATION" in server.stderr()
+    finally:
+        stop(server)
+
+
+def _closed_port() -> int:
+    from tests.http.conftest import free_port
+
+    return free_port()
+
+
+def test_insecure_no_auth_says_so_on_every_start(sqlite_url: str, tmp_path: Path) -> None:
+    server = start(sqlite_url, tmp_path, "--insecure-no-auth", "--workers", "2", app_path=None)
+    try:
+        with httpx.Client(base_url=server.url) as c:
+            assert c.post("/v1/queues/emails/jobs", json=JOB).status_code == 202
+            assert c.post("/v1/tokens", json={"name": "ci", "role": "producer"}).status_code == 201
+        deadline = time.monotonic() + 10
+        while server.stderr().count("WITHOUT AUTHENTICATION") < 3 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        # Once from the command, once from each of the two server processes.
+        assert server.stderr().count("WITHOUT AUTHENTICATION") == 3, server.stderr()
+    finally:
+        stop(server)
+    with App(sqlite_url) as app:
+        assert app.admin.audit(1)[0].actor == "insecure-no-auth"

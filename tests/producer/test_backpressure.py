@@ -1,0 +1,77 @@
+"""Backpressure: a queue past its high-water mark refuses sends by priority class, with retry_after
+from the drain rate; nothing of a refused batch is enqueued."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime
+
+import pytest
+
+from conveyor import App, Message
+from conveyor._errors import QueueFull
+from conveyor.testing import drain
+
+
+@pytest.fixture
+def app(database_url: str) -> Iterator[App]:
+    a = App(database_url, migrate=True)
+    yield a
+    a.close()
+
+
+def test_queue_full_with_graduated_shedding(app: App) -> None:
+    app.queue("bounded", max_depth=10)  # low refused at 5, normal at 8, high at 10
+
+    @app.task(queue="bounded")
+    def work() -> None:
+        pass
+
+    for _ in range(5):
+        work.send({}, priority=-1)
+    with pytest.raises(QueueFull) as low:
+        work.send({}, priority=-1)
+    assert low.value.limit == 5 and low.value.depth == 5 and low.value.retry_after > 0
+    for _ in range(3):
+        work.send({})  # normal
+    with pytest.raises(QueueFull):
+        work.send({})
+    work.send({}, priority=5)
+    work.send({}, priority=5)
+    with pytest.raises(QueueFull) as high:
+        work.send({}, priority=5)
+    assert high.value.limit == 10
+    # Nothing accepted is dropped: exactly the 10 accepted jobs are there and all run.
+    assert drain(app).completed == 10
+
+
+def test_retry_after_comes_from_the_drain_rate(app: App) -> None:
+    app.queue("rated", max_depth=4, shedding={"low": 1.0, "normal": 1.0, "high": 1.0})
+
+    @app.task(queue="rated")
+    def work() -> None:
+        pass
+
+    app.send_many([Message(work.name) for _ in range(4)])
+    drain(app)  # 4 drained in the last minute: 4/60 jobs per second
+    app.send_many([Message(work.name) for _ in range(4)])
+    app.producer.load._loads.clear()
+    with pytest.raises(QueueFull) as full:
+        work.send({})
+    # One job over the mark at 4 jobs/min drains in ~15 s.
+    assert 10 <= full.value.retry_after <= 20
+
+
+def test_batch_over_the_mark_enqueues_nothing(app: App) -> None:
+    app.queue("atomic", max_depth=3, shedding={"low": 1.0, "normal": 1.0, "high": 1.0})
+    with pytest.raises(QueueFull):
+        app.send_many([Message("t", queue="atomic") for _ in range(4)])
+    assert (
+        app.backend.queue_load(
+            __import__("conveyor.backends.base", fromlist=["QueueLoadParams"]).QueueLoadParams(
+                "atomic", datetime.now(UTC)
+            )
+        ).depth
+        == 0
+    )
+
