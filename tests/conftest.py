@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
+from hypothesis import HealthCheck, settings
 from psycopg import sql
 
 POSTGRES_URL = os.environ.get("CONVEYOR_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
@@ -53,3 +54,20 @@ def database_url(request: pytest.FixtureRequest, tmp_path: os.PathLike[str]) -> 
     if request.param == "sqlite":
         return f"sqlite:///{os.fspath(tmp_path)}/conveyor.db"
     return str(request.getfixturevalue("postgres_database"))
+
+
+# Hypothesis profiles. "ci" (the default) is derandomized, so that every run tries the same
+# examples and a failure in CI reproduces anywhere; "soak" (`--hypothesis-profile soak`) draws many
+# more examples from random seeds, for a long local run.
+settings.register_profile(
+    "ci",
+    max_examples=40,
+    stateful_step_count=40,
+    derandomize=True,
+    database=None,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+    print_blob=True,
+)
+settings.register_profile("soak", settings.get_profile("ci"), max_examples=1000, derandomize=False)
+settings.load_profile("ci")

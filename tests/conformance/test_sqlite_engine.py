@@ -56,7 +56,7 @@ def test_migrate_records_versions_and_is_idempotent(sqlite_backend: SqliteBacken
 
 def test_acquire_uses_the_partial_ready_index(sqlite_backend: SqliteBackend) -> None:
     query = load_queries("conveyor.backends.sqlite")["jobs_acquire"]
-    args = {"queue": "q", "limit": 1, "visibility_timeout": 1.0, "worker_id": "w", "now": 0.0}
+    args = {"queue": "q", "limit": 1, "lease_expires_at": 1.0, "worker_id": "w", "now": 0.0}
     with _raw(sqlite_backend) as conn:
         plan = " ".join(str(row[3]) for row in conn.execute("EXPLAIN QUERY PLAN " + query, args))
     assert "jobs_ready" in plan

@@ -599,16 +599,19 @@ _Outcome = TypeVar("_Outcome", Finish, RetryItem)
 
 
 def one_outcome_per_job(items: Sequence[_Outcome]) -> list[_Outcome]:
-    """The items of an outcome batch an engine writes: the first for each job id (a second would
-    archive a job twice, or race with the first inside one statement). Raises ConfigurationError for
-    a finish whose state is not terminal: the caller's bug, refused before the database sees it."""
-    seen: set[UUID] = set()
+    """The items of an outcome batch an engine writes: the first for each delivery, i.e. each (job id,
+    receipt) (a second would archive a job twice, or race with the first inside one statement).
+    Items naming one job with different receipts all stay: at most one of them is current, and it
+    must apply even when a stale one (an earlier delivery's late outcome) comes first in the batch.
+    Raises ConfigurationError for a finish whose state is not terminal: the caller's bug, refused
+    before the database sees it."""
+    seen: set[tuple[UUID, str]] = set()
     kept: list[_Outcome] = []
     for item in items:
         if isinstance(item, Finish) and item.state not in TERMINAL_STATES:
             raise ConfigurationError(f"not a terminal state: {item.state!r}")
-        if item.id not in seen:
-            seen.add(item.id)
+        if (item.id, item.receipt) not in seen:
+            seen.add((item.id, item.receipt))
             kept.append(item)
     return kept
 

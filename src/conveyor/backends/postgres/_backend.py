@@ -154,6 +154,13 @@ def _receipt(value: str) -> UUID | None:
         return None
 
 
+def _held(ids: Sequence[UUID], receipts: Sequence[UUID], rows: Sequence[TupleRow]) -> list[UUID]:
+    """The ids of the deliveries (id, receipt) that ``rows`` name, in the caller's order (RETURNING
+    promises none), one per item: an item naming the same job with a stale receipt is not held."""
+    held = {(row[0], row[1]) for row in rows}
+    return [job_id for job_id, receipt in zip(ids, receipts, strict=True) if (job_id, receipt) in held]
+
+
 def _has_input(conn: Conn) -> bool:
     """Whether an idle connection's socket has something to read (a FATAL message, EOF)."""
     try:
@@ -478,7 +485,7 @@ class PostgresBackend:
         if not ids:
             return []
         rows = self._fetchall("jobs_start_many", {"ids": ids, "receipts": receipts, "now": params.now}, ack=True)
-        return [row[0] for row in rows]
+        return _held(ids, receipts, rows)
 
     def jobs_finish_many(self, params: JobsFinishParams) -> int:
         """Archive deliveries in their terminal state in one statement; return how many applied."""
@@ -561,7 +568,7 @@ class PostgresBackend:
             },
             ack=True,
         )
-        return [row[0] for row in rows]
+        return _held(ids, receipts, rows)
 
     def jobs_rescue_expired(self, params: JobsRescueParams) -> int:
         """Return up to ``limit`` expired leases to pending; return how many."""
@@ -616,18 +623,26 @@ class PostgresBackend:
 
     def dead_replay_many(self, params: DeadReplayParams) -> list[tuple[UUID, UUID]]:
         """Replay dead letters as new jobs in one transaction; return the pairs replayed, in input order."""
+        # A dead letter is replayed at most once, as its first pair says (as on SQLite): the statement
+        # would pick any one of its pairs, and the answer would list a pair given twice twice.
+        pairs: list[tuple[UUID, UUID]] = []
+        seen: set[UUID] = set()
+        for dead, new in params.replays:
+            if dead not in seen:
+                seen.add(dead)
+                pairs.append((dead, new))
         rows = self._fetchall(
             "dead_replay_many",
             {
-                "dead_ids": [dead for dead, _ in params.replays],
-                "new_ids": [new for _, new in params.replays],
+                "dead_ids": [dead for dead, _ in pairs],
+                "new_ids": [new for _, new in pairs],
                 "actor": params.actor,
                 "reason": params.reason,
                 "now": params.now,
             },
         )
         done = {(row[0], row[1]) for row in rows if row[0] is not None}
-        return [pair for pair in params.replays if pair in done]
+        return [pair for pair in pairs if pair in done]
 
     def dead_purge_many(self, params: DeadPurgeParams) -> int:
         """Delete dead letters for good (one audit row); return how many were deleted."""

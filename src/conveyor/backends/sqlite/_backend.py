@@ -6,11 +6,11 @@ import json
 import sqlite3
 import threading
 from collections.abc import Iterable, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
-from conveyor._errors import ConfigurationError
+from conveyor._errors import BackendError, ConfigurationError
 from conveyor.backends import base
 from conveyor.backends._sql import load_migrations, load_queries
 from conveyor.backends.sqlite import _convert as cv
@@ -150,7 +150,7 @@ class SqliteBackend:
                 {
                     "queue": params.queue,
                     "limit": params.limit,
-                    "visibility_timeout": params.visibility_timeout,
+                    "lease_expires_at": _lease_end(params.now, params.visibility_timeout),
                     "worker_id": params.worker_id,
                     "now": cv.to_db_time(params.now),
                 },
@@ -165,8 +165,7 @@ class SqliteBackend:
             return []
         with self._pool.write() as conn:
             rows = conn.execute(self._q["jobs_start_many"], {"items": items}).fetchall()
-        started = {row[0] for row in rows}
-        return [item.id for item in params.items if cv.to_db_id(item.id) in started]
+        return _held(params.items, rows)
 
     def jobs_finish_many(self, params: base.JobsFinishParams) -> int:
         """Archive deliveries in their terminal state; return how many applied (the rest were stale)."""
@@ -231,13 +230,10 @@ class SqliteBackend:
                 self._q["leases_extend_many"],
                 {
                     "items": items,
-                    "now": cv.to_db_time(params.now),
-                    "visibility_timeout": params.visibility_timeout,
+                    "lease_expires_at": _lease_end(params.now, params.visibility_timeout),
                 },
             ).fetchall()
-        extended = {row[0] for row in rows}
-        # Answer in the caller's order, which RETURNING does not promise.
-        return [item.id for item in params.items if cv.to_db_id(item.id) in extended]
+        return _held(params.items, rows)
 
     def jobs_rescue_expired(self, params: base.JobsRescueParams) -> int:
         """Return up to ``limit`` expired leases to pending; return how many."""
@@ -468,7 +464,9 @@ class SqliteBackend:
                 "priority": s.priority,
                 "last_run_at": cv.to_db_time_or_none(s.last_run_at),
             }
-            for s in params.schedules
+            # The last of several schedules with one name wins (as on PostgreSQL): upserted one by
+            # one, a second would be taken as an update of the first and keep its pause state.
+            for s in {s.name: s for s in params.schedules}.values()
         ]
         if rows:
             with self._pool.write() as conn:
@@ -540,10 +538,13 @@ class SqliteBackend:
     def queue_load(self, params: base.QueueLoadParams) -> base.QueueLoad:
         """The live depth of one queue and how many of its jobs ended in the last ``window`` seconds."""
         now = cv.to_db_time(params.now)
+        # The window's start on exact microseconds (as PostgreSQL subtracts an interval), not a
+        # difference of REAL seconds that could round past a row finished at that very instant.
+        since = cv.to_db_time(params.now - timedelta(seconds=params.window))
         with self._pool.read() as conn:
             depth = conn.execute(self._q["queue_depth"], {"queue": params.queue}).fetchall()[0][0]
             drained = conn.execute(
-                self._q["queue_drained"], {"queue": params.queue, "since": now - params.window, "now": now}
+                self._q["queue_drained"], {"queue": params.queue, "since": since, "now": now}
             ).fetchall()[0][0]
         return base.QueueLoad(queue=params.queue, depth=depth, drained=drained, window=params.window)
 
@@ -618,6 +619,22 @@ def _token(row: sqlite3.Row) -> base.Token:
         expires_at=cv.from_db_time_or_none(row["expires_at"]),
         revoked_at=cv.from_db_time_or_none(row["revoked_at"]),
     )
+
+
+def _lease_end(now: datetime, visibility_timeout: float) -> float:
+    """``now + visibility_timeout`` as stored: added on exact microseconds (as PostgreSQL adds an
+    interval), so that a lease ends at the very time every engine says it does."""
+    try:
+        return cv.to_db_time(now + timedelta(seconds=visibility_timeout))
+    except (ValueError, OverflowError) as exc:
+        raise BackendError(f"not a visibility timeout: {visibility_timeout!r} seconds") from exc
+
+
+def _held(items: Sequence[base.LeaseRef], rows: Sequence[sqlite3.Row]) -> list[UUID]:
+    # Answer in the caller's order, which RETURNING does not promise, one id per item that held its
+    # lease: matched by receipt too, so that an item naming the same job with a stale receipt is not.
+    held = {(row[0], row[1]) for row in rows}
+    return [item.id for item in items if (cv.to_db_id(item.id), item.receipt) in held]
 
 
 def _lease_refs(items: Sequence[base.LeaseRef]) -> str:

@@ -422,13 +422,14 @@ UPDATE jobs AS j SET
     deliveries = j.deliveries + 1
 FROM unnest(%(ids)b::uuid[], %(receipts)b::uuid[]) AS i(id, receipt)
 WHERE j.id = ANY (%(ids)b::uuid[]) AND j.id = i.id AND j.receipt = i.receipt
-RETURNING j.id
+RETURNING j.id, j.receipt
 
 -- name: jobs_finish_many
 -- Ends deliveries: the DELETE and the archive INSERT are one statement, so a job is never in
 -- both tables nor in neither. The receipt in the join fences stale workers: a delivery whose
 -- lease was rescued and handed out again has a new receipt, so its late outcome matches nothing.
--- When the item carries no error the job keeps the error of its last failed attempt.
+-- When the item carries no error the job keeps the error of its last failed attempt. The lease
+-- ends with the delivery: an archived row has no lease_expires_at (as on every engine).
 -- Returns the number of rows archived.
 WITH items AS (
     SELECT *
@@ -456,7 +457,7 @@ SELECT d.id, d.queue, d.task, d.payload, d.headers, d.final_state, d.priority, d
        d.enqueued_at, d.expires_at, d.attempts + CASE WHEN d.ran THEN 1 ELSE 0 END,
        d.deliveries + CASE WHEN d.ran AND NOT d.counted THEN 1 ELSE 0 END,
        d.max_attempts, d.max_deliveries, d.idempotency_key, d.ordering_key, d.replay_of,
-       d.first_started_at, d.started_at, d.lease_expires_at, d.worker_id,
+       d.first_started_at, d.started_at, NULL, d.worker_id,
        CASE WHEN d.final_error_type IS NULL THEN d.error_type ELSE d.final_error_type END,
        CASE WHEN d.final_error_type IS NULL THEN d.error_message ELSE d.final_error_message END,
        CASE WHEN d.final_error_type IS NULL THEN d.traceback ELSE d.final_traceback END,
@@ -465,7 +466,8 @@ FROM done AS d
 
 -- name: jobs_retry_many
 -- Back to pending at each item's run_at with the attempt counted and its error kept; receipt
--- and lease are cleared so the old delivery can no longer act. A retry due at once (run_at <=
+-- and lease are cleared so the old delivery can no longer act. worker_id (like started_at) stays:
+-- it names the worker of the last delivery until the next one, as on every engine. A retry due at once (run_at <=
 -- now) notifies its queue so an idle worker picks it up without polling.
 WITH items AS (
     SELECT *
@@ -485,8 +487,7 @@ retried AS (
         error_message = i.error_message,
         traceback = i.traceback,
         receipt = NULL,
-        lease_expires_at = NULL,
-        worker_id = NULL
+        lease_expires_at = NULL
     FROM items AS i
     WHERE j.id = ANY (%(ids)b::uuid[]) AND j.id = i.id AND j.receipt = i.receipt
     RETURNING j.queue, j.run_at
@@ -522,18 +523,20 @@ notified AS (
 SELECT (SELECT count(*) FROM released), (SELECT count(*) FROM notified)
 
 -- name: leases_extend_many
--- Heartbeat for many deliveries at once; only rows still held under the same receipt move.
+-- Heartbeat for many deliveries at once; only rows still held under the same receipt move. Returns
+-- the deliveries extended, in no particular order (the caller puts them in its own).
 UPDATE jobs AS j SET
     lease_expires_at = %(now)s + make_interval(secs => %(visibility_timeout)s)
 FROM unnest(%(ids)b::uuid[], %(receipts)b::uuid[]) AS i(id, receipt)
 WHERE j.id = ANY (%(ids)b::uuid[]) AND j.id = i.id AND j.receipt = i.receipt
-RETURNING j.id
+RETURNING j.id, j.receipt
 
 -- name: jobs_rescue_expired
 -- Expired leases back to pending, oldest first, in bounded batches. SKIP LOCKED keeps two
 -- rescuers (or a rescuer and a finishing worker) from waiting on each other; a row whose lease
 -- was extended meanwhile fails the re-checked WHERE and is left alone. deliveries is kept (a lease
 -- is not a delivery); rescues + 1 makes the job a suspect, whose starts are counted before they run.
+-- worker_id stays: it names the worker that lost the lease (the worker of the last delivery).
 WITH expired AS MATERIALIZED (
     SELECT id
     FROM jobs
@@ -547,7 +550,6 @@ rescued AS (
         state = 'pending',
         receipt = NULL,
         lease_expires_at = NULL,
-        worker_id = NULL,
         rescues = j.rescues + 1
     WHERE j.id = ANY (ARRAY(SELECT id FROM expired))
     RETURNING j.queue

@@ -65,10 +65,13 @@ SELECT job_id FROM idempotency_keys WHERE queue = :queue AND key = :key
 -- RETURNING does not promise any order, so the caller sorts.
 -- A lease is not a delivery: deliveries is counted when the handler starts (with its outcome, or
 -- by jobs_start_many), so jobs a worker only prefetched are not charged if it dies.
+-- :lease_expires_at is now + the visibility timeout, added by the caller on exact microseconds: a
+-- sum of two REAL seconds here could round below the exact end, and rescue (lease < now) would
+-- then take the lease back at the very instant it should still hold.
 UPDATE jobs
 SET state = 'processing',
     receipt = lower(hex(randomblob(16))),
-    lease_expires_at = :now + :visibility_timeout,
+    lease_expires_at = :lease_expires_at,
     worker_id = :worker_id,
     started_at = :now,
     first_started_at = coalesce(first_started_at, :now)
@@ -102,7 +105,8 @@ RETURNING id, queue, task, payload, headers, priority, run_at, enqueued_at, expi
 -- Count deliveries as started before their outcome: a suspect job's just before its handler runs
 -- (poison protection reads the count, so a handler that kills its worker has been counted), and jobs
 -- running long from the heartbeat. Same (id, receipt) match as every outcome; RETURNING names the
--- deliveries that still held their lease.
+-- deliveries that still held their lease (by receipt too: an item naming the same job with a stale
+-- receipt did not).
 UPDATE jobs
 SET deliveries = deliveries + 1
 FROM (
@@ -110,7 +114,7 @@ FROM (
     FROM json_each(:items)
 ) AS r
 WHERE jobs.id = r.id AND jobs.receipt = r.receipt AND jobs.state = 'processing'
-RETURNING jobs.id
+RETURNING jobs.id, jobs.receipt
 
 -- name: jobs_finish_archive
 -- First half of finishing a batch: copy each delivery whose id and receipt still match a
@@ -195,16 +199,17 @@ FROM (
 WHERE jobs.id = r.id AND jobs.receipt = r.receipt AND jobs.state = 'processing'
 
 -- name: leases_extend_many
--- Heartbeat: push the lease of every delivery still held (same receipt, still processing); the ids
--- returned tell the worker which leases it still has.
+-- Heartbeat: push the lease of every delivery still held (same receipt, still processing); the
+-- (id, receipt) pairs returned tell the worker which leases it still has. The new end is computed
+-- by the caller, as in jobs_acquire.
 UPDATE jobs
-SET lease_expires_at = :now + :visibility_timeout
+SET lease_expires_at = :lease_expires_at
 FROM (
     SELECT json_extract(value, '$.id') AS id, json_extract(value, '$.receipt') AS receipt
     FROM json_each(:items)
 ) AS r
 WHERE jobs.id = r.id AND jobs.receipt = r.receipt AND jobs.state = 'processing'
-RETURNING jobs.id
+RETURNING jobs.id, jobs.receipt
 
 -- name: jobs_rescue_expired
 -- Expired leases go back to pending, oldest lease first, through the jobs_lease partial index.
@@ -359,11 +364,13 @@ RETURNING key
 
 -- name: idempotency_keys_prune
 -- Bounded delete through idempotency_keys_expiry (SQLite has no DELETE ... LIMIT by default, so
--- the batch is chosen by rowid). Keys without an expiry are held for ever and never pruned.
+-- the batch is chosen by rowid). Keys without an expiry are held for ever and never pruned. A key
+-- has expired once expires_at <= now: from then on a claim takes it over (idempotency_claim), so it
+-- is pruned from then on too, as on PostgreSQL.
 DELETE FROM idempotency_keys
 WHERE rowid IN (
     SELECT rowid FROM idempotency_keys
-    WHERE expires_at IS NOT NULL AND expires_at < :now
+    WHERE expires_at IS NOT NULL AND expires_at <= :now
     ORDER BY expires_at
     LIMIT :limit
 )
@@ -371,7 +378,7 @@ WHERE rowid IN (
 -- name: processed_keys_prune
 DELETE FROM processed_keys
 WHERE rowid IN (
-    SELECT rowid FROM processed_keys WHERE expires_at < :now ORDER BY expires_at LIMIT :limit
+    SELECT rowid FROM processed_keys WHERE expires_at <= :now ORDER BY expires_at LIMIT :limit
 )
 
 -- name: schedules_upsert
