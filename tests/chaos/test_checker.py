@@ -101,7 +101,7 @@ def test_a_kill_of_another_worker_explains_nothing() -> None:
 def test_a_crash_by_a_poison_job_explains_the_runs_it_took_down() -> None:
     job, poison = uuid4(), uuid4()
     runs = [run(job, 1, 1, None), run(poison, 1, 1.5, None, task=mix.CRASH), run(job, 2, 6, 6.1)]
-    runs += [run(poison, 2, 7, None, task=mix.CRASH)]
+    runs += [run(poison, 2, 7, None, task=mix.CRASH), run(poison, 3, 12, None, task=mix.CRASH)]
     rows = [
         row(job),
         row(poison, mix.CRASH, state="dead", attempts=0, reason="max_deliveries_exceeded", error_type="PoisonJob"),
@@ -109,7 +109,7 @@ def test_a_crash_by_a_poison_job_explains_the_runs_it_took_down() -> None:
     events = [{"kind": "process_exit", "t": T0 + 1.6, "pid": 1, "member": "plain0", "role": "worker", "rc": 1}]
     report = check(runs, rows, events=events)
     assert report.problems() == []
-    assert report.crashes == 2
+    assert report.crashes == 3
     assert report.extra_by_cause == {"worker crashed (os._exit in a poison job)": 1}
 
 
@@ -172,11 +172,27 @@ def test_nul_text_must_be_kept_whole() -> None:
     assert [v.split()[0] for v in report.policy_violations] == [str(cut)]
 
 
-def test_a_poison_job_must_start_max_deliveries_times() -> None:
+def test_a_poison_job_must_start_max_deliveries_plus_one_times() -> None:
     poison = uuid4()
     rows = [row(poison, mix.CRASH, state="dead", attempts=0, reason="max_deliveries_exceeded", error_type="PoisonJob")]
-    report = check([run(poison, 1, 1, None, task=mix.CRASH)], rows)
-    assert len(report.missing_runs) == 1  # charged a delivery it never started
+    runs = [run(poison, n, n * 5, None, task=mix.CRASH) for n in range(1, mix.CRASH_MAX_DELIVERIES + 1)]
+    report = check(runs, rows)
+    assert len(report.missing_runs) == 1  # dead-lettered before its last start: charged one it never made
+
+
+def test_a_job_started_just_after_a_crash_began_lost_its_outcome_to_it() -> None:
+    # The crashing handler records its start, then os._exit: another slot can start and finish a job
+    # in between; its outcome, not yet flushed, dies with the process.
+    job, poison = uuid4(), uuid4()
+    runs = [run(poison, n, n * 5, None, task=mix.CRASH) for n in range(1, mix.CRASH_MAX_DELIVERIES + 2)]
+    runs += [run(job, 1, 5.0001, 5.0002), run(job, 4, 20, 20.1)]
+    rows = [
+        row(job),
+        row(poison, mix.CRASH, state="dead", attempts=0, reason="max_deliveries_exceeded", error_type="PoisonJob"),
+    ]
+    report = check(runs, rows)
+    assert report.unexplained == []
+    assert report.extra_by_cause == {"worker crashed (os._exit in a poison job)": 1}
 
 
 def test_run_log_parsing(tmp_path: Path) -> None:
