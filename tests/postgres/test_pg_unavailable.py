@@ -23,6 +23,21 @@ def _closed_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def _wait_for_a_session_waiting_on_a_lock(admin: psycopg.Connection[tuple[object, ...]]) -> None:
+    """Wait until the acquire is blocked on the table lock (a fixed sleep loses the race on a
+    loaded machine: the session killed before its statement starts is replaced by the pool)."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        row = admin.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND wait_event_type = 'Lock'"
+        ).fetchone()
+        if row is not None and int(str(row[0])) > 0:
+            return
+        time.sleep(0.02)
+    raise AssertionError("the acquire never blocked on the table lock")
+
+
 def test_a_server_that_is_not_there_raises_backend_unavailable_quickly() -> None:
     started = time.monotonic()
     backend = PostgresBackend(f"postgresql://postgres@127.0.0.1:{_closed_port()}/nope", connect_timeout=1.0)
@@ -86,7 +101,7 @@ def test_a_session_killed_mid_call_fails_as_unavailable_then_recovers(
 
         thread = threading.Thread(target=blocked_acquire)
         thread.start()
-        time.sleep(0.5)
+        _wait_for_a_session_waiting_on_a_lock(admin)
         terminate_other_sessions(admin)
         thread.join(timeout=30)
     finally:
