@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,18 @@ def enqueue_all(adapter: Any, n: int, chunk: int) -> float:
     for start in range(0, n, chunk):
         adapter.bulk(payloads(min(chunk, n - start), start))
     return time.perf_counter() - t0
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """utime + stime of live processes, in seconds."""
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def worker_pids(pid: int) -> list[int]:
@@ -111,6 +124,9 @@ def main() -> None:
             try:
                 if args.workload == "drain":
                     ok = wait_count(args.side, args.n, args.timeout, proc)
+                    # The worker's own CPU (its processes' user + system time, start-up included):
+                    # less sensitive than jobs/s to what else the machine runs.
+                    result["worker_cpu_us_per_job"] = round(1e6 * cpu_seconds(worker_pids(proc.pid)) / args.n, 1)
                 else:
                     ok, samples = sample_rss(proc.pid, args, [int(x) for x in args.rss_at.split(",")])
                     result["rss_kib"] = samples

@@ -7,7 +7,7 @@
 - ``body_threads``: the same with the sync client in 10 threads: the most a ``def`` worker could do.
 - ``pickup``: a producer commits one row + ``NOTIFY`` (one durable transaction), a listener thread
   wakes on the notification and claims the row with one ``UPDATE ... SKIP LOCKED RETURNING``;
-  latency from the producer's stamp (taken right before its transaction) to the claim's return.
+  latency from the producer's stamp (taken right before its one statement) to the claim's return.
   Paced like the queue figure (5 warm-ups, 1 s idle, ``--n`` sends ``--interval`` apart).
 - ``pgbench``: Conveyor's own ``jobs_acquire`` and ``jobs_finish_many`` statements (read from the
   backend's queries.sql, their parameters filled in by pgbench) driven by ``pgbench`` with
@@ -84,6 +84,10 @@ _TABLE = """
 DROP TABLE IF EXISTS pickup_floor;
 CREATE TABLE pickup_floor (id bigserial PRIMARY KEY, state text NOT NULL DEFAULT 'pending', sent float8 NOT NULL)
 """
+_SEND = """
+WITH inserted AS (INSERT INTO pickup_floor (sent) VALUES (%s) RETURNING id)
+SELECT pg_notify('pickup_floor', '') FROM inserted
+"""
 _CLAIM = """
 UPDATE pickup_floor SET state = 'processing'
 WHERE id = (SELECT id FROM pickup_floor WHERE state = 'pending' ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED)
@@ -117,13 +121,11 @@ def pickup(db: str, n: int, interval: float) -> dict[str, Any]:
     thread = threading.Thread(target=listener, daemon=True)
     thread.start()
     ready.wait(10)
-    with psycopg.connect(db) as producer:
+    with psycopg.connect(db, autocommit=True) as producer:
 
         def send() -> None:
-            sent = time.time()
-            with producer.transaction():
-                producer.execute("INSERT INTO pickup_floor (sent) VALUES (%s)", (sent,))
-                producer.execute("NOTIFY pickup_floor")
+            # One statement, one round trip, one durable commit (as Conveyor's delay() sends it).
+            producer.execute(_SEND, (time.time(),), prepare=True)
 
         for _ in range(5):
             send()

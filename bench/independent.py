@@ -178,7 +178,7 @@ def medians(results: list[dict[str, Any]]) -> dict[tuple[str, str, str], dict[st
     for key, rs in groups.items():
         out[key] = {
             k: statistics.median(float(r[k]) for r in rs)
-            for k in ("rate", "p50_ms", "p99_ms")
+            for k in ("rate", "p50_ms", "p99_ms", "worker_cpu_us_per_job")
             if all(r.get(k) is not None for r in rs)
         }
         out[key]["count"] = len(rs)
@@ -195,14 +195,15 @@ def report(results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         f"load average at start {meta['machine']['loadavg_start']:.2f}, at end {meta.get('loadavg_end', 0):.2f}; "
         f"tree: {meta['git']}",
         "",
-        "| figure | lib | variant | runs | jobs/s | p50 ms | p99 ms |",
-        "| --- | --- | --- | ---: | ---: | ---: | ---: |",
+        "| figure | lib | variant | runs | jobs/s | p50 ms | p99 ms | worker CPU µs/job |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     for (figure, lib, variant), nums in sorted(m.items()):
         rate = f"{nums['rate']:,.0f}" if "rate" in nums else ""
         p50 = f"{nums['p50_ms']:.2f}" if "p50_ms" in nums else ""
         p99 = f"{nums['p99_ms']:.2f}" if "p99_ms" in nums else ""
-        lines.append(f"| {figure} | {lib} | {variant} | {nums['count']:.0f} | {rate} | {p50} | {p99} |")
+        cpu = f"{nums['worker_cpu_us_per_job']:.0f}" if "worker_cpu_us_per_job" in nums else ""
+        lines.append(f"| {figure} | {lib} | {variant} | {nums['count']:.0f} | {rate} | {p50} | {p99} | {cpu} |")
     lines += ["", "| target | variant | measured | ratio | met |", "| --- | --- | --- | ---: | --- |"]
 
     def get(figure: str, lib: str, key: str, variant: str = "") -> float | None:

@@ -51,7 +51,9 @@ def wrk(url: str, token: str, seconds: float, connections: int, threads: int) ->
     return summary, usage.ru_utime + usage.ru_stime
 
 
-def run_mode(cluster: Cluster, mode: str, args: argparse.Namespace) -> dict[str, object]:
+def run_mode(
+    cluster: Cluster, mode: str, args: argparse.Namespace, variant: tuple[str, dict[str, str]] = ("", {})
+) -> dict[str, object]:
     db = cluster.database(f"http_bench_{mode.replace('-', '_')}")
     conveyor(db, "migrate")
     token = conveyor(db, "tokens", "create", "bench", "--role", "producer").stdout.strip()
@@ -62,6 +64,7 @@ def run_mode(cluster: Cluster, mode: str, args: argparse.Namespace) -> dict[str,
     serve = subprocess.Popen(
         argv,
         cwd=REPO,
+        env={**os.environ, **variant[1]},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
@@ -100,6 +103,7 @@ def run_mode(cluster: Cluster, mode: str, args: argparse.Namespace) -> dict[str,
         sys.exit(f"{mode}: the database holds {stored} new jobs but wrk counted {summary['accepted']} 202s")
     return {
         "mode": mode,
+        "variant": variant[0],
         "workers": args.workers,
         "connections": args.connections,
         "seconds": round(elapsed, 2),
@@ -129,15 +133,25 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2, help="conveyor serve processes")
     parser.add_argument("--modes", default="group,per-request")
     parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument(
+        "--variants",
+        default="=",
+        help="'A=;B=NAME=1,NAME2=x': every mode once per variant (environment of the server), interleaved",
+    )
     args = parser.parse_args()
     if shutil.which("wrk") is None:
         sys.exit("wrk is not installed: apt-get install wrk")
     cluster = Cluster()
     try:
         print(json.dumps({"postgres": cluster.settings(), "command": " ".join(sys.argv)}), flush=True)
+        variants = []
+        for part in args.variants.split(";"):
+            name, _, env = part.partition("=")
+            variants.append((name, dict(kv.split("=", 1) for kv in env.split(",") if kv)))
         for _ in range(args.repeat):
-            for mode in args.modes.split(","):
-                print(json.dumps(run_mode(cluster, mode, args)), flush=True)
+            for variant in variants:
+                for mode in args.modes.split(","):
+                    print(json.dumps(run_mode(cluster, mode, args, variant)), flush=True)
     finally:
         cluster.stop()
 
