@@ -12,7 +12,6 @@ import asyncio
 import json
 import logging
 import math
-import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -308,8 +307,6 @@ class Service:
         except ConveyorError as exc:
             await error_response(exc)(scope, receive, send)
             return
-        if _AB_LENGTH:
-            extra.append((b"content-length", str(len(body)).encode("ascii")))
         await send({"type": "http.response.start", "status": status, "headers": [_JSON_TYPE, *extra]})
         await send({"type": "http.response.body", "body": body})
 
@@ -593,7 +590,6 @@ class Service:
 
 _SEND_HEADERS = frozenset((b"authorization", b"content-length", b"idempotency-key"))
 _JSON_TYPE = (b"content-type", b"application/json")
-_AB_LENGTH = "length" in os.environ.get("CONVEYOR_AB", "")
 
 
 async def _chunks(receive: Receive) -> AsyncIterator[bytes]:

@@ -6,7 +6,6 @@ import asyncio
 import logging
 import os
 import signal
-import sys
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
@@ -185,9 +184,6 @@ class Worker:
 
         With ``install_signals``, the first SIGTERM/SIGINT stops gracefully and a second one exits
         at once (leases then expire and rescue returns the jobs)."""
-
-        if "switch" in os.environ.get("CONVEYOR_AB", ""):
-            sys.setswitchinterval(0.0005)
 
         async def main() -> None:
             if install_signals:

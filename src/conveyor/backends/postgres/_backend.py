@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import select
 import threading
 import time
@@ -88,7 +87,7 @@ R = TypeVar("R")
 
 # Batches of at least this many jobs without idempotency keys are inserted by COPY (see jobs_copy);
 # below it the single INSERT statement (one round trip) is quicker.
-_COPY_MIN = 16 if "copymin" in os.environ.get("CONVEYOR_AB", "") else 64
+_COPY_MIN = 64
 
 
 class _NotCopyable(Exception):
@@ -129,9 +128,6 @@ def _check_url(url: str, secrets: set[str]) -> None:
                 f"malformed PostgreSQL URL {redact_url(url)!r}: port {scrub(port, secrets)!r} is not a number "
                 "from 1 to 65535"
             )
-
-
-_AB_NO_RESET = "noreset" in os.environ.get("CONVEYOR_AB", "")
 
 
 class _Pool(ConnectionPool[Conn]):
@@ -241,7 +237,7 @@ class PostgresBackend:
             kwargs=kwargs,
             configure=self._configure,
             check=self._check,
-            reset=None if _AB_NO_RESET else self._reset,
+            reset=self._reset,
         )
         pool.open(wait=False)
         return pool
@@ -289,11 +285,7 @@ class PostgresBackend:
     def _connection(self, action: str, ack: bool = False) -> Iterator[Conn]:
         """A pooled connection; ``ack`` picks the outcome pool (see ``durable_acks``)."""
         with self._errors(action), (self._acks if ack else self._pool).connection() as conn:
-            try:
-                yield conn
-            finally:
-                if _AB_NO_RESET:
-                    self._last_used[conn] = time.monotonic()
+            yield conn
 
     def _fetchall(self, name: str, params: Mapping[str, Any], ack: bool = False) -> list[TupleRow]:
         with self._connection(name, ack) as conn:
