@@ -192,7 +192,7 @@ def report(results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         f"Run of {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(meta['started']))}: `{meta['command']}`",
         "",
         f"PostgreSQL: {meta['cluster']}; durable single-row commit ≈ {meta['machine']['postgres_commit_ms']} ms; "
-        f"load average at start {meta['machine']['loadavg_start']:.2f}, at end {meta.get('loadavg_end', 0):.2f}; "
+        f"load average at start {meta['machine']['loadavg_start']:.2f}, at end {meta.get('loadavg_end', 0) or 0:.2f}; "
         f"tree: {meta['git']}",
         "",
         "| figure | lib | variant | runs | jobs/s | p50 ms | p99 ms | worker CPU µs/job |",
@@ -261,7 +261,14 @@ def main() -> None:
     parser.add_argument("--batch-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[1000, 20_000, 100_000])
     parser.add_argument("--payload-bytes", type=lambda s: [int(x) for x in s.split(",")], default=[0, 1024])
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--report", type=Path, default=None, help="only (re)write the .md of this results file")
     args = parser.parse_args()
+    if args.report is not None:
+        results = [json.loads(line) for line in args.report.read_text().splitlines()]
+        text = report(results, results[0])
+        args.report.with_suffix(".md").write_text(text)
+        print(text)
+        return
     if any(lib != "conveyor" for lib in args.libs.split(",")) and not (PEERS_VENV / "bin" / "python").exists():
         sys.exit("bench/.venv-peers is missing: run `python -m bench --libs pgqueuer --workloads batch` once")
 
