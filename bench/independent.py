@@ -53,6 +53,7 @@ class Harness:
     def __init__(self, args: argparse.Namespace, runner: Runner) -> None:
         self.args = args
         self.r = runner
+        self.round = 0
         self.variants: list[tuple[str, dict[str, str]]] = []
         for part in args.variants.split(";"):
             name, _, env = part.partition("=")
@@ -60,8 +61,12 @@ class Harness:
             self.variants.append((name, pairs))
 
     def conveyor(self, fn: Callable[[], dict[str, Any] | None]) -> None:
-        """Run a Conveyor figure once per variant, in the variant's environment."""
-        for name, env in self.variants:
+        """Run a Conveyor figure once per variant, in the variant's environment. The order turns
+        every round: with a fixed order, the figure run first after another section was slower in 3
+        of 3 rounds, and after the order was swapped the other variant was (a position effect whose
+        cause was not isolated; bench/results/independent-20261124-032652 and -032902)."""
+        turn = self.round % len(self.variants)
+        for name, env in self.variants[turn:] + self.variants[:turn]:
             saved = {k: os.environ.get(k) for k in env}
             os.environ.update(env)
             try:
@@ -293,6 +298,7 @@ def main() -> None:
         sections = [s for s in args.sections.split(",") if s]
         for i in range(args.repeats):
             print(f"== round {i + 1} of {args.repeats}, load {os.getloadavg()[0]:.2f}", flush=True)
+            harness.round = i
             for section in sections:
                 getattr(harness, section)()
         meta["loadavg_end"] = os.getloadavg()[0]
