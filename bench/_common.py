@@ -44,6 +44,48 @@ def record(sent: float = 0.0) -> None:
     os.write(_fd, b"%017.6f %017.6f\n" % (sent, time.time()))
 
 
+# The job body of the I/O-bound figures (``BENCH_BODY=redis``): one ``INCR`` on the local Redis,
+# with the async client in ``async def`` handlers and the sync client in plain ``def`` ones, so
+# that every library's handler waits for one network round trip as most real handlers do. The
+# default (``noop``) does nothing. redis-py is imported only when the body is used.
+BODY_REDIS = os.environ.get("BENCH_BODY_REDIS", "redis://127.0.0.1:6379/13")
+BODY_KEY = "bench:body"
+_sync_client: Any = None
+_async_clients: dict[int, Any] = {}
+
+
+def body_is_redis() -> bool:
+    return os.environ.get("BENCH_BODY", "noop") == "redis"
+
+
+def body_sync() -> None:
+    """The job body for a plain ``def`` handler (thread-safe: redis-py's pool hands each thread
+    its own connection)."""
+    global _sync_client
+    if not body_is_redis():
+        return
+    if _sync_client is None:
+        import redis
+
+        _sync_client = redis.Redis.from_url(BODY_REDIS)
+    _sync_client.incr(BODY_KEY)
+
+
+async def body_async() -> None:
+    """The job body for an ``async def`` handler: one client per event loop."""
+    if not body_is_redis():
+        return
+    import asyncio
+
+    loop = id(asyncio.get_running_loop())
+    client = _async_clients.get(loop)
+    if client is None:
+        import redis.asyncio
+
+        client = _async_clients[loop] = redis.asyncio.Redis.from_url(BODY_REDIS)
+    await client.incr(BODY_KEY)
+
+
 def side_count(path: Path) -> int:
     try:
         return path.stat().st_size // RECORD

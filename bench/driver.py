@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,12 @@ from bench._common import (
 )
 
 
-def payloads(n: int, start: int = 0) -> list[dict[str, Any]]:
+def payloads(n: int, start: int = 0, pad: int = 0) -> list[dict[str, Any]]:
+    """``n`` job payloads; with ``pad`` > 0 each carries a ``pad``-character string as well (the
+    1 KiB-payload figures)."""
+    if pad:
+        text = "x" * pad
+        return [{"sent": 0.0, "i": i, "pad": text} for i in range(start, start + n)]
     return [{"sent": 0.0, "i": i} for i in range(start, start + n)]
 
 
@@ -45,6 +51,18 @@ def enqueue_all(adapter: Any, n: int, chunk: int) -> float:
     for start in range(0, n, chunk):
         adapter.bulk(payloads(min(chunk, n - start), start))
     return time.perf_counter() - t0
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """utime + stime of live processes, in seconds."""
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def worker_pids(pid: int) -> list[int]:
@@ -74,6 +92,8 @@ def main() -> None:
     parser.add_argument("--rss-at", default="100000,1000000", help="rss: completion counts to sample at")
     parser.add_argument("--options", default="{}", help="library options (JSON)")
     parser.add_argument("--idle", type=float, default=1.0, help="latency: seconds of idleness before the sends")
+    parser.add_argument("--payload-bytes", type=int, default=0, help="batch: a string of this size in each payload")
+    parser.add_argument("--warm", type=int, default=5, help="latency: jobs drained before the idle second")
     parser.add_argument("--prefilled", type=int, default=0, help="drain/rss: the jobs are already in the database")
     args = parser.parse_args()
 
@@ -84,7 +104,7 @@ def main() -> None:
     args.side.unlink(missing_ok=True)
     try:
         if args.workload == "batch":
-            jobs = payloads(args.n)
+            jobs = payloads(args.n, pad=args.payload_bytes)
             t0 = time.perf_counter()
             adapter.bulk(jobs)
             seconds = time.perf_counter() - t0
@@ -104,6 +124,9 @@ def main() -> None:
             try:
                 if args.workload == "drain":
                     ok = wait_count(args.side, args.n, args.timeout, proc)
+                    # The worker's own CPU (its processes' user + system time, start-up included):
+                    # less sensitive than jobs/s to what else the machine runs.
+                    result["worker_cpu_us_per_job"] = round(1e6 * cpu_seconds(worker_pids(proc.pid)) / args.n, 1)
                 else:
                     ok, samples = sample_rss(proc.pid, args, [int(x) for x in args.rss_at.split(",")])
                     result["rss_kib"] = samples
@@ -117,9 +140,9 @@ def main() -> None:
             env = worker_env(args.side, adapter.worker_env())
             proc = start_worker(adapter.worker_argv(), env, args.log)
             try:
-                warm = 5
-                adapter.bulk(payloads(warm))
-                ok = wait_count(args.side, warm, 60, proc)
+                warm = args.warm
+                enqueue_all(adapter, warm, args.chunk)
+                ok = wait_count(args.side, warm, args.timeout, proc)
                 if ok:
                     time.sleep(args.idle)  # idle: every loop of the worker back to waiting
                     paced_sends(lambda ts: adapter.single({"sent": ts, "i": 0}), args.n, args.interval)

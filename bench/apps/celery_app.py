@@ -11,7 +11,7 @@ import os
 
 from celery import Celery
 
-from bench._common import QUEUE, record
+from bench._common import QUEUE, body_sync, record
 
 app = Celery("bench", broker=os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/13"))
 app.conf.update(
@@ -25,3 +25,4 @@ app.conf.update(
 @app.task(name="bench.noop")
 def noop(sent: float = 0.0, i: int = 0) -> None:
     record(sent)
+    body_sync()

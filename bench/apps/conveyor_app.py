@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 
-from bench._common import QUEUE, record
+from bench._common import QUEUE, body_async, body_sync, record
 from conveyor import App
 
 _url = os.environ.get("CONVEYOR_DATABASE_URL") or ""
@@ -23,8 +23,10 @@ else:
 @app.task(name="bench.noop", queue=QUEUE)
 async def noop(sent: float = 0.0, i: int = 0) -> None:
     record(sent)
+    await body_async()
 
 
 @app.task(name="bench.noop_sync", queue=QUEUE)
 def noop_sync(sent: float = 0.0, i: int = 0) -> None:
     record(sent)
+    body_sync()

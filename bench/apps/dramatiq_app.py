@@ -10,7 +10,7 @@ import os
 import dramatiq
 from dramatiq.brokers.redis import RedisBroker
 
-from bench._common import QUEUE, record
+from bench._common import QUEUE, body_sync, record
 
 broker = RedisBroker(url=os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/13"))
 dramatiq.set_broker(broker)
@@ -19,3 +19,4 @@ dramatiq.set_broker(broker)
 @dramatiq.actor(actor_name="noop", queue_name=QUEUE)
 def noop(sent: float = 0.0, i: int = 0) -> None:
     record(sent)
+    body_sync()

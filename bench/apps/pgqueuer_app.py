@@ -18,7 +18,7 @@ import signal
 import psycopg
 from pgqueuer import PsycopgDriver, Queries, QueueManager
 
-from bench._common import record
+from bench._common import body_async, record
 
 
 async def main() -> None:
@@ -31,6 +31,7 @@ async def main() -> None:
     async def noop(job) -> None:  # type: ignore[no-untyped-def]
         async with slots:
             record(json.loads(job.payload)["sent"])
+            await body_async()
 
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, qm.shutdown.set)

@@ -9,8 +9,9 @@ matter (the handler never waits), which is why it is still a fair figure of RQ's
 
 from __future__ import annotations
 
-from bench._common import record
+from bench._common import body_sync, record
 
 
 def noop(sent: float = 0.0, i: int = 0) -> None:
     record(sent)
+    body_sync()

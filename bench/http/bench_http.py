@@ -14,12 +14,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import pwd
 import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -27,89 +25,9 @@ import psycopg
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
+sys.path.insert(0, str(REPO))
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def bindir() -> str:
-    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"), reverse=True)
-    if not found:
-        sys.exit("PostgreSQL server binaries not found (apt-get install postgresql)")
-    return str(found[0].parent)
-
-
-class Cluster:
-    """A PostgreSQL cluster with default settings in a temporary directory."""
-
-    def __init__(self) -> None:
-        self.bins = bindir()
-        self.dir = tempfile.mkdtemp(prefix="conveyor-http-bench-pg-")
-        self.user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
-        if os.geteuid() == 0:
-            pw = pwd.getpwnam("postgres")
-            os.chown(self.dir, pw.pw_uid, pw.pw_gid)
-        self.port = free_port()
-        subprocess.run(
-            [*self.user, f"{self.bins}/initdb", "-D", self.dir, "-U", "postgres", "--auth=trust", "-E", "UTF8"],
-            check=True,
-            stdout=subprocess.DEVNULL,
-        )
-        # Only where to listen: every other setting is PostgreSQL's default.
-        options = f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1"
-        subprocess.run(
-            [*self.user, f"{self.bins}/pg_ctl", "-D", self.dir, "-l", f"{self.dir}/log", "-w", "-o", options, "start"],
-            check=True,
-            stdout=subprocess.DEVNULL,
-        )
-        self.admin = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
-
-    def database(self, name: str) -> str:
-        with psycopg.connect(self.admin, autocommit=True) as conn:
-            conn.execute(f"DROP DATABASE IF EXISTS {name}")
-            conn.execute(f"CREATE DATABASE {name}")
-        return f"postgresql://postgres@127.0.0.1:{self.port}/{name}"
-
-    def settings(self) -> dict[str, str]:
-        with psycopg.connect(self.admin) as conn:
-            names = ("server_version", "fsync", "synchronous_commit", "autovacuum", "shared_buffers", "wal_sync_method")
-            return {n: str(conn.execute(f"SHOW {n}").fetchone()[0]) for n in names}  # type: ignore[index]
-
-    def pids(self) -> list[int]:
-        postmaster = int(Path(self.dir, "postmaster.pid").read_text().split()[0])
-        return [postmaster, *children(postmaster)]
-
-    def stop(self) -> None:
-        subprocess.run(
-            [*self.user, f"{self.bins}/pg_ctl", "-D", self.dir, "-m", "fast", "stop"],
-            check=False,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-
-def children(pid: int) -> list[int]:
-    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
-    found = [int(p) for p in out]
-    for child in list(found):
-        found.extend(children(child))
-    return found
-
-
-def cpu_seconds(pids: list[int]) -> float:
-    """utime + stime of live processes, in seconds."""
-    total = 0
-    for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-        total += int(fields[11]) + int(fields[12])
-    return total / os.sysconf("SC_CLK_TCK")
+from bench._cluster import Cluster, children, cpu_seconds, free_port  # noqa: E402
 
 
 def conveyor(db: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -133,7 +51,9 @@ def wrk(url: str, token: str, seconds: float, connections: int, threads: int) ->
     return summary, usage.ru_utime + usage.ru_stime
 
 
-def run_mode(cluster: Cluster, mode: str, args: argparse.Namespace) -> dict[str, object]:
+def run_mode(
+    cluster: Cluster, mode: str, args: argparse.Namespace, variant: tuple[str, dict[str, str]] = ("", {})
+) -> dict[str, object]:
     db = cluster.database(f"http_bench_{mode.replace('-', '_')}")
     conveyor(db, "migrate")
     token = conveyor(db, "tokens", "create", "bench", "--role", "producer").stdout.strip()
@@ -144,6 +64,7 @@ def run_mode(cluster: Cluster, mode: str, args: argparse.Namespace) -> dict[str,
     serve = subprocess.Popen(
         argv,
         cwd=REPO,
+        env={**os.environ, **variant[1]},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
@@ -182,6 +103,7 @@ def run_mode(cluster: Cluster, mode: str, args: argparse.Namespace) -> dict[str,
         sys.exit(f"{mode}: the database holds {stored} new jobs but wrk counted {summary['accepted']} 202s")
     return {
         "mode": mode,
+        "variant": variant[0],
         "workers": args.workers,
         "connections": args.connections,
         "seconds": round(elapsed, 2),
@@ -211,15 +133,25 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2, help="conveyor serve processes")
     parser.add_argument("--modes", default="group,per-request")
     parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument(
+        "--variants",
+        default="=",
+        help="'A=;B=NAME=1,NAME2=x': every mode once per variant (environment of the server), interleaved",
+    )
     args = parser.parse_args()
     if shutil.which("wrk") is None:
         sys.exit("wrk is not installed: apt-get install wrk")
     cluster = Cluster()
     try:
         print(json.dumps({"postgres": cluster.settings(), "command": " ".join(sys.argv)}), flush=True)
+        variants = []
+        for part in args.variants.split(";"):
+            name, _, env = part.partition("=")
+            variants.append((name, dict(kv.split("=", 1) for kv in env.split(",") if kv)))
         for _ in range(args.repeat):
-            for mode in args.modes.split(","):
-                print(json.dumps(run_mode(cluster, mode, args)), flush=True)
+            for variant in variants:
+                for mode in args.modes.split(","):
+                    print(json.dumps(run_mode(cluster, mode, args, variant)), flush=True)
     finally:
         cluster.stop()
 

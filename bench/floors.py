@@ -1,0 +1,266 @@
+"""The floors of the independent harness (bench/independent.py): the same work with no queue at all.
+
+``python -m bench.floors KIND [options]`` prints one ``BENCH-RESULT`` line:
+
+- ``body_async``: the job body (one Redis ``INCR``, bench._common.body_async) run ``--n`` times,
+  10 at a time in one asyncio process: the most an ``async def`` worker with 10 slots could do.
+- ``body_threads``: the same with the sync client in 10 threads: the most a ``def`` worker could do.
+- ``pickup``: a producer commits one row + ``NOTIFY`` (one durable transaction), a listener thread
+  wakes on the notification and claims the row with one ``UPDATE ... SKIP LOCKED RETURNING``;
+  latency from the producer's stamp (taken right before its one statement) to the claim's return.
+  Paced like the queue figure (5 warm-ups, 1 s idle, ``--n`` sends ``--interval`` apart).
+- ``pgbench``: Conveyor's own ``jobs_acquire`` and ``jobs_finish_many`` statements (read from the
+  backend's queries.sql, their parameters filled in by pgbench) driven by ``pgbench`` with
+  ``--clients`` connections, ``--batch`` jobs per acquire, on ``--n`` ready jobs: no Python in
+  the loop. jobs/s = pgbench's transactions/s (without connection time) × batch. Sessions commit
+  with the server's default (``synchronous_commit = on``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import glob
+import os
+import re
+import subprocess
+import tempfile
+import threading
+import time
+from typing import Any
+
+from bench._common import QUEUE, emit, percentile
+
+
+def body_async(n: int) -> dict[str, Any]:
+    os.environ["BENCH_BODY"] = "redis"
+    from bench._common import body_async as body
+
+    async def run() -> float:
+        await body()  # connect before timing
+        left = n
+
+        async def slot() -> None:
+            nonlocal left
+            while left > 0:
+                left -= 1
+                await body()
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(slot() for _ in range(10)))
+        return time.perf_counter() - t0
+
+    seconds = asyncio.run(run())
+    return {"ok": True, "n": n, "seconds": round(seconds, 4), "rate": round(n / seconds, 1)}
+
+
+def body_threads(n: int) -> dict[str, Any]:
+    os.environ["BENCH_BODY"] = "redis"
+    from bench._common import body_sync as body
+
+    body()
+    left = [n]
+    lock = threading.Lock()
+
+    def slot() -> None:
+        while True:
+            with lock:
+                if left[0] <= 0:
+                    return
+                left[0] -= 1
+            body()
+
+    threads = [threading.Thread(target=slot) for _ in range(10)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    seconds = time.perf_counter() - t0
+    return {"ok": True, "n": n, "seconds": round(seconds, 4), "rate": round(n / seconds, 1)}
+
+
+_TABLE = """
+DROP TABLE IF EXISTS pickup_floor;
+CREATE TABLE pickup_floor (id bigserial PRIMARY KEY, state text NOT NULL DEFAULT 'pending', sent float8 NOT NULL)
+"""
+_SEND = """
+WITH inserted AS (INSERT INTO pickup_floor (sent) VALUES (%s) RETURNING id)
+SELECT pg_notify('pickup_floor', '') FROM inserted
+"""
+_CLAIM = """
+UPDATE pickup_floor SET state = 'processing'
+WHERE id = (SELECT id FROM pickup_floor WHERE state = 'pending' ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED)
+RETURNING sent
+"""
+
+
+def pickup(db: str, n: int, interval: float) -> dict[str, Any]:
+    import psycopg
+
+    with psycopg.connect(db, autocommit=True) as conn:
+        conn.execute(_TABLE)
+    latencies: list[float] = []
+    ready = threading.Event()
+    stop = threading.Event()
+
+    def listener() -> None:
+        with psycopg.connect(db, autocommit=True) as conn:
+            conn.execute("LISTEN pickup_floor")
+            ready.set()
+            while not stop.is_set():
+                # The generator holds the connection until it ends: claim after it returned.
+                if not list(conn.notifies(timeout=0.2, stop_after=1)):
+                    continue
+                while True:
+                    row = conn.execute(_CLAIM).fetchone()
+                    if row is None:
+                        break
+                    latencies.append(time.time() - row[0])
+
+    thread = threading.Thread(target=listener, daemon=True)
+    thread.start()
+    ready.wait(10)
+    with psycopg.connect(db, autocommit=True) as producer:
+
+        def send() -> None:
+            # One statement, one round trip, one durable commit (as Conveyor's delay() sends it).
+            producer.execute(_SEND, (time.time(),), prepare=True)
+
+        for _ in range(5):
+            send()
+        time.sleep(1.0)
+        del latencies[:]
+        t0 = time.perf_counter()
+        for i in range(n):
+            delay = t0 + i * interval - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            send()
+        deadline = time.monotonic() + 10
+        while len(latencies) < n and time.monotonic() < deadline:
+            time.sleep(0.01)
+    stop.set()
+    thread.join(5)
+    lat = sorted(x * 1000 for x in latencies)
+    return {
+        "ok": len(lat) >= n,
+        "n": n,
+        "done": len(lat),
+        "p50_ms": round(percentile(lat, 50), 3),
+        "p99_ms": round(percentile(lat, 99), 3),
+        "max_ms": round(lat[-1], 3) if lat else None,
+    }
+
+
+def pgbench_script(batch: int) -> str:
+    """Conveyor's acquire and finish statements with pgbench's variables for their parameters: the
+    acquire's ids and receipts come back as two arrays (``\\gset``) that the finish takes."""
+    from conveyor.backends._sql import load_queries
+
+    q = load_queries("conveyor.backends.postgres")
+    acquire = q["jobs_acquire"]
+    for name, value in {
+        "queue": f"'{QUEUE}'",
+        "now": "now()",
+        "limit": str(batch),
+        "visibility_timeout": "30.0",
+        "worker_id": "'pgbench'",
+    }.items():
+        acquire = acquire.replace(f"%({name})s", value)
+    acquire = acquire.replace(
+        "SELECT * FROM leased ORDER BY priority DESC, run_at, id",
+        "SELECT array_agg(id) AS ids, array_agg(receipt) AS receipts, count(*) AS n FROM leased",
+    )
+    finish = q["jobs_finish_many"]
+    n = "array_length(:ids::uuid[], 1)"
+    for name, value in {
+        "ids": ":ids::text",
+        "receipts": ":receipts::text",
+        "states": f"array_fill('completed'::text, ARRAY[{n}])::text",
+        "results": f"array_fill(NULL::text, ARRAY[{n}])::text",
+        "reasons": f"array_fill(NULL::text, ARRAY[{n}])::text",
+        "error_types": f"array_fill(NULL::text, ARRAY[{n}])::text",
+        "error_messages": f"array_fill(NULL::text, ARRAY[{n}])::text",
+        "tracebacks": f"array_fill(NULL::text, ARRAY[{n}])::text",
+        "ran": f"array_fill(true, ARRAY[{n}])::text",
+        "counted": f"array_fill(false, ARRAY[{n}])::text",
+    }.items():
+        finish = finish.replace(f"%({name})b", f"({value})")
+    finish = finish.replace("%(now)s", "now()")
+
+    # pgbench reads one statement per line: fold each onto one line, comments dropped.
+    def one_line(sql: str) -> str:
+        return " ".join(line.split("--", 1)[0].strip() for line in sql.splitlines() if line.split("--", 1)[0].strip())
+
+    return one_line(acquire) + "\n\\gset\n" + one_line(finish) + ";\n"
+
+
+def pgbench(db: str, n: int, batch: int, clients: int) -> dict[str, Any]:
+    from bench.fill import fill
+    from conveyor import App
+
+    app = App(db)
+    app.backend.migrate()
+    app.close()
+    fill(db, "jobs", n)
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/pgbench"), reverse=True)
+    binary = found[0] if found else "pgbench"
+    per_client = n // (batch * clients)
+    with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as f:
+        f.write(pgbench_script(batch))
+        script = f.name
+    try:
+        proc = subprocess.run(
+            [binary, "-n", "-M", "prepared", "-c", str(clients), "-j", str(clients), "-t", str(per_client),
+             "-f", script, db],
+            capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+    finally:
+        os.unlink(script)
+    match = re.search(r"tps = ([\d.]+) \(without initial connection time\)", proc.stdout)
+    failed = re.search(r"number of failed transactions: (\d+)", proc.stdout)
+    import psycopg
+
+    with psycopg.connect(db) as conn:
+        left = conn.execute("SELECT count(*) FROM jobs").fetchone()
+        archived = conn.execute("SELECT count(*) FROM archive").fetchone()
+    ok = proc.returncode == 0 and match is not None and left is not None and left[0] == n - per_client * clients * batch
+    tps = float(match.group(1)) if match else 0.0
+    return {
+        "ok": ok,
+        "n": n,
+        "batch": batch,
+        "clients": clients,
+        "tps": tps,
+        "rate": round(tps * batch, 1),
+        "seconds": round(n / (tps * batch), 4) if tps else None,
+        "left_in_jobs": left[0] if left else None,
+        "archived": archived[0] if archived else None,
+        "failed": int(failed.group(1)) if failed else None,
+        "error": "" if ok else (proc.stdout + proc.stderr)[-2000:],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("kind", choices=["body_async", "body_threads", "pickup", "pgbench"])
+    parser.add_argument("--n", type=int, default=20_000)
+    parser.add_argument("--db", default="")
+    parser.add_argument("--interval", type=float, default=0.020)
+    parser.add_argument("--batch", type=int, default=100)
+    parser.add_argument("--clients", type=int, default=2)
+    args = parser.parse_args()
+    if args.kind == "body_async":
+        result = body_async(args.n)
+    elif args.kind == "body_threads":
+        result = body_threads(args.n)
+    elif args.kind == "pickup":
+        result = pickup(args.db, args.n, args.interval)
+    else:
+        result = pgbench(args.db, args.n, args.batch, args.clients)
+    emit({"lib": "floor", "workload": args.kind, **result})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,314 @@
+"""Issue 13's harness: the conditions of the independent measurement, reproduced in bench/.
+
+``flock /tmp/conveyor-bench.lock .venv/bin/python -m bench.independent [--repeats 2]``
+
+- A PostgreSQL cluster of its own with default settings (bench/_cluster.py: autovacuum on), started
+  for the run and removed after it; Redis on 127.0.0.1:6379 db 13 (flushed before each figure).
+- The job body of the drain and pickup figures is one Redis ``INCR`` (``BENCH_BODY=redis``: the
+  async client in ``async def`` handlers, the sync client in ``def`` ones); the handler stamps its
+  start as its first statement (the side channel) and then runs the body.
+- The floors, in the same run, next to the figures they bound (bench/floors.py): the body alone
+  10 at a time in asyncio and in 10 threads; the pickup floor (one durable insert + NOTIFY, a
+  listener thread claiming with one UPDATE ... SKIP LOCKED RETURNING); pgbench driving the bare
+  acquire + finish SQL with 2 clients and batches of 100.
+- Batch enqueue at 1,000, 20,000 and 100,000 jobs per call, with empty and 1 KiB payloads; the
+  peers' bulk APIs build their messages inside the timed call.
+- Pickup: the producer stamps right before ``delay()``, the body's first statement stamps the start;
+  the sends start 1 s after a 20,000-job drain on the same worker.
+- One worker process × 10 slots for every library (the no-op drain against pgbench: 2 processes).
+
+Each target is a ratio of two figures of the same run (medians over ``--repeats``). Results:
+``bench/results/independent-<stamp>.jsonl`` (first line: meta, with the command) and ``.md``.
+``--variants 'A=;B=NAME=1'`` runs every Conveyor figure once per variant (environment of the driver
+and its worker), interleaved, for an A/B of a lever in one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bench._cluster import Cluster
+from bench._common import ROOT
+from bench.run import PEERS_VENV, POSTGRES_PEERS, Runner, Sizes, git_state, machine
+
+RESULTS = ROOT / "bench" / "results"
+SECTIONS = ("body", "pickup", "limit", "batch", "single", "peers")
+
+
+def flush_redis() -> None:
+    subprocess.run(["redis-cli", "-n", "13", "FLUSHDB"], capture_output=True, check=False)
+
+
+class Harness:
+    def __init__(self, args: argparse.Namespace, runner: Runner) -> None:
+        self.args = args
+        self.r = runner
+        self.round = 0
+        self.variants: list[tuple[str, dict[str, str]]] = []
+        for part in args.variants.split(";"):
+            name, _, env = part.partition("=")
+            pairs = dict(kv.split("=", 1) for kv in env.split(",") if kv)
+            self.variants.append((name, pairs))
+
+    def conveyor(self, fn: Callable[[], dict[str, Any] | None]) -> None:
+        """Run a Conveyor figure once per variant, in the variant's environment. The order turns
+        every round: with a fixed order, the figure run first after another section was slower in 3
+        of 3 rounds, and after the order was swapped the other variant was (a position effect whose
+        cause was not isolated; bench/results/independent-20261124-032652 and -032902)."""
+        turn = self.round % len(self.variants)
+        for name, env in self.variants[turn:] + self.variants[:turn]:
+            saved = {k: os.environ.get(k) for k in env}
+            os.environ.update(env)
+            try:
+                result = fn()
+            finally:
+                for k, v in saved.items():
+                    if v is None:
+                        os.environ.pop(k, None)
+                    else:
+                        os.environ[k] = v
+            if result is not None:
+                result["variant"] = name
+                self.rewrite_last(result)
+
+    def rewrite_last(self, result: dict[str, Any]) -> None:
+        lines = self.r.out.read_text().splitlines()
+        lines[-1] = json.dumps(result, sort_keys=True)
+        self.r.out.write_text("\n".join(lines) + "\n")
+
+    def floor(self, kind: str, label: str, **extra: Any) -> dict[str, Any] | None:
+        argv = [sys.executable, "-m", "bench.floors", kind]
+        db_name = None
+        if kind in ("pickup", "pgbench"):
+            db_name = self.r.fresh_db()
+            argv += ["--db", self.r.url(db_name)]
+        for key, value in extra.items():
+            argv += [f"--{key}", str(value)]
+        flush_redis()
+        return self.r._call(argv, label, "floor", fresh_db=db_name)
+
+    def lib(self, lib: str, workload: str, n: int, label: str, **extra: Any) -> dict[str, Any] | None:
+        flush_redis()
+        return self.r.run(lib, workload, n, label=label, **extra)
+
+    # -- sections -------------------------------------------------------------------------------
+
+    def body(self) -> None:
+        a = self.args
+        os.environ["BENCH_BODY"] = "redis"
+        try:
+            self.floor("body_async", "floor_body_async", n=a.n_drain)
+            self.conveyor(lambda: self.lib("conveyor", "drain", a.n_drain, "drain_async_io"))
+            self.floor("body_threads", "floor_body_threads", n=a.n_drain)
+            self.conveyor(lambda: self.lib("conveyor", "drain", a.n_drain, "drain_def_io", options={"sync": True}))
+        finally:
+            os.environ.pop("BENCH_BODY", None)
+
+    def pickup(self) -> None:
+        a = self.args
+        os.environ["BENCH_BODY"] = "redis"
+        try:
+            self.floor("pickup", "floor_pickup", n=a.n_pickup)
+            self.conveyor(lambda: self.lib("conveyor", "latency", a.n_pickup, "pickup", warm=a.n_drain))
+        finally:
+            os.environ.pop("BENCH_BODY", None)
+
+    def limit(self) -> None:
+        a = self.args
+        self.floor("pgbench", "floor_pgbench", n=a.n_pgbench, batch=100, clients=2)
+        self.conveyor(
+            lambda: self.lib("conveyor", "drain", a.n_noop_drain, "drain_noop_2proc", options={"processes": 2})
+        )
+
+    def batch(self) -> None:
+        a = self.args
+        libs = [lib for lib in self.libs() if lib in ("conveyor", "pgqueuer", "procrastinate", "rq")]
+        for size in a.batch_sizes:
+            for pad in a.payload_bytes:
+                label = f"batch_{size}_{pad}b"
+                for lib in libs:
+                    if lib == "conveyor":
+                        self.conveyor(
+                            lambda size=size, label=label, pad=pad: self.lib(  # type: ignore[misc]
+                                "conveyor", "batch", size, label, payload_bytes=pad
+                            )
+                        )
+                    else:
+                        self.lib(lib, "batch", size, label, payload_bytes=pad)
+
+    def single(self) -> None:
+        a = self.args
+        for lib in self.libs():
+            if lib == "conveyor":
+                self.conveyor(lambda: self.lib("conveyor", "single", a.n_single, "single"))
+            elif lib in POSTGRES_PEERS:
+                self.lib(lib, "single", a.n_single, "single")
+
+    def peers(self) -> None:
+        """The drain with the I/O-bound body for the peers (drain ≥ 2× best peer stays met)."""
+        a = self.args
+        os.environ["BENCH_BODY"] = "redis"
+        try:
+            for lib in self.libs():
+                if lib != "conveyor":
+                    self.lib(lib, "drain", a.n_peer_drain, "drain_async_io", timeout=a.peer_timeout)
+        finally:
+            os.environ.pop("BENCH_BODY", None)
+
+    def libs(self) -> list[str]:
+        return [lib.strip() for lib in self.args.libs.split(",") if lib.strip()]
+
+
+# -- the report ---------------------------------------------------------------------------------
+
+
+def medians(results: list[dict[str, Any]]) -> dict[tuple[str, str, str], dict[str, float]]:
+    """Median of each figure's numbers, by (figure, lib, variant)."""
+    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    for r in results:
+        if r.get("figure") == "meta" or not r.get("ok"):
+            continue
+        groups.setdefault((r["figure"], r["lib"], r.get("variant", "")), []).append(r)
+    out: dict[tuple[str, str, str], dict[str, float]] = {}
+    for key, rs in groups.items():
+        out[key] = {
+            k: statistics.median(float(r[k]) for r in rs)
+            for k in ("rate", "p50_ms", "p99_ms", "worker_cpu_us_per_job")
+            if all(r.get(k) is not None for r in rs)
+        }
+        out[key]["count"] = len(rs)
+    return out
+
+
+def report(results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
+    m = medians(results)
+    variants = sorted({k[2] for k in m if k[1] == "conveyor"})
+    lines = [
+        f"Run of {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(meta['started']))}: `{meta['command']}`",
+        "",
+        f"PostgreSQL: {meta['cluster']}; durable single-row commit ≈ {meta['machine']['postgres_commit_ms']} ms; "
+        f"load average at start {meta['machine']['loadavg_start']:.2f}, at end {meta.get('loadavg_end', 0) or 0:.2f}; "
+        f"tree: {meta['git']}",
+        "",
+        "| figure | lib | variant | runs | jobs/s | p50 ms | p99 ms | worker CPU µs/job |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for (figure, lib, variant), nums in sorted(m.items()):
+        rate = f"{nums['rate']:,.0f}" if "rate" in nums else ""
+        p50 = f"{nums['p50_ms']:.2f}" if "p50_ms" in nums else ""
+        p99 = f"{nums['p99_ms']:.2f}" if "p99_ms" in nums else ""
+        cpu = f"{nums['worker_cpu_us_per_job']:.0f}" if "worker_cpu_us_per_job" in nums else ""
+        lines.append(f"| {figure} | {lib} | {variant} | {nums['count']:.0f} | {rate} | {p50} | {p99} | {cpu} |")
+    lines += ["", "| target | variant | measured | ratio | met |", "| --- | --- | --- | ---: | --- |"]
+
+    def get(figure: str, lib: str, key: str, variant: str = "") -> float | None:
+        return m.get((figure, lib, variant), {}).get(key)
+
+    def target(
+        name: str, variant: str, a: float | None, b: float | None, what: str, ok: Callable[[float], bool]
+    ) -> None:
+        if a is None or b is None or b == 0:
+            lines.append(f"| {name} | {variant} | — | — | — |")
+            return
+        ratio = a / b
+        lines.append(f"| {name} | {variant} | {what.format(a=a, b=b)} | {ratio:.2f} | {'yes' if ok(ratio) else 'no'} |")
+
+    for v in variants:
+        target("async drain ≥ 0.80 × asyncio body floor", v, get("drain_async_io", "conveyor", "rate", v),
+               get("floor_body_async", "floor", "rate"), "{a:,.0f} vs {b:,.0f}", lambda r: r >= 0.8)  # fmt: skip
+        target("def drain ≥ 0.70 × thread body floor", v, get("drain_def_io", "conveyor", "rate", v),
+               get("floor_body_threads", "floor", "rate"), "{a:,.0f} vs {b:,.0f}", lambda r: r >= 0.7)  # fmt: skip
+        target("pickup p50 ≤ 1.25 × floor", v, get("pickup", "conveyor", "p50_ms", v),
+               get("floor_pickup", "floor", "p50_ms"), "{a:.2f} vs {b:.2f} ms", lambda r: r <= 1.25)  # fmt: skip
+        target("pickup p99 ≤ 1.5 × floor", v, get("pickup", "conveyor", "p99_ms", v),
+               get("floor_pickup", "floor", "p99_ms"), "{a:.2f} vs {b:.2f} ms", lambda r: r <= 1.5)  # fmt: skip
+        target("no-op drain, 2 processes ≥ 0.5 × pgbench", v, get("drain_noop_2proc", "conveyor", "rate", v),
+               get("floor_pgbench", "floor", "rate"), "{a:,.0f} vs {b:,.0f}", lambda r: r >= 0.5)  # fmt: skip
+        pg_single = [(lib, get("single", lib, "rate")) for lib in POSTGRES_PEERS]
+        best = max(((lib, x) for lib, x in pg_single if x), key=lambda t: t[1], default=(None, None))
+        target(f"single enqueue ≥ best PostgreSQL peer ({best[0]})", v, get("single", "conveyor", "rate", v),
+               best[1], "{a:,.0f} vs {b:,.0f}", lambda r: r >= 1.0)  # fmt: skip
+        for figure in sorted({k[0] for k in m if k[0].startswith("batch_")}, key=lambda f: (int(f.split("_")[1]), f)):
+            peers = [(k[1], x["rate"]) for k, x in m.items() if k[0] == figure and k[1] != "conveyor" and "rate" in x]
+            best = max(peers, key=lambda t: t[1], default=(None, None))
+            target(f"{figure} ≥ 2 × best peer ({best[0]})", v, get(figure, "conveyor", "rate", v), best[1],
+                   "{a:,.0f} vs {b:,.0f}", lambda r: r >= 2.0)  # fmt: skip
+        peers = [(k[1], x["rate"]) for k, x in m.items() if k[0] == "drain_async_io" and k[1] not in ("conveyor",)]
+        best = max(peers, key=lambda t: t[1], default=(None, None))
+        target(f"drain (Redis body) ≥ 2 × best peer ({best[0]})", v, get("drain_async_io", "conveyor", "rate", v),
+               best[1], "{a:,.0f} vs {b:,.0f}", lambda r: r >= 2.0)  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--libs", default="conveyor,pgqueuer,procrastinate,rq,dramatiq,celery")
+    parser.add_argument("--sections", default=",".join(SECTIONS))
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--variants", default="=", help="'A=;B=ENV=1,ENV2=x': Conveyor figures once per variant")
+    parser.add_argument("--n-drain", type=int, default=20_000)
+    parser.add_argument("--n-peer-drain", type=int, default=5_000)
+    parser.add_argument("--peer-timeout", type=float, default=120.0)
+    parser.add_argument("--n-pickup", type=int, default=200)
+    parser.add_argument("--n-pgbench", type=int, default=200_000)
+    parser.add_argument("--n-noop-drain", type=int, default=50_000)
+    parser.add_argument("--n-single", type=int, default=2_000)
+    parser.add_argument("--batch-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[1000, 20_000, 100_000])
+    parser.add_argument("--payload-bytes", type=lambda s: [int(x) for x in s.split(",")], default=[0, 1024])
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--report", type=Path, default=None, help="only (re)write the .md of this results file")
+    args = parser.parse_args()
+    if args.report is not None:
+        results = [json.loads(line) for line in args.report.read_text().splitlines()]
+        text = report(results, results[0])
+        args.report.with_suffix(".md").write_text(text)
+        print(text)
+        return
+    if any(lib != "conveyor" for lib in args.libs.split(",")) and not (PEERS_VENV / "bin" / "python").exists():
+        sys.exit("bench/.venv-peers is missing: run `python -m bench --libs pgqueuer --workloads batch` once")
+
+    cluster = Cluster()
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    RESULTS.mkdir(exist_ok=True)
+    out = args.out or RESULTS / f"independent-{stamp}.jsonl"
+    work = Path(tempfile.mkdtemp(prefix="conveyor-independent-"))
+    try:
+        args.pg = cluster.admin
+        runner = Runner(args, Sizes(timeout=300.0), out, work)
+        meta: dict[str, Any] = {
+            "figure": "meta",
+            "command": "python -m bench.independent " + " ".join(sys.argv[1:]),
+            "started": time.time(),
+            "machine": machine(cluster.admin),
+            "cluster": cluster.settings(),
+            "git": git_state(),
+        }
+        out.write_text(json.dumps(meta, sort_keys=True) + "\n")
+        harness = Harness(args, runner)
+        sections = [s for s in args.sections.split(",") if s]
+        for i in range(args.repeats):
+            print(f"== round {i + 1} of {args.repeats}, load {os.getloadavg()[0]:.2f}", flush=True)
+            harness.round = i
+            for section in sections:
+                getattr(harness, section)()
+        meta["loadavg_end"] = os.getloadavg()[0]
+        results = [json.loads(line) for line in out.read_text().splitlines()]
+        text = report(results, meta)
+        out.with_suffix(".md").write_text(text)
+        print(text)
+    finally:
+        cluster.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,115 @@
+"""Where a pickup's milliseconds go: ``python -m bench.pickup_trace [--n 100]``.
+
+On a default-configured cluster of its own (bench/_cluster.py), a worker in this process (10 slots, one
+``async def`` task) drains 20,000 jobs, idles 1 s, then a producer (another App, its own pool) sends
+``--n`` jobs 20 ms apart with ``delay()``. The listener's wake-ups and the backend's single-job acquires
+are stamped by wrapping them; the handler stamps its start. Prints the p50 of each step of a pickup:
+the producer's ``delay()`` call (its statement and durable commit), the listener's wake-up after the
+producer's commit returned (negative: the notification arrives before the commit's answer), the
+listener thread's acquire, and the hop from the acquire's return to the handler's first statement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import threading
+import time
+from typing import Any
+
+from bench._cluster import Cluster
+
+Stamps = dict[str, list[Any]]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--n", type=int, default=100)
+    parser.add_argument("--drain", type=int, default=20_000)
+    args = parser.parse_args()
+    cluster = Cluster()
+    try:
+        trace(cluster.database("pickup_trace"), args.n, args.drain)
+    finally:
+        cluster.stop()
+
+
+def trace(db: str, n: int, drain: int) -> None:
+    from conveyor import App, Message
+    from conveyor.backends.base import Delivery, JobsAcquireParams
+    from conveyor.backends.postgres import _backend, _listener
+    from conveyor.worker._worker import Worker
+
+    stamps: Stamps = {"woke": [], "acquired": []}
+    wait0 = _listener.PostgresListener.wait
+    acquire0 = _backend.PostgresBackend.jobs_acquire
+
+    def wait(self: _listener.PostgresListener, timeout: float) -> bool:
+        woken = wait0(self, timeout)
+        if woken:
+            stamps["woke"].append(time.time())
+        return woken
+
+    def acquire(self: _backend.PostgresBackend, params: JobsAcquireParams) -> list[Delivery]:
+        t0 = time.time()
+        got = acquire0(self, params)
+        if len(got) == 1:
+            stamps["acquired"].append((t0, time.time()))
+        return got
+
+    _listener.PostgresListener.wait = wait  # type: ignore[method-assign]
+    _backend.PostgresBackend.jobs_acquire = acquire  # type: ignore[method-assign]
+
+    app = App(db)
+    app.backend.migrate()
+    starts: list[tuple[float, float]] = []
+
+    async def traced(sent: float = 0.0, i: int = 0) -> None:
+        starts.append((sent, time.time()))
+
+    task = app.task(name="bench.traced", queue="bench")(traced)
+    for start in range(0, drain, 5000):
+        count = min(5000, drain - start)
+        app.send_many([Message(task=task.name, payload={"sent": 0.0, "i": i}) for i in range(count)])
+    worker = Worker(app, ["bench"], concurrency=10)
+    thread = threading.Thread(target=lambda: worker.run_sync(install_signals=False), daemon=True)
+    thread.start()
+    while len(starts) < drain:
+        time.sleep(0.05)
+    time.sleep(1.0)
+    starts.clear()
+    stamps["woke"].clear()
+    stamps["acquired"].clear()
+
+    producer = App(db)
+    sender = producer.task(name="bench.traced", queue="bench")(traced)
+    sends: list[tuple[float, float]] = []
+    for i in range(n):
+        t0 = time.time()
+        sender.delay(sent=t0, i=i)
+        sends.append((t0, time.time()))
+        time.sleep(0.02)
+    time.sleep(0.5)
+    worker.stop()
+    thread.join(10)
+    producer.close()
+    app.close()
+
+    rows = []
+    for (sent, returned), (_, started) in zip(sends, sorted(starts), strict=False):
+        woke = min((w for w in stamps["woke"] if w >= sent), default=None)
+        acq = min((a for a in stamps["acquired"] if a[0] >= sent), default=None)
+        if woke is not None and acq is not None:
+            rows.append((returned - sent, woke - returned, acq[0] - woke, acq[1] - acq[0], started - acq[1]))
+    latencies = [started - sent for sent, started in starts]
+    print(f"pickup p50 {1000 * statistics.median(latencies):.3f} ms over {len(latencies)} jobs ({len(rows)} traced)")
+    names = ["delay() call", "commit answer -> woken", "woken -> acquire", "acquire", "acquired -> handler"]
+    for k, name in enumerate(names):
+        if rows:
+            print(f"  {name:<24} p50 {1000 * statistics.median(r[k] for r in rows):7.3f} ms")
+    print(f"  load average {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
