@@ -1,0 +1,43 @@
+"""The producer's side of OpenTelemetry tracing (see :mod:`conveyor.tracing`), apart from the worker's
+so that the producer can use it without importing the worker."""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+TRACER_NAME = "conveyor"
+
+
+def available() -> bool:
+    """Whether the OpenTelemetry API is importable."""
+    return importlib.util.find_spec("opentelemetry") is not None and (
+        importlib.util.find_spec("opentelemetry.trace") is not None
+    )
+
+
+@contextmanager
+def send_span(task: str, queue: str | None, count: int) -> Iterator[str | None]:
+    """A ``PRODUCER`` span around one send of ``count`` jobs; yields the W3C ``traceparent`` of the
+    span to store in the jobs' headers (None when no span records: no SDK, or not sampled)."""
+    from opentelemetry import propagate, trace
+
+    tracer = trace.get_tracer(TRACER_NAME)
+    attributes: dict[str, Any] = {"messaging.system": "conveyor", "conveyor.task": task}
+    if queue is not None:
+        attributes["conveyor.queue"] = queue
+    if count != 1:
+        attributes["messaging.batch.message_count"] = count
+    with tracer.start_as_current_span(f"send {task}", kind=trace.SpanKind.PRODUCER, attributes=attributes) as span:
+        carrier: dict[str, str] = {}
+        if span.get_span_context().is_valid:
+            propagate.inject(carrier)
+        yield carrier.get("traceparent")
+
+
+
+def first_task(tasks: Sequence[str]) -> str:
+    """The span name's task for a batch: the task if all jobs share it, else ``many``."""
+    return tasks[0] if len(set(tasks)) == 1 else "many"
