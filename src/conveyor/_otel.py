@@ -18,12 +18,24 @@ def available() -> bool:
     )
 
 
+def configured() -> bool:
+    """Whether a tracer provider was set (an SDK): without one no span records, and the producer and
+    the worker skip tracing altogether (reading a job's headers for nothing cost the hot path)."""
+    from opentelemetry import trace
+    from opentelemetry.trace import ProxyTracerProvider
+
+    return not isinstance(trace.get_tracer_provider(), ProxyTracerProvider)
+
+
 @contextmanager
 def send_span(task: str, queue: str | None, count: int) -> Iterator[str | None]:
     """A ``PRODUCER`` span around one send of ``count`` jobs; yields the W3C ``traceparent`` of the
     span to store in the jobs' headers (None when no span records: no SDK, or not sampled)."""
     from opentelemetry import propagate, trace
 
+    if not configured():
+        yield None
+        return
     tracer = trace.get_tracer(TRACER_NAME)
     attributes: dict[str, Any] = {"messaging.system": "conveyor", "conveyor.task": task}
     if queue is not None:

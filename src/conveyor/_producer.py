@@ -43,10 +43,15 @@ class Producer:
         if self.tracing:
             from conveyor._otel import first_task, send_span
 
-            queue = messages[0].queue if len({m.queue for m in messages}) == 1 else None
+            queues = {m.queue if m.queue is not None else self._queue_of(m.task) for m in messages}
+            queue = next(iter(queues)) if len(queues) == 1 else None
             with send_span(first_task([m.task for m in messages]), queue, len(messages)) as traceparent:
                 return self._insert(messages, conn, traceparent)
         return self._insert(messages, conn, None)
+
+    def _queue_of(self, task: str) -> str:
+        options = self.catalogue.task_options(task) if isinstance(task, str) else None
+        return options.queue if options else "default"
 
     def _insert(self, messages: Sequence[Message], conn: Any, traceparent: str | None) -> list[UUID]:
         now = utcnow()

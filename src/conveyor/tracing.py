@@ -10,8 +10,9 @@ configured as the global tracer provider).
   failed attempt sets the span's status to error. The span is current while the handler runs (in its
   thread too), so spans the handler opens are its children.
 
-Without ``opentelemetry`` installed nothing here is used; with the API but no SDK, spans do not record
-and jobs keep their random ``traceparent``.
+Without ``opentelemetry`` installed nothing here is used; with the API but no tracer provider set (no
+SDK), the producer and the worker skip tracing (one check per send and per job) and jobs keep their
+random ``traceparent``.
 """
 
 from __future__ import annotations
@@ -20,11 +21,11 @@ import json
 from datetime import datetime
 from typing import Any
 
-from conveyor._otel import TRACER_NAME, available, send_span
+from conveyor._otel import TRACER_NAME, available, configured, send_span
 from conveyor.backends.base import Delivery
 from conveyor.worker._observe import Observer, Outcome, outcome_name
 
-__all__ = ["HandlerTracing", "available", "send_span"]
+__all__ = ["HandlerTracing", "available", "configured", "send_span"]
 
 class HandlerTracing(Observer):
     """The worker's observer that runs each handler inside a span continuing the job's trace."""
@@ -38,6 +39,8 @@ class HandlerTracing(Observer):
         self._tracer = trace.get_tracer(TRACER_NAME)
 
     def before_run(self, delivery: Delivery, now: datetime) -> Any:
+        if not configured():
+            return None
         try:
             headers = json.loads(delivery.headers)
         except ValueError:
@@ -60,6 +63,8 @@ class HandlerTracing(Observer):
         return span, token
 
     def after_run(self, delivery: Delivery, outcome: Outcome | None, seconds: float, token: Any) -> None:
+        if token is None:
+            return
         span, attached = token
         name = outcome_name(outcome)
         span.set_attribute("conveyor.outcome", name)
