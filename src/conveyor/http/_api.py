@@ -26,6 +26,8 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from conveyor import _tokens
+from conveyor._alerting import AlertLoop, Webhooks
+from conveyor._alerts import AlertRules
 from conveyor._app import App
 from conveyor._errors import (
     BackendError,
@@ -42,7 +44,7 @@ from conveyor._errors import (
 from conveyor._job import JobStatus
 from conveyor._limits import check_name
 from conveyor._message import Message
-from conveyor.admin import AuditEntry, QueueStats, Schedule, Token
+from conveyor.admin import AlertState, AuditEntry, QueueStats, Schedule, Token, WorkerInfo
 from conveyor.http import _parse
 from conveyor.http._group import GroupCommit
 from conveyor.http._openapi import document
@@ -75,6 +77,12 @@ class ServiceConfig:
     max_body_bytes: int = 16 * 1024 * 1024
     max_group: int = 1000
     group_concurrency: int = 1
+    #: Seconds between alert evaluations (0: no alert loop in this process).
+    alert_interval: float = 15.0
+    #: ``RULE[:QUEUE]=NUMBER`` or ``RULE=off`` (``conveyor._alerts.AlertRules.parse``).
+    alerts: tuple[str, ...] = ()
+    #: URLs every alert change is POSTed to.
+    webhooks: tuple[str, ...] = ()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -146,6 +154,37 @@ def _queue_json(q: QueueStats) -> dict[str, Any]:
     return {name: getattr(q, name) for name in q.__slots__}
 
 
+def _worker_json(w: WorkerInfo) -> dict[str, Any]:
+    return {
+        "id": w.id,
+        "host": w.host,
+        "pid": w.pid,
+        "queues": list(w.queues),
+        "concurrency": w.concurrency,
+        "started_at": w.started_at.isoformat(),
+        "last_seen": w.last_seen.isoformat(),
+        "alive": w.alive,
+        "in_flight": [str(i) for i in w.in_flight],
+    }
+
+
+def _alert_json(a: AlertState) -> dict[str, Any]:
+    # A threshold or value that is not finite cannot be JSON; evaluators never store one, but a
+    # row written by hand must not turn the listing into a 500.
+    def number(x: float) -> float | None:
+        return x if math.isfinite(x) else None
+
+    return {
+        "rule": a.rule,
+        "queue": a.queue,
+        "state": a.state,
+        "since": a.since.isoformat(),
+        "value": number(a.value),
+        "threshold": number(a.threshold),
+        "message": a.message,
+    }
+
+
 def _schedule_json(s: Schedule) -> dict[str, Any]:
     return {
         "name": s.name,
@@ -209,6 +248,8 @@ class Service:
         self.app = app
         self.config = config
         self.group: GroupCommit[Any] | None = None
+        #: The /metrics registry, made at the first scrape (prometheus_client is imported then).
+        self.registry: Any = None
         self._anonymous = Token(NO_AUTH_ACTOR, NO_AUTH_ACTOR, "admin", None, "", datetime.now(UTC))
 
     # -- plumbing ----------------------------------------------------------------------------------
@@ -419,6 +460,37 @@ class Service:
         _tokens.require_role(token, "operator")
         rows = await self.run(self.app.admin.queues)
         return json_response({"queues": [_queue_json(q) for q in rows if _tokens.allows(token, "operator", q.queue)]})
+
+    async def workers(self, request: Request) -> Response:
+        """GET /v1/workers (also /api/workers): worker processes with their in-flight job ids (a
+        token limited to queues sees the workers that drain one of them)."""
+        token = await self.token(request)
+        _tokens.require_role(token, "operator")
+        rows = await self.run(self.app.admin.workers)
+        visible = [w for w in rows if any(_tokens.allows(token, "operator", q) for q in w.queues) or not w.queues]
+        return json_response({"workers": [_worker_json(w) for w in visible]})
+
+    async def alerts(self, request: Request) -> Response:
+        """GET /v1/alerts (also /api/alerts): alert states, firing and resolved (a token limited to
+        queues sees theirs and the database-wide ones)."""
+        token = await self.token(request)
+        _tokens.require_role(token, "operator")
+        rows = await self.run(self.app.admin.alerts)
+        visible = [a for a in rows if a.queue is None or _tokens.allows(token, "operator", a.queue)]
+        return json_response({"alerts": [_alert_json(a) for a in visible]})
+
+    async def metrics(self, request: Request) -> Response:
+        """GET /metrics: Prometheus text format, read from the database at each scrape (operator)."""
+        token = await self.token(request)
+        _tokens.require(token, "operator", None)
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        from conveyor.metrics import database_registry
+
+        if self.registry is None:
+            self.registry = database_registry(self.app.admin)
+        body = await self.run(generate_latest, self.registry)
+        return Response(body, 200, media_type=CONTENT_TYPE_LATEST)
 
     async def dead_letters(self, request: Request) -> Response:
         """GET /v1/dead-letters: unreplayed dead letters, newest first, a page at a time."""
@@ -640,7 +712,13 @@ def routes(service: Service) -> list[Route]:
         r("/healthz", s.healthz, ["GET"]),
         r("/readyz", s.readyz, ["GET"]),
         r("/openapi.json", s.openapi, ["GET"]),
+        r("/metrics", s.metrics, ["GET"]),
         r("/v1/queues", s.queues, ["GET"]),
+        r("/v1/workers", s.workers, ["GET"]),
+        r("/v1/alerts", s.alerts, ["GET"]),
+        # The dashboard's names for the same two reads.
+        r("/api/workers", s.workers, ["GET"]),
+        r("/api/alerts", s.alerts, ["GET"]),
         r("/v1/queues/{queue}/jobs:batch", s.send_batch, ["POST"]),
         r("/v1/jobs/{id}", s.job, ["GET"]),
         r("/v1/topics/{topic}/messages", s.publish, ["POST"]),
@@ -666,15 +744,23 @@ def create_app(app: App, config: ServiceConfig | None = None) -> ASGIApp:
     config = config or ServiceConfig()
     service = Service(app, config)
 
+    alert_loop = _alert_loop(app, config)
+
     @asynccontextmanager
     async def lifespan(_: Starlette) -> Any:
         if config.group_commit:
             service.group = GroupCommit(
                 app.producer.insert_prepared, max_group=config.max_group, concurrency=config.group_concurrency
             )
+        alerting = asyncio.create_task(alert_loop.run(), name="alerts") if alert_loop is not None else None
         try:
             yield
         finally:
+            if alert_loop is not None and alerting is not None:
+                alert_loop.stop()
+                await asyncio.wait({alerting}, timeout=10)
+                if alert_loop.webhooks is not None:
+                    await alert_loop.webhooks.drain()
             if service.group is not None:
                 await service.group.drain()
             await asyncio.to_thread(app.close)
@@ -692,6 +778,16 @@ def create_app(app: App, config: ServiceConfig | None = None) -> ASGIApp:
         await starlette(scope, receive, send)
 
     return asgi
+
+
+def _alert_loop(app: App, config: ServiceConfig) -> AlertLoop | None:
+    """The alert loop the config asks for (None: off). Raises ConfigurationError for a bad rule,
+    threshold or webhook, before the service starts."""
+    rules = AlertRules.parse(config.alerts, app.catalogue.queues)
+    webhooks = Webhooks(list(config.webhooks)) if config.webhooks else None
+    if not config.alert_interval:
+        return None
+    return AlertLoop(app.admin, rules, webhooks, config.alert_interval)
 
 
 def _register_convertor() -> None:
