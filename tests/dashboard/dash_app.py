@@ -1,0 +1,28 @@
+"""The App the dashboard tests run `conveyor serve` and workers with.
+
+``dash.work`` (queue ``drain``) sleeps a little so that a drain takes a few of the dashboard's polls;
+``dash.boom`` (queue ``fragile``) raises ValueError with the message it is given, which is permanent:
+the job is dead-lettered at once, with that message and a traceback.
+"""
+
+from __future__ import annotations
+
+import time
+
+from conveyor import App
+
+app = App()
+
+#: Seconds each ``dash.work`` job takes.
+WORK_SECONDS = 0.02
+
+
+@app.task(name="dash.work", queue="drain")
+def work(n: int) -> int:
+    time.sleep(WORK_SECONDS)
+    return n
+
+
+@app.task(name="dash.boom", queue="fragile", max_attempts=1)
+def boom(message: str) -> None:
+    raise ValueError(message)
