@@ -65,8 +65,10 @@
     if (!svg) return;
     var max = 0;
     for (var i = 0; i < values.length; i++) if (values[i] > max) max = values[i];
-    var step = 120 / (HISTORY - 1);
-    var offset = (HISTORY - values.length) * step;
+    // Right-aligned; a short history is spread over at least a third of the width so that it reads as a line.
+    var span = Math.max(values.length, 30);
+    var step = 120 / (span - 1);
+    var offset = (span - values.length) * step;
     var pts = [];
     for (var j = 0; j < values.length; j++) {
       var y = max > 0 ? 30 - (values[j] / max) * 28 : 30;
@@ -74,6 +76,14 @@
     }
     svg.firstElementChild.setAttribute("points", pts.join(" "));
     svg.setAttribute("data-max", String(max));
+  }
+
+  // The workers panel, while the server has no worker registry, lists jobs in flight per queue: keep it live too.
+  function inFlight(name, n) {
+    var cells = document.querySelectorAll("[data-inflight-queue]");
+    for (var i = 0; i < cells.length; i++) {
+      if (cells[i].getAttribute("data-inflight-queue") === name) cells[i].textContent = String(n);
+    }
   }
 
   function push(list, v) { list.push(v); if (list.length > HISTORY) list.shift(); }
@@ -112,6 +122,7 @@
     setField(row, "enqueue_rate", fmtRate(enqueueRate));
     setField(row, "completion_rate", fmtRate(completionRate));
     setDead(row, q.queue, q.dead);
+    inFlight(q.queue, q.processing);
     for (var chart in s.points) draw(row, chart, s.points[chart]);
   }
 
