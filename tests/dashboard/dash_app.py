@@ -2,7 +2,8 @@
 
 ``dash.work`` (queue ``drain``) sleeps a little so that a drain takes a few of the dashboard's polls;
 ``dash.boom`` (queue ``fragile``) raises ValueError with the message it is given, which is permanent:
-the job is dead-lettered at once, with that message and a traceback.
+the job is dead-lettered at once, with that message (``<NUL>`` in it becomes a NUL character) and a
+traceback.
 """
 
 from __future__ import annotations
@@ -25,4 +26,5 @@ def work(n: int) -> int:
 
 @app.task(name="dash.boom", queue="fragile", max_attempts=1)
 def boom(message: str) -> None:
-    raise ValueError(message)
+    # A payload cannot hold NUL (PostgreSQL cannot store it); an error message can: "<NUL>" becomes one.
+    raise ValueError(message.replace("<NUL>", "\x00"))

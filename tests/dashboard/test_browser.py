@@ -123,7 +123,7 @@ def test_open_a_dead_letter_and_replay_it_with_the_button(
     page.click(f'tr[data-id="{first}"] a.open')
     expect(page.locator("#error-type")).to_have_text("ValueError")
     expect(page.locator("#error-message")).to_have_text("card declined")
-    expect(page.locator("#traceback")).to_contain_text("raise ValueError(message)")
+    expect(page.locator("#traceback")).to_contain_text("raise ValueError(")
     expect(page.locator("#payload")).to_contain_text('"message": "card declined"')
     expect(page.locator("#task")).to_have_text("dash.boom")
     expect(page.locator("#purge")).to_have_count(0)  # purge is for admin tokens

@@ -114,7 +114,8 @@ def age(seconds: float | None) -> str:
     return f"{int(seconds // 3600)} h {int(seconds % 3600 // 60)} m"
 
 
-def _environment() -> jinja2.Environment:
+def environment() -> jinja2.Environment:
+    """The dashboard's templates: autoescaped, and an undefined name is an error, not an empty string."""
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(HERE / "templates"),
         autoescape=True,
@@ -128,6 +129,12 @@ def _environment() -> jinja2.Environment:
     env.filters["age"] = age
     env.filters["q"] = lambda value: quote(str(value), safe="")
     return env
+
+
+def render_html(env: jinja2.Environment, name: str, **context: Any) -> bytes:
+    """A template rendered to UTF-8. A lone surrogate (a payload quoting one) cannot be UTF-8: it is
+    shown as ``?`` rather than failing the page."""
+    return env.get_template(name).render(**context).encode("utf-8", "replace")
 
 
 class Page(Exception):
@@ -144,7 +151,7 @@ class Dashboard:
     def __init__(self, service: Service) -> None:
         self.service = service
         self.app = service.app
-        self.env = _environment()
+        self.env = environment()
 
     # -- plumbing ----------------------------------------------------------------------------------
 
@@ -153,14 +160,15 @@ class Dashboard:
         context.setdefault("token", None)
         context.setdefault("error", None)
         context.setdefault("notice", request.query_params.get("notice"))
-        html = self.env.get_template(name).render(
+        html = render_html(
+            self.env,
+            name,
             csrf=csrf_token(session) if session else "",
             auth=self.service.config.auth,
             path=request.url.path,
             **context,
         )
-        # A lone surrogate (a name quoting one) cannot be UTF-8: it is shown as U+FFFD.
-        response = Response(html.encode("utf-8", "replace"), status, media_type="text/html; charset=utf-8")
+        response = Response(html, status, media_type="text/html; charset=utf-8")
         response.headers.update(SECURITY_HEADERS)
         if not session and not self.service.config.auth:
             # Without auth there is no login: a random session still anchors the CSRF tokens.
@@ -609,4 +617,4 @@ def register_convertors() -> None:
     CONVERTOR_TYPES["replay_or_purge"] = ReplayOrPurge()
 
 
-__all__ = ["SESSION_COOKIE", "Dashboard", "csrf_token", "register_convertors", "visible"]
+__all__ = ["SESSION_COOKIE", "Dashboard", "csrf_token", "environment", "register_convertors", "render_html", "visible"]
