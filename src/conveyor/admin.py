@@ -2,19 +2,36 @@
 
 See :class:`Admin`. The CLI, ``conveyor serve`` (HTTP) and the dashboard are presenters over it."""
 
-from conveyor._admin import Admin, AuditEntry, PurgeResult, QueueStats, ReplayResult, Schedule, Subscription, Token
+from conveyor._admin import (
+    Admin,
+    AlertState,
+    AuditEntry,
+    DatabaseHealth,
+    PurgeResult,
+    QueueStats,
+    ReplayResult,
+    Schedule,
+    Subscription,
+    TaskTotals,
+    Token,
+    WorkerInfo,
+)
 from conveyor._errors import AuthError, Forbidden, Unauthenticated
 
 __all__ = [
     "Admin",
+    "AlertState",
     "AuditEntry",
     "AuthError",
+    "DatabaseHealth",
     "Forbidden",
     "PurgeResult",
     "QueueStats",
     "ReplayResult",
     "Schedule",
     "Subscription",
+    "TaskTotals",
     "Token",
     "Unauthenticated",
+    "WorkerInfo",
 ]

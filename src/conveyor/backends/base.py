@@ -204,6 +204,75 @@ class QueueStats:
     expired: int
     cancelled: int
     oldest_pending_age: float | None  # seconds since the oldest ready job became ready
+    # Totals since the counters began (migration PostgreSQL 0004 / SQLite 0006 seeded them from the
+    # archive): kept by the statements that write outcomes, so retention never lowers them.
+    # ``completed``, ``expired`` and ``cancelled`` above are these totals too; ``dead`` stays the DLQ
+    # depth (unreplayed dead letters still archived), ``dead_total`` counts every dead-lettering.
+    dead_total: int = 0
+    #: Jobs ever enqueued to the queue: live rows plus every terminal total (a replay is a new job).
+    enqueued: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class TaskTotals:
+    """Terminal outcomes of one task on one queue since the counters began (monotonic: retention,
+    replay and purge never lower them). Read from the per-queue counters, never from the archive."""
+
+    queue: str
+    task: str
+    completed: int
+    dead: int
+    expired: int
+    cancelled: int
+
+
+@dataclass(frozen=True, slots=True)
+class DatabaseHealth:
+    """Database-wide signals that slow every queue on a server. None where the engine has no such
+    thing (SQLite has neither long transactions holding back cleanup nor dead tuples)."""
+
+    #: Age in seconds of the oldest open transaction on the server (any database): while it stays
+    #: open, vacuum can clean none of the rows deleted since it began.
+    oldest_transaction_age: float | None
+    #: Dead tuples in the jobs table (finished or retried rows vacuum has not cleaned yet).
+    jobs_dead_tuples: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerInfo:
+    """One worker process as it last reported itself (its heartbeat writes the row).
+
+    ``in_flight`` names the jobs it holds leases on now (running or prefetched), read from the jobs
+    table, so it is exact. ``alive`` is whether it reported within the staleness window of the read
+    (three heartbeat intervals by default); a worker that stops cleanly removes its row."""
+
+    id: str
+    host: str
+    pid: int
+    queues: tuple[str, ...]
+    concurrency: int
+    started_at: datetime
+    last_seen: datetime
+    in_flight: tuple[UUID, ...] = ()
+    alive: bool = True
+
+
+AlertStateName = Literal["firing", "resolved"]
+
+
+@dataclass(frozen=True, slots=True)
+class AlertState:
+    """One alert: a rule (``dlq_depth``, ``oldest_pending_age``, ``depth``, ``no_worker``,
+    ``long_transaction``) on a queue (None for database-wide rules), its state and since when,
+    the value last measured, the threshold it is compared with, and a message for humans."""
+
+    rule: str
+    queue: str | None
+    state: AlertStateName
+    since: datetime
+    value: float
+    threshold: float
+    message: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -548,6 +617,65 @@ class ArchivePruneParams:
     limit: int = 10_000
 
 
+@dataclass(frozen=True, slots=True)
+class TaskTotalsParams:
+    queue: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DatabaseHealthParams:
+    now: datetime
+
+
+# --------------------------------------------------------------------------------------------
+# Observability: the worker registry and alert states
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class WorkersBeatParams:
+    """Record that ``worker`` is alive at ``now`` (insert it, or update ``last_seen``, queues and
+    concurrency; ``started_at`` and ``host``/``pid`` of an existing row are kept)."""
+
+    worker: WorkerInfo
+    now: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class WorkersRemoveParams:
+    """Forget a worker (it stopped cleanly). Returns False if there was no such row."""
+
+    id: str
+
+
+@dataclass(frozen=True, slots=True)
+class WorkersListParams:
+    """Workers seen at or after ``seen_after`` (None: all), by id, each with its in-flight jobs
+    (``processing`` rows whose ``worker_id`` is its id)."""
+
+    seen_after: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class WorkersPruneParams:
+    """Delete the rows of workers not seen since ``before`` (they died without removing them)."""
+
+    before: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class AlertsSetParams:
+    """Write the latest evaluation of alerts. For each item: if the stored alert (same rule and
+    queue) is in another state, or absent and the item is firing, the state changes to the item's,
+    with ``since = item.since``; otherwise only value, threshold and message are updated (a
+    resolved alert with no row writes nothing). The state change is a compare-and-set: of several
+    evaluators writing the same change at once, one gets it back; returns the items whose state
+    this call changed (their notifications are the caller's to send)."""
+
+    items: Sequence[AlertState]
+    now: datetime
+
+
 # --------------------------------------------------------------------------------------------
 # API tokens (the HTTP service's bearer tokens)
 # --------------------------------------------------------------------------------------------
@@ -592,6 +720,8 @@ class TokensRevokeParams:
 
     name: str
     now: datetime
+
+
 # Checks every engine makes the same way
 # --------------------------------------------------------------------------------------------
 
@@ -742,6 +872,28 @@ class Backend(Protocol):
         ...
 
     def tokens_revoke(self, params: TokensRevokeParams) -> bool: ...
+
+    # -- observability -------------------------------------------------------------------------
+
+    def task_totals(self, params: TaskTotalsParams) -> list[TaskTotals]:
+        """Terminal totals per (queue, task), from the counters (never the archive), by queue and task."""
+        ...
+
+    def database_health(self, params: DatabaseHealthParams) -> DatabaseHealth: ...
+
+    def workers_beat(self, params: WorkersBeatParams) -> None: ...
+
+    def workers_remove(self, params: WorkersRemoveParams) -> bool: ...
+
+    def workers_list(self, params: WorkersListParams) -> list[WorkerInfo]: ...
+
+    def workers_prune(self, params: WorkersPruneParams) -> int: ...
+
+    def alerts_list(self) -> list[AlertState]:
+        """Every stored alert (firing and resolved), by rule then queue."""
+        ...
+
+    def alerts_set(self, params: AlertsSetParams) -> list[AlertState]: ...
 
 
 @dataclass(slots=True)

@@ -42,7 +42,7 @@ from conveyor._errors import (
 from conveyor._job import JobStatus
 from conveyor._limits import check_name
 from conveyor._message import Message
-from conveyor.admin import AuditEntry, QueueStats, Schedule, Token
+from conveyor.admin import AlertState, AuditEntry, QueueStats, Schedule, Token, WorkerInfo
 from conveyor.http import _parse
 from conveyor.http._dashboard import SESSION_COOKIE, Dashboard, register_convertors
 from conveyor.http._group import GroupCommit
@@ -145,6 +145,37 @@ def _dead_json(s: JobStatus) -> dict[str, Any]:
 
 def _queue_json(q: QueueStats) -> dict[str, Any]:
     return {name: getattr(q, name) for name in q.__slots__}
+
+
+def _worker_json(w: WorkerInfo) -> dict[str, Any]:
+    return {
+        "id": w.id,
+        "host": w.host,
+        "pid": w.pid,
+        "queues": list(w.queues),
+        "concurrency": w.concurrency,
+        "started_at": w.started_at.isoformat(),
+        "last_seen": w.last_seen.isoformat(),
+        "alive": w.alive,
+        "in_flight": [str(i) for i in w.in_flight],
+    }
+
+
+def _alert_json(a: AlertState) -> dict[str, Any]:
+    # A threshold or value that is not finite cannot be JSON; evaluators never store one, but a
+    # row written by hand must not turn the listing into a 500.
+    def number(x: float) -> float | None:
+        return x if math.isfinite(x) else None
+
+    return {
+        "rule": a.rule,
+        "queue": a.queue,
+        "state": a.state,
+        "since": a.since.isoformat(),
+        "value": number(a.value),
+        "threshold": number(a.threshold),
+        "message": a.message,
+    }
 
 
 def _schedule_json(s: Schedule) -> dict[str, Any]:
@@ -430,6 +461,24 @@ class Service:
         rows = await self.run(self.app.admin.queues)
         return json_response({"queues": [_queue_json(q) for q in rows if _tokens.allows(token, "operator", q.queue)]})
 
+    async def workers(self, request: Request) -> Response:
+        """GET /v1/workers (also /api/workers): worker processes with their in-flight job ids (a
+        token limited to queues sees the workers that drain one of them)."""
+        token = await self.token(request)
+        _tokens.require_role(token, "operator")
+        rows = await self.run(self.app.admin.workers)
+        visible = [w for w in rows if any(_tokens.allows(token, "operator", q) for q in w.queues) or not w.queues]
+        return json_response({"workers": [_worker_json(w) for w in visible]})
+
+    async def alerts(self, request: Request) -> Response:
+        """GET /v1/alerts (also /api/alerts): alert states, firing and resolved (a token limited to
+        queues sees theirs and the database-wide ones)."""
+        token = await self.token(request)
+        _tokens.require_role(token, "operator")
+        rows = await self.run(self.app.admin.alerts)
+        visible = [a for a in rows if a.queue is None or _tokens.allows(token, "operator", a.queue)]
+        return json_response({"alerts": [_alert_json(a) for a in visible]})
+
     async def dead_letters(self, request: Request) -> Response:
         """GET /v1/dead-letters: unreplayed dead letters, newest first, a page at a time."""
         token = await self.token(request)
@@ -651,6 +700,11 @@ def routes(service: Service) -> list[Route]:
         r("/readyz", s.readyz, ["GET"]),
         r("/openapi.json", s.openapi, ["GET"]),
         r("/v1/queues", s.queues, ["GET"]),
+        r("/v1/workers", s.workers, ["GET"]),
+        r("/v1/alerts", s.alerts, ["GET"]),
+        # The dashboard's names for the same two reads.
+        r("/api/workers", s.workers, ["GET"]),
+        r("/api/alerts", s.alerts, ["GET"]),
         r("/v1/queues/{queue}/jobs:batch", s.send_batch, ["POST"]),
         r("/v1/jobs/{id}", s.job, ["GET"]),
         r("/v1/topics/{topic}/messages", s.publish, ["POST"]),

@@ -246,6 +246,21 @@ def document(auth: bool = True) -> dict[str, Any]:
                 "responses": {"200": _json({"type": "object"}), **_errors(*_AUTH, 503)},
             }
         },
+        **{
+            f"{prefix}/{name}": {
+                "get": {
+                    "summary": summary,
+                    "operationId": f"{name}{'Api' if prefix == '/api' else ''}",
+                    **sec,
+                    "responses": {"200": _json({"type": "object"}), **_errors(*_AUTH, 503)},
+                }
+            }
+            for prefix in ("/v1", "/api")
+            for name, summary in (
+                ("workers", "Worker processes with their in-flight job ids (operator)"),
+                ("alerts", "Alert states, firing and resolved (operator)"),
+            )
+        },
         "/v1/dead-letters": {
             "get": {
                 "summary": "Unreplayed dead letters, newest first; page with before=next_before (operator)",

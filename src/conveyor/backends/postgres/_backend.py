@@ -22,11 +22,15 @@ from conveyor._errors import BackendError, BackendUnavailable, ConfigurationErro
 from conveyor.backends._redact import hide, redact_url, scrub
 from conveyor.backends._sql import load_migrations, load_queries
 from conveyor.backends.base import (
+    AlertsSetParams,
+    AlertState,
     ArchivePruneParams,
     ArchiveReadParams,
     AuditEntry,
     AuditInsertParams,
     AuditListParams,
+    DatabaseHealth,
+    DatabaseHealthParams,
     DeadListParams,
     DeadPurgeParams,
     DeadReplayParams,
@@ -59,10 +63,17 @@ from conveyor.backends.base import (
     SubscriptionsDeleteParams,
     SubscriptionsListParams,
     SubscriptionsUpsertParams,
+    TaskTotals,
+    TaskTotalsParams,
     Token,
     TokenGetParams,
     TokensInsertParams,
     TokensRevokeParams,
+    WorkerInfo,
+    WorkersBeatParams,
+    WorkersListParams,
+    WorkersPruneParams,
+    WorkersRemoveParams,
     one_outcome_per_job,
 )
 from conveyor.backends.postgres._listener import PostgresListener
@@ -921,6 +932,85 @@ class PostgresBackend:
         """Revoke the unrevoked token named ``name``; False if there is none."""
         with self._connection("tokens_revoke") as conn:
             return conn.execute(self._q["tokens_revoke"], {"name": params.name, "now": params.now}).rowcount > 0
+
+    # ---------------------------------------------------------------------------------------
+    # Observability
+    # ---------------------------------------------------------------------------------------
+
+    def task_totals(self, params: TaskTotalsParams) -> list[TaskTotals]:
+        """Terminal totals per (queue, task), summed over the counter stripes."""
+        return self._records("task_totals", {"queue": params.queue}, TaskTotals)
+
+    def database_health(self, params: DatabaseHealthParams) -> DatabaseHealth:
+        """The oldest open transaction's age and the jobs table's dead tuples."""
+        (found,) = self._records("database_health", {"now": params.now}, DatabaseHealth)
+        return found
+
+    def workers_beat(self, params: WorkersBeatParams) -> None:
+        """Insert or refresh one worker's row."""
+        w = params.worker
+        with self._connection("workers_beat") as conn:
+            conn.execute(
+                self._q["workers_beat"],
+                {
+                    "id": w.id,
+                    "host": w.host,
+                    "pid": w.pid,
+                    "queues": list(w.queues),
+                    "concurrency": w.concurrency,
+                    "started_at": w.started_at,
+                    "now": params.now,
+                },
+                prepare=True,
+            )
+
+    def workers_remove(self, params: WorkersRemoveParams) -> bool:
+        """Delete one worker's row; False if there was none."""
+        with self._connection("workers_remove") as conn:
+            return conn.execute(self._q["workers_remove"], {"id": params.id}).rowcount > 0
+
+    def workers_list(self, params: WorkersListParams) -> list[WorkerInfo]:
+        """Workers seen since ``seen_after``, each with its in-flight job ids."""
+        rows = self._fetchall("workers_list", {"seen_after": params.seen_after})
+        return [
+            WorkerInfo(id_, host, pid, tuple(queues), concurrency, started_at, last_seen, tuple(in_flight))
+            for id_, host, pid, queues, concurrency, started_at, last_seen, in_flight in rows
+        ]
+
+    def workers_prune(self, params: WorkersPruneParams) -> int:
+        """Delete workers not seen since ``before``."""
+        with self._connection("workers_prune") as conn:
+            return conn.execute(self._q["workers_prune"], {"before": params.before}).rowcount
+
+    def alerts_list(self) -> list[AlertState]:
+        """Every stored alert, by rule and queue."""
+        return [
+            AlertState(rule, queue or None, state, since, value, threshold, message)
+            for rule, queue, state, since, value, threshold, message in self._fetchall("alerts_list", {})
+        ]
+
+    def alerts_set(self, params: AlertsSetParams) -> list[AlertState]:
+        """Write an evaluation in one transaction; return the alerts whose state it changed."""
+        changed: list[AlertState] = []
+        with self._connection("alerts_set") as conn:
+            for item in params.items:
+                args = {
+                    "rule": item.rule,
+                    "queue": item.queue or "",
+                    "state": item.state,
+                    "since": item.since,
+                    "value": item.value,
+                    "threshold": item.threshold,
+                    "message": item.message,
+                    "now": params.now,
+                }
+                if conn.execute(self._q["alerts_change"], args).fetchone() is not None or (
+                    item.state == "firing" and conn.execute(self._q["alerts_fire_new"], args).fetchone() is not None
+                ):
+                    changed.append(item)
+                else:
+                    conn.execute(self._q["alerts_refresh"], args)
+        return changed
 
 
 def _token(row: TupleRow) -> Token:

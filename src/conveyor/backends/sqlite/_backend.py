@@ -190,6 +190,7 @@ class SqliteBackend:
             return 0
         args = {"items": json.dumps(items), "now": cv.to_db_time(params.now)}
         with self._pool.write() as conn:
+            conn.execute(self._q["jobs_finish_count"], args)
             conn.execute(self._q["jobs_finish_archive"], args)
             return conn.execute(self._q["jobs_finish_delete"], args).rowcount
 
@@ -272,7 +273,8 @@ class SqliteBackend:
         now = cv.to_db_time(params.now)
         with self._pool.read() as conn:
             live = conn.execute(self._q["queues_stats_live"], {"now": now}).fetchall()
-            archived = conn.execute(self._q["queues_stats_archived"]).fetchall()
+            totals = conn.execute(self._q["queues_stats_totals"]).fetchall()
+            dlq = conn.execute(self._q["queues_stats_dlq"]).fetchall()
         counts: dict[str, dict[str, Any]] = {}
 
         def entry(queue: str) -> dict[str, Any]:
@@ -287,6 +289,8 @@ class SqliteBackend:
                     "expired": 0,
                     "cancelled": 0,
                     "oldest_pending_age": None,
+                    "dead_total": 0,
+                    "enqueued": 0,
                 },
             )
 
@@ -297,10 +301,15 @@ class SqliteBackend:
             e["processing"] = row["processing"]
             if row["oldest_ready_at"] is not None:
                 e["oldest_pending_age"] = max(0.0, now - row["oldest_ready_at"])
-        for row in archived:
-            # Replayed dead letters have left the DLQ: they are not part of its depth.
-            total = row["total"] - (row["replayed"] if row["state"] == "dead" else 0)
-            entry(row["queue"])[row["state"]] = total
+        for row in totals:
+            e = entry(row["queue"])
+            for name in ("completed", "dead_total", "expired", "cancelled"):
+                e[name] = row[name]
+        for row in dlq:
+            entry(row["queue"])["dead"] = row["dead"]
+        for e in counts.values():
+            e["enqueued"] = sum(e[n] for n in ("pending", "scheduled", "processing", "completed", "dead_total"))
+            e["enqueued"] += e["expired"] + e["cancelled"]
         return [base.QueueStats(queue=queue, **counts[queue]) for queue in sorted(counts)]
 
     def archive_read(self, params: base.ArchiveReadParams) -> list[base.JobRecord]:
@@ -607,6 +616,104 @@ class SqliteBackend:
             cur = conn.execute(self._q["tokens_revoke"], {"name": params.name, "now": cv.to_db_time(params.now)})
             return cur.rowcount > 0
 
+    # ------------------------------------------------------------------ observability
+
+    def task_totals(self, params: base.TaskTotalsParams) -> list[base.TaskTotals]:
+        """Terminal totals per (queue, task), from the counters."""
+        with self._pool.read() as conn:
+            rows = conn.execute(self._q["task_totals"], {"queue": params.queue}).fetchall()
+        return [base.TaskTotals(**dict(row)) for row in rows]
+
+    def database_health(self, params: base.DatabaseHealthParams) -> base.DatabaseHealth:
+        """SQLite has no long transactions holding back cleanup and no dead tuples: both None."""
+        return base.DatabaseHealth(None, None)
+
+    def workers_beat(self, params: base.WorkersBeatParams) -> None:
+        """Insert or refresh one worker's row."""
+        w = params.worker
+        with self._pool.write() as conn:
+            conn.execute(
+                self._q["workers_beat"],
+                {
+                    "id": w.id,
+                    "host": w.host,
+                    "pid": w.pid,
+                    "queues": json.dumps(list(w.queues)),
+                    "concurrency": w.concurrency,
+                    "started_at": cv.to_db_time(w.started_at),
+                    "now": cv.to_db_time(params.now),
+                },
+            )
+
+    def workers_remove(self, params: base.WorkersRemoveParams) -> bool:
+        """Delete one worker's row; False if there was none."""
+        with self._pool.write() as conn:
+            return conn.execute(self._q["workers_remove"], {"id": params.id}).rowcount > 0
+
+    def workers_list(self, params: base.WorkersListParams) -> list[base.WorkerInfo]:
+        """Workers seen since ``seen_after``, each with its in-flight job ids."""
+        seen_after = None if params.seen_after is None else cv.to_db_time(params.seen_after)
+        with self._pool.read() as conn:
+            rows = conn.execute(self._q["workers_list"], {"seen_after": seen_after}).fetchall()
+        return [
+            base.WorkerInfo(
+                id=row["id"],
+                host=row["host"],
+                pid=row["pid"],
+                queues=tuple(json.loads(row["queues"])),
+                concurrency=row["concurrency"],
+                started_at=cv.from_db_time(row["started_at"]),
+                last_seen=cv.from_db_time(row["last_seen"]),
+                in_flight=tuple(UUID(i) for i in json.loads(row["in_flight"])),
+            )
+            for row in rows
+        ]
+
+    def workers_prune(self, params: base.WorkersPruneParams) -> int:
+        """Delete workers not seen since ``before``."""
+        with self._pool.write() as conn:
+            return conn.execute(self._q["workers_prune"], {"before": cv.to_db_time(params.before)}).rowcount
+
+    def alerts_list(self) -> list[base.AlertState]:
+        """Every stored alert, by rule and queue."""
+        with self._pool.read() as conn:
+            rows = conn.execute(self._q["alerts_list"]).fetchall()
+        return [
+            base.AlertState(
+                rule=row["rule"],
+                queue=row["queue"] or None,
+                state=row["state"],
+                since=cv.from_db_time(row["since"]),
+                value=row["value"],
+                threshold=row["threshold"],
+                message=row["message"],
+            )
+            for row in rows
+        ]
+
+    def alerts_set(self, params: base.AlertsSetParams) -> list[base.AlertState]:
+        """Write an evaluation in one transaction; return the alerts whose state it changed."""
+        changed: list[base.AlertState] = []
+        with self._pool.write() as conn:
+            for item in params.items:
+                args = {
+                    "rule": item.rule,
+                    "queue": item.queue or "",
+                    "state": item.state,
+                    "since": cv.to_db_time(item.since),
+                    "value": item.value,
+                    "threshold": item.threshold,
+                    "message": item.message,
+                    "now": cv.to_db_time(params.now),
+                }
+                if conn.execute(self._q["alerts_change"], args).rowcount > 0 or (
+                    item.state == "firing" and conn.execute(self._q["alerts_fire_new"], args).rowcount > 0
+                ):
+                    changed.append(item)
+                else:
+                    conn.execute(self._q["alerts_refresh"], args)
+        return changed
+
 
 def _token(row: sqlite3.Row) -> base.Token:
     return base.Token(
@@ -639,8 +746,6 @@ def _held(items: Sequence[base.LeaseRef], rows: Sequence[sqlite3.Row]) -> list[U
 
 def _lease_refs(items: Sequence[base.LeaseRef]) -> str:
     return json.dumps([{"id": cv.to_db_id(item.id), "receipt": item.receipt} for item in items])
-
-
 
 
 class MemoryBackend(SqliteBackend):

@@ -430,6 +430,9 @@ RETURNING j.id, j.receipt
 -- lease was rescued and handed out again has a new receipt, so its late outcome matches nothing.
 -- When the item carries no error the job keeps the error of its last failed attempt. The lease
 -- ends with the delivery: an archived row has no lease_expires_at (as on every engine).
+-- The counted CTE adds the outcomes to queue_counters in the same statement (so the totals commit
+-- with the archive rows, exact after a crash), on this connection's stripe, in (queue, task) order
+-- so that two flushes naming the same counters lock them in the same order and cannot deadlock.
 -- Returns the number of rows archived.
 WITH items AS (
     SELECT *
@@ -446,6 +449,18 @@ done AS (
     RETURNING j.*, i.state AS final_state, i.result AS final_result, i.reason AS final_reason,
               i.error_type AS final_error_type, i.error_message AS final_error_message,
               i.traceback AS final_traceback, i.ran AS ran, i.counted AS counted
+),
+counted AS (
+    INSERT INTO queue_counters AS c (queue, task, shard, completed, dead, expired, cancelled)
+    SELECT d.queue, d.task, (pg_backend_pid() %% 8)::smallint,
+           count(*) FILTER (WHERE d.final_state = 'completed'), count(*) FILTER (WHERE d.final_state = 'dead'),
+           count(*) FILTER (WHERE d.final_state = 'expired'), count(*) FILTER (WHERE d.final_state = 'cancelled')
+    FROM done AS d
+    GROUP BY d.queue, d.task
+    ORDER BY d.queue, d.task
+    ON CONFLICT (queue, task, shard) DO UPDATE SET
+        completed = c.completed + excluded.completed, dead = c.dead + excluded.dead,
+        expired = c.expired + excluded.expired, cancelled = c.cancelled + excluded.cancelled
 )
 INSERT INTO archive (
     id, queue, task, payload, headers, state, priority, run_at, enqueued_at, expires_at,
@@ -596,8 +611,9 @@ ORDER BY id
 LIMIT %(limit)s
 
 -- name: queues_stats
--- Live counts from the small jobs table; archived counts from an index-only scan of
--- archive_queue_state_idx (replayed_by is INCLUDEd so the DLQ depth needs no heap access).
+-- Live counts from the small jobs table; terminal totals from queue_counters (a few rows per queue,
+-- whatever the archive holds); the DLQ depth from archive_dlq_queue_idx, which holds unreplayed
+-- dead letters only. Nothing here reads the rest of the archive, so the cost does not grow with it.
 WITH live AS (
     SELECT queue,
            count(*) FILTER (WHERE state = 'pending' AND run_at <= %(now)s) AS pending,
@@ -607,23 +623,34 @@ WITH live AS (
     FROM jobs
     GROUP BY queue
 ),
-ended AS (
-    SELECT queue,
-           count(*) FILTER (WHERE state = 'completed') AS completed,
-           count(*) FILTER (WHERE state = 'dead' AND replayed_by IS NULL) AS dead,
-           count(*) FILTER (WHERE state = 'expired') AS expired,
-           count(*) FILTER (WHERE state = 'cancelled') AS cancelled
-    FROM archive
+totals AS (
+    SELECT queue, sum(completed)::bigint AS completed, sum(dead)::bigint AS dead_total,
+           sum(expired)::bigint AS expired, sum(cancelled)::bigint AS cancelled
+    FROM queue_counters
     GROUP BY queue
+),
+dlq AS (
+    SELECT queue, count(*) AS dead
+    FROM archive
+    WHERE state = 'dead' AND replayed_by IS NULL
+    GROUP BY queue
+),
+names AS (
+    SELECT queue FROM live UNION SELECT queue FROM totals UNION SELECT queue FROM dlq
 )
-SELECT coalesce(l.queue, e.queue) AS queue,
+SELECT n.queue,
        coalesce(l.pending, 0) AS pending, coalesce(l.scheduled, 0) AS scheduled,
-       coalesce(l.processing, 0) AS processing, coalesce(e.completed, 0) AS completed,
-       coalesce(e.dead, 0) AS dead, coalesce(e.expired, 0) AS expired,
-       coalesce(e.cancelled, 0) AS cancelled,
-       extract(epoch FROM (%(now)s - l.oldest_ready))::float8 AS oldest_pending_age
-FROM live AS l
-FULL JOIN ended AS e ON e.queue = l.queue
+       coalesce(l.processing, 0) AS processing, coalesce(t.completed, 0) AS completed,
+       coalesce(d.dead, 0) AS dead, coalesce(t.expired, 0) AS expired,
+       coalesce(t.cancelled, 0) AS cancelled,
+       extract(epoch FROM (%(now)s - l.oldest_ready))::float8 AS oldest_pending_age,
+       coalesce(t.dead_total, 0) AS dead_total,
+       coalesce(l.pending + l.scheduled + l.processing, 0)
+           + coalesce(t.completed + t.dead_total + t.expired + t.cancelled, 0) AS enqueued
+FROM names AS n
+LEFT JOIN live AS l ON l.queue = n.queue
+LEFT JOIN totals AS t ON t.queue = n.queue
+LEFT JOIN dlq AS d ON d.queue = n.queue
 ORDER BY 1
 
 -- name: dead_list
@@ -744,3 +771,75 @@ ORDER BY name
 -- name: tokens_revoke
 UPDATE tokens SET revoked_at = %(now)s
 WHERE name = %(name)s AND revoked_at IS NULL
+
+-- name: task_totals
+-- Terminal totals per (queue, task): the stripes of queue_counters summed.
+SELECT queue, task, sum(completed)::bigint AS completed, sum(dead)::bigint AS dead,
+       sum(expired)::bigint AS expired, sum(cancelled)::bigint AS cancelled
+FROM queue_counters
+WHERE %(queue)s::text IS NULL OR queue = %(queue)s::text
+GROUP BY queue, task
+ORDER BY queue, task
+
+-- name: database_health
+-- The oldest open transaction on the server (any database: vacuum's horizon is server-wide for
+-- shared catalogs, and a long transaction in any database of the cluster holds back cleanup here
+-- through replication slots and hot standby feedback alike; pg_stat_activity shows only what this
+-- role may see, which for a superuser or pg_read_all_stats member is everything), and the dead
+-- tuples the statistics collector counts in the jobs table.
+SELECT extract(epoch FROM (%(now)s - (
+           SELECT min(xact_start) FROM pg_stat_activity
+           WHERE xact_start IS NOT NULL AND pid <> pg_backend_pid()
+       )))::float8 AS oldest_transaction_age,
+       (SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = 'jobs'::regclass) AS jobs_dead_tuples
+
+-- name: workers_beat
+-- One row per worker: inserted at its first heartbeat, then last_seen, queues and concurrency move.
+INSERT INTO workers AS w (id, host, pid, queues, concurrency, started_at, last_seen)
+VALUES (%(id)s, %(host)s, %(pid)s, %(queues)s, %(concurrency)s, %(started_at)s, %(now)s)
+ON CONFLICT (id) DO UPDATE SET
+    last_seen = greatest(w.last_seen, excluded.last_seen), queues = excluded.queues,
+    concurrency = excluded.concurrency
+
+-- name: workers_remove
+DELETE FROM workers WHERE id = %(id)s
+
+-- name: workers_list
+-- Each worker with the jobs it holds leases on: its processing rows (jobs_lease_idx covers them;
+-- the jobs table holds live rows only, so this reads no history).
+SELECT w.id, w.host, w.pid, w.queues, w.concurrency, w.started_at, w.last_seen,
+       coalesce(
+           (SELECT array_agg(j.id ORDER BY j.id) FROM jobs AS j
+            WHERE j.state = 'processing' AND j.worker_id = w.id),
+           '{}'::uuid[]
+       ) AS in_flight
+FROM workers AS w
+WHERE %(seen_after)s::timestamptz IS NULL OR w.last_seen >= %(seen_after)s::timestamptz
+ORDER BY w.id
+
+-- name: workers_prune
+DELETE FROM workers WHERE last_seen < %(before)s
+
+-- name: alerts_list
+SELECT rule, queue, state, since, value, threshold, message FROM alerts ORDER BY rule, queue
+
+-- name: alerts_change
+-- The compare-and-set of a state change: a concurrent evaluator making the same change waits for
+-- this row lock, re-checks `state <> new` on the committed version, matches nothing, and so does
+-- not notify a second time.
+UPDATE alerts SET state = %(state)s, since = %(since)s, value = %(value)s, threshold = %(threshold)s,
+                  message = %(message)s, updated_at = %(now)s
+WHERE rule = %(rule)s AND queue = %(queue)s AND state <> %(state)s
+RETURNING rule
+
+-- name: alerts_fire_new
+-- The first firing of an alert: of concurrent evaluators, the one whose row is inserted notifies.
+INSERT INTO alerts (rule, queue, state, since, value, threshold, message, updated_at)
+VALUES (%(rule)s, %(queue)s, %(state)s, %(since)s, %(value)s, %(threshold)s, %(message)s, %(now)s)
+ON CONFLICT (rule, queue) DO NOTHING
+RETURNING rule
+
+-- name: alerts_refresh
+-- No state change: the latest value (an alert that keeps firing shows how bad it is now).
+UPDATE alerts SET value = %(value)s, threshold = %(threshold)s, message = %(message)s, updated_at = %(now)s
+WHERE rule = %(rule)s AND queue = %(queue)s AND state = %(state)s

@@ -116,6 +116,25 @@ FROM (
 WHERE jobs.id = r.id AND jobs.receipt = r.receipt AND jobs.state = 'processing'
 RETURNING jobs.id, jobs.receipt
 
+-- name: jobs_finish_count
+-- Before the archive insert, in the same transaction: add the outcomes of exactly the deliveries
+-- it will archive (same join) to queue_counters, so the totals commit with the archive rows.
+WITH f AS (
+    SELECT json_extract(value, '$.id') AS id,
+           json_extract(value, '$.receipt') AS receipt,
+           json_extract(value, '$.state') AS state
+    FROM json_each(:items)
+)
+INSERT INTO queue_counters (queue, task, completed, dead, expired, cancelled)
+SELECT j.queue, j.task, sum(f.state = 'completed'), sum(f.state = 'dead'), sum(f.state = 'expired'),
+       sum(f.state = 'cancelled')
+FROM f JOIN jobs AS j ON j.id = f.id AND j.receipt = f.receipt
+WHERE j.state = 'processing'
+GROUP BY j.queue, j.task
+ON CONFLICT (queue, task) DO UPDATE SET
+    completed = completed + excluded.completed, dead = dead + excluded.dead,
+    expired = expired + excluded.expired, cancelled = cancelled + excluded.cancelled
+
 -- name: jobs_finish_archive
 -- First half of finishing a batch: copy each delivery whose id and receipt still match a
 -- processing row into the archive with its terminal state. A stale receipt matches nothing, so a
@@ -262,12 +281,19 @@ SELECT queue,
 FROM jobs
 GROUP BY queue
 
--- name: queues_stats_archived
--- Archived counts per queue and state, read from archive_queue_state alone. Replayed dead letters
--- are counted apart so that the DLQ depth excludes them.
-SELECT queue, state, count(*) AS total, sum(replayed_by IS NOT NULL) AS replayed
+-- name: queues_stats_totals
+-- Terminal totals per queue from queue_counters: a few rows per queue, whatever the archive holds.
+SELECT queue, sum(completed) AS completed, sum(dead) AS dead_total, sum(expired) AS expired,
+       sum(cancelled) AS cancelled
+FROM queue_counters
+GROUP BY queue
+
+-- name: queues_stats_dlq
+-- The DLQ depth per queue from archive_dlq_queue, which holds unreplayed dead letters only.
+SELECT queue, count(*) AS dead
 FROM archive
-GROUP BY queue, state
+WHERE state = 'dead' AND replayed_by IS NULL
+GROUP BY queue
 
 -- name: dead_list
 -- Unreplayed dead letters, newest first, through the archive_dead partial index.
@@ -486,3 +512,49 @@ ORDER BY name
 -- name: tokens_revoke
 UPDATE tokens SET revoked_at = :now
 WHERE name = :name AND revoked_at IS NULL
+
+-- name: task_totals
+SELECT queue, task, completed, dead, expired, cancelled
+FROM queue_counters
+WHERE :queue IS NULL OR queue = :queue
+ORDER BY queue, task
+
+-- name: workers_beat
+INSERT INTO workers (id, host, pid, queues, concurrency, started_at, last_seen)
+VALUES (:id, :host, :pid, :queues, :concurrency, :started_at, :now)
+ON CONFLICT (id) DO UPDATE SET
+    last_seen = max(last_seen, excluded.last_seen), queues = excluded.queues, concurrency = excluded.concurrency
+
+-- name: workers_remove
+DELETE FROM workers WHERE id = :id
+
+-- name: workers_list
+-- Each worker with the jobs it holds leases on (its processing rows, through jobs_lease).
+SELECT w.id, w.host, w.pid, w.queues, w.concurrency, w.started_at, w.last_seen,
+       (SELECT json_group_array(j.id) FROM (
+            SELECT id FROM jobs WHERE state = 'processing' AND worker_id = w.id ORDER BY id
+        ) AS j) AS in_flight
+FROM workers AS w
+WHERE :seen_after IS NULL OR w.last_seen >= :seen_after
+ORDER BY w.id
+
+-- name: workers_prune
+DELETE FROM workers WHERE last_seen < :before
+
+-- name: alerts_list
+SELECT rule, queue, state, since, value, threshold, message FROM alerts ORDER BY rule, queue
+
+-- name: alerts_change
+-- A state change; in BEGIN IMMEDIATE, so two evaluators cannot both make it.
+UPDATE alerts SET state = :state, since = :since, value = :value, threshold = :threshold,
+                  message = :message, updated_at = :now
+WHERE rule = :rule AND queue = :queue AND state <> :state
+
+-- name: alerts_fire_new
+INSERT INTO alerts (rule, queue, state, since, value, threshold, message, updated_at)
+VALUES (:rule, :queue, :state, :since, :value, :threshold, :message, :now)
+ON CONFLICT (rule, queue) DO NOTHING
+
+-- name: alerts_refresh
+UPDATE alerts SET value = :value, threshold = :threshold, message = :message, updated_at = :now
+WHERE rule = :rule AND queue = :queue AND state = :state
