@@ -84,6 +84,16 @@ def log_in(context: BrowserContext, server: Server, role: str, path: str = "/") 
     return page
 
 
+def shot(page: Page, tmp_path: Path, name: str) -> Path:
+    """A full-page screenshot, to ``$CONVEYOR_SCREENSHOTS`` when set (to look at, or for docs/), else tmp_path."""
+    directory = Path(os.environ.get("CONVEYOR_SCREENSHOTS") or tmp_path)
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    assert path.stat().st_size > 10_000  # a real rendering, not a blank page
+    return path
+
+
 def worker(server: Server, tmp_path: Path, *args: str) -> subprocess.Popen[bytes]:
     """``conveyor worker`` for the dashboard app, in its own process, logging to a file."""
     log = open(tmp_path / f"worker-{len(list(tmp_path.glob('worker-*')))}.log", "wb")  # noqa: SIM115

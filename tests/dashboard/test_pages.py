@@ -13,10 +13,12 @@ from uuid import UUID
 
 import httpx
 from playwright.sync_api import BrowserContext, expect
-from tests.dashboard.conftest import APP_PATH, log_in, stop_worker, worker
+from tests.dashboard.conftest import APP_PATH, log_in, shot, stop_worker, worker
 from tests.http.conftest import Server, start, stop
 
 from conveyor import App, JobError, JobStatus
+from conveyor.backends import open_backend
+from conveyor.backends.base import AlertsSetParams, AlertState, WorkerInfo, WorkersBeatParams
 from conveyor.http._dashboard import MAX_TEXT, environment, render_html
 
 HOSTILE_QUEUE = 'q"><script>window.__pwned = 4</script>'
@@ -92,7 +94,7 @@ def test_user_controlled_text_is_text_on_every_page(served: Server, tmp_path: Pa
         assert "more characters" in shown and len(shown) < 400_000
         listed = c.get("/dead-letters", params={"queue": HOSTILE_QUEUE}).text
         assert "&lt;img src=x onerror=&#34;window.__pwned = 3&#34;&gt;" in listed
-        assert 'q&#34;&gt;&lt;script&gt;window.__pwned = 4&lt;/script&gt;' in listed
+        assert "q&#34;&gt;&lt;script&gt;window.__pwned = 4&lt;/script&gt;" in listed
 
     # In the browser: the text reads as written, and nothing ran (the page's own script did).
     page = log_in(context, served, "operator", "/")
@@ -232,3 +234,44 @@ def test_without_auth_the_dashboard_opens_and_still_needs_csrf(postgres_database
             assert app.admin.audit(1)[0].actor == "insecure-no-auth"
     finally:
         stop(server)
+
+
+def test_workers_and_alerts_panels_follow_the_registry_live(
+    served: Server, context: BrowserContext, tmp_path: Path
+) -> None:
+    """The panels render Admin.workers and Admin.alerts (rows written here as a worker's heartbeat and the
+    alert evaluator write them), and the overview swaps fresh panels in without a reload."""
+    now = datetime.now(UTC)
+    backend = open_backend(served.db)
+    try:
+        backend.workers_beat(WorkersBeatParams(WorkerInfo("w-1", "host-a", 4242, ("drain",), 8, now, now), now))
+        backend.alerts_set(
+            AlertsSetParams([AlertState("dlq_depth", "fragile", "firing", now, 3.0, 0.0, HOSTILE_MESSAGE)], now)
+        )
+        page = log_in(context, served, "operator", "/")
+        expect(page.locator('#workers tr[data-worker="w-1"]')).to_contain_text("host-a:4242")
+        expect(page.locator('#workers tr[data-worker="w-1"]')).to_contain_text("alive")
+        expect(page.locator('#alerts li[data-rule="dlq_depth"]')).to_contain_text(HOSTILE_MESSAGE)
+        assert page.evaluate("window.__pwned") is None
+
+        # A new alert fires and the first resolves; the page shows both without a reload.
+        later = datetime.now(UTC)
+        backend.alerts_set(
+            AlertsSetParams(
+                [
+                    AlertState("dlq_depth", "fragile", "resolved", later, 0.0, 0.0, "the DLQ is empty"),
+                    AlertState("depth", "drain", "firing", later, 900.0, 500.0, "900 jobs over the mark of 500"),
+                ],
+                later,
+            )
+        )
+        expect(page.locator('#alerts li[data-rule="depth"]')).to_contain_text("900 jobs over the mark of 500")
+        expect(page.locator('#alerts li[data-rule="dlq_depth"]')).to_have_count(0)
+        expect(page.locator("#resolved-alerts")).to_contain_text("the DLQ is empty")
+        shot(page, tmp_path, "workers-and-alerts")
+        page.goto(f"{served.url}/workers")
+        expect(page.locator('#workers tr[data-worker="w-1"]')).to_contain_text("drain")
+        page.goto(f"{served.url}/alerts")
+        expect(page.locator("#alerts")).to_contain_text("depth")
+    finally:
+        backend.close()

@@ -297,41 +297,42 @@ class Dashboard:
         return self.render(request, "workers.html", token=token, workers=await self._workers(token))
 
     async def alerts_page(self, request: Request) -> Response:
-        """GET /alerts: the alerts and their state."""
+        """GET /alerts: the alerts, firing and resolved."""
         token = await self.token(request)
         _tokens.require_role(token, "operator")
         return self.render(request, "alerts.html", token=token, alerts=await self._alerts(token))
 
+    async def panel(self, request: Request) -> Response:
+        """GET /panels/workers and /panels/alerts: one panel's HTML alone, which the overview's script
+        swaps in every few seconds (rendered and escaped here, as the page is)."""
+        token = await self.token(request)
+        _tokens.require_role(token, "operator")
+        if request.path_params["name"] == "workers":
+            return self.render(request, "_workers.html", token=token, workers=await self._workers(token))
+        return self.render(request, "_alerts.html", token=token, alerts=await self._alerts(token))
+
     async def _workers(self, token: Token) -> dict[str, Any] | None:
-        """What the workers panel shows (None: the token may not see it). The worker registry
-        (``Admin.workers``) comes with the metrics work; until it is there, the panel shows the
-        in-flight (processing) jobs per queue, which the queue counts already hold."""
+        """What the workers panel shows (None: the token may not see it): the worker registry, each worker
+        with the jobs it holds leases on, and the jobs in flight per queue (which also counts jobs held by a
+        worker that does not report itself). A token limited to queues sees the workers of those queues."""
         if not self._can(token, "operator"):
             return None
-        registry = getattr(self.app.admin, "workers", None)
-        if registry is None:
-            rows = await self.service.run(self.app.admin.queues)
-            in_flight = [(q.queue, q.processing) for q in rows if self._can(token, "operator", q.queue)]
-            return {"registry": False, "workers": [], "in_flight": in_flight}
-        found = await self.service.run(registry)
-        return {"registry": True, "workers": list(found), "in_flight": []}
+        found = await self.service.run(self.app.admin.workers)
+        workers = [w for w in found if not w.queues or any(self._can(token, "operator", q) for q in w.queues)]
+        rows = await self.service.run(self.app.admin.queues)
+        in_flight = [(q.queue, q.processing) for q in rows if self._can(token, "operator", q.queue)]
+        return {"workers": workers, "in_flight": in_flight}
 
     async def _alerts(self, token: Token) -> dict[str, Any] | None:
-        """What the alerts panel shows (None: the token may not see it). Alert rules
-        (``Admin.alerts``) come with the metrics work; until then the panel derives the one signal the
-        queue counts hold: dead letters waiting in a queue."""
+        """What the alerts panel shows (None: the token may not see it): the alerts as the service last
+        evaluated them, firing first. A token limited to queues sees theirs and the database-wide ones."""
         if not self._can(token, "operator"):
             return None
-        rules = getattr(self.app.admin, "alerts", None)
-        if rules is None:
-            rows = await self.service.run(self.app.admin.queues)
-            derived = [
-                {"name": "dlq_not_empty", "queue": q.queue, "state": "firing", "detail": f"{q.dead} dead letters"}
-                for q in rows
-                if q.dead > 0 and self._can(token, "operator", q.queue)
-            ]
-            return {"rules": False, "alerts": derived}
-        return {"rules": True, "alerts": list(await self.service.run(rules))}
+        found = await self.service.run(self.app.admin.alerts)
+        visible_alerts = [a for a in found if a.queue is None or self._can(token, "operator", a.queue)]
+        firing = [a for a in visible_alerts if a.state == "firing"]
+        resolved = sorted((a for a in visible_alerts if a.state != "firing"), key=lambda a: a.since, reverse=True)
+        return {"firing": firing, "resolved": resolved[:20], "evaluated": bool(visible_alerts)}
 
     async def find_job(self, request: Request) -> Response:
         """GET /jobs?id=...: go to a job's page."""
@@ -504,6 +505,7 @@ class Dashboard:
             Route("/logout", p(self.logout), methods=["POST"]),
             Route("/workers", p(self.workers_page), methods=["GET"]),
             Route("/alerts", p(self.alerts_page), methods=["GET"]),
+            Route("/panels/{name:workers_or_alerts}", p(self.panel), methods=["GET"]),
             Route("/jobs", p(self.find_job), methods=["GET"]),
             Route("/jobs/{id}", p(self.job), methods=["GET"]),
             Route("/dead-letters", p(self.dead_letters), methods=["GET"]),
@@ -599,22 +601,25 @@ def _history(status: JobStatus, audit: list[Any]) -> list[Mapping[str, Any]]:
 
 
 def register_convertors() -> None:
-    """The ``replay_or_purge`` path convertor of the dashboard's dead-letter actions."""
+    """The path convertors of the dashboard: ``replay_or_purge`` (dead-letter actions) and
+    ``workers_or_alerts`` (panels)."""
     from starlette.convertors import CONVERTOR_TYPES, Convertor
 
-    if "replay_or_purge" in CONVERTOR_TYPES:
-        return
+    def one_of(*words: str) -> Convertor[str]:
+        class OneOf(Convertor[str]):
+            regex = "|".join(words)
 
-    class ReplayOrPurge(Convertor[str]):
-        regex = "replay|purge"
+            def convert(self, value: str) -> str:
+                return value
 
-        def convert(self, value: str) -> str:
-            return value
+            def to_string(self, value: str) -> str:
+                return value
 
-        def to_string(self, value: str) -> str:
-            return value
+        return OneOf()
 
-    CONVERTOR_TYPES["replay_or_purge"] = ReplayOrPurge()
+    for name, words in (("replay_or_purge", ("replay", "purge")), ("workers_or_alerts", ("workers", "alerts"))):
+        if name not in CONVERTOR_TYPES:
+            CONVERTOR_TYPES[name] = one_of(*words)
 
 
 __all__ = ["SESSION_COOKIE", "Dashboard", "csrf_token", "environment", "register_convertors", "render_html", "visible"]

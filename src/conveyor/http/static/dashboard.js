@@ -78,12 +78,21 @@
     svg.setAttribute("data-max", String(max));
   }
 
-  // The workers panel, while the server has no worker registry, lists jobs in flight per queue: keep it live too.
-  function inFlight(name, n) {
-    var cells = document.querySelectorAll("[data-inflight-queue]");
-    for (var i = 0; i < cells.length; i++) {
-      if (cells[i].getAttribute("data-inflight-queue") === name) cells[i].textContent = String(n);
-    }
+  // The workers and alerts panels are rendered (and escaped) by the server: swap in the fresh HTML. A
+  // <template> parses it without running anything.
+  function refreshPanel(id, panelUrl) {
+    var current = document.getElementById(id);
+    if (!current) return;
+    fetch(panelUrl, { credentials: "same-origin", cache: "no-store" })
+      .then(function (resp) { return resp.ok ? resp.text() : null; })
+      .then(function (html) {
+        if (html === null) return;
+        var parsed = document.createElement("template");
+        parsed.innerHTML = html;
+        var fresh = parsed.content.getElementById(id);
+        if (fresh) current.replaceWith(fresh);
+      })
+      .catch(function () { /* the queue poll reports the service's state */ });
   }
 
   function push(list, v) { list.push(v); if (list.length > HISTORY) list.shift(); }
@@ -122,7 +131,6 @@
     setField(row, "enqueue_rate", fmtRate(enqueueRate));
     setField(row, "completion_rate", fmtRate(completionRate));
     setDead(row, q.queue, q.dead);
-    inFlight(q.queue, q.processing);
     for (var chart in s.points) draw(row, chart, s.points[chart]);
   }
 
@@ -143,6 +151,8 @@
         if (data === null) return;
         var now = performance.now() / 1000;
         for (var i = 0; i < data.queues.length; i++) update(data.queues[i], now);
+        refreshPanel("workers-panel", "/panels/workers");
+        refreshPanel("alerts-panel", "/panels/alerts");
         table.setAttribute("data-polls", String(Number(table.getAttribute("data-polls") || 0) + 1));
         status("live, updated " + new Date().toLocaleTimeString(), false);
       })
