@@ -29,8 +29,10 @@ def chromium_path() -> str:
     pytest.fail("the dashboard tests need Debian's chromium: apt-get install chromium (scripts/test.sh does)")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
+    # Module scope: Playwright's sync API runs an event loop of its own, which must be gone before tests of
+    # other modules call asyncio.run().
     with sync_playwright() as playwright:
         # --no-sandbox: CI runs as root, where chromium's sandbox refuses to start.
         launched = playwright.chromium.launch(

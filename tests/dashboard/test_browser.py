@@ -109,6 +109,16 @@ def test_open_a_dead_letter_and_replay_it_with_the_button(
     expect(page.locator(f'tr[data-id="{hostile}"] .error-cell')).to_contain_text(HOSTILE)
     assert page.evaluate("window.__pwned") is None
 
+    # The filters narrow the list: by error type, by task.
+    page.fill("#filters input[name=error_type]", "KeyError")
+    page.click("#filters button[type=submit]")
+    expect(page.locator("#empty")).to_contain_text("No dead letter matches these filters")
+    page.fill("#filters input[name=error_type]", "ValueError")
+    page.fill("#filters input[name=task]", "dash.boom")
+    page.click("#filters button[type=submit]")
+    expect(rows).to_have_count(2)
+    assert "error_type=ValueError" in page.url and "task=dash.boom" in page.url
+
     page.click(f'tr[data-id="{first}"] a.open')
     expect(page.locator("#error-type")).to_have_text("ValueError")
     expect(page.locator("#error-message")).to_have_text("card declined")
@@ -152,6 +162,18 @@ def test_a_producer_token_gets_no_replay_button_and_is_refused(
     expect(page.locator("#purge")).to_have_count(0)
     shot(page, tmp_path, "producer-dead-letter")
 
+    # The producer reads the jobs it sent (through the API, which stamps them with its token's name).
+    sent = page.request.post(
+        f"{served.url}/v1/queues/drain/jobs",
+        data={"task": "dash.work", "payload": {"n": 7}},
+        headers={"Authorization": f"Bearer {served.tokens['producer']}"},
+    )
+    assert sent.status == 202, sent.text()
+    page.goto(f"{served.url}/jobs/{sent.json()['id']}")
+    expect(page.locator("#state")).to_have_text("pending")
+    expect(page.locator("#task")).to_have_text("dash.work")
+    expect(page.locator("#headers")).to_contain_text('"sent_by": "shop"')
+
     # The job page of a job the producer did not send is not revealed either.
     page.goto(f"{served.url}/jobs/{dead}")
     expect(page.locator("h1")).to_have_text("Not found")
@@ -179,6 +201,9 @@ def test_a_producer_token_gets_no_replay_button_and_is_refused(
     admin_page = log_in(context.browser.new_context(), served, "admin", f"/dead-letters/{dead}")  # type: ignore[union-attr]
     expect(admin_page.locator("#replay")).to_be_visible()
     expect(admin_page.locator("#purge")).to_be_visible()
+    admin_page.click("#purge")
+    assert admin_page.url.endswith(f"/dead-letters/{dead}")  # purging for good needs a reason: nothing sent
+    admin_page.fill("form[action$='/purge'] input[name=reason]", "test data")
     admin_page.click("#purge")
     expect(admin_page.locator(".notice")).to_contain_text("purged 1 dead letter")
     with App(served.db) as app, pytest.raises(JobNotFoundError):
