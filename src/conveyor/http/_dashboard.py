@@ -356,12 +356,17 @@ class Dashboard:
         if self._can(token, "operator", None):
             entries = await self.service.run(self.app.admin.audit, 1000)
             audit = [e for e in entries if job_id in e.job_ids]
+        holder = None
+        if status.state == "processing" and self._can(token, "operator", status.queue):
+            workers = await self.service.run(self.app.admin.workers)
+            holder = next((w for w in workers if job_id in w.in_flight), None)
         dead = status.state == "dead"
         return self.render(
             request,
             "job.html",
             token=token,
             job=status,
+            holder=holder,
             history=_history(status, audit),
             can_replay=dead and status.replayed_by is None and self._can(token, "operator", status.queue),
             can_purge=dead and self._can(token, "admin", status.queue),
