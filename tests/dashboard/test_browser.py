@@ -149,6 +149,7 @@ def test_open_a_dead_letter_and_replay_it_with_the_button(
     page.goto(f"{served.url}/jobs/{first}")
     expect(page.locator("#replayed-by")).to_have_text(str(replayed.replayed_by))
     expect(page.locator("#history")).to_contain_text("by ops: the card service is back")
+    shot(page, tmp_path, "job")
 
 
 def test_a_producer_token_gets_no_replay_button_and_is_refused(
