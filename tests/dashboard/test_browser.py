@@ -126,6 +126,7 @@ def test_open_a_dead_letter_and_replay_it_with_the_button(
     expect(page.locator("#payload")).to_contain_text('"message": "card declined"')
     expect(page.locator("#task")).to_have_text("dash.boom")
     expect(page.locator("#purge")).to_have_count(0)  # purge is for admin tokens
+    expect(page.locator("#no-actions")).to_have_text("Purge needs an admin token.")
     shot(page, tmp_path, "dead-letter")
 
     page.fill("form[action$='/replay'] input[name=reason]", "the card service is back")
