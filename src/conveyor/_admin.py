@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 from conveyor import _tokens
+from conveyor._alerts import AlertRules, evaluate
 from conveyor._cron import Cron
 from conveyor._errors import ConfigurationError, JobNotFoundError, NotFoundError
 from conveyor._ids import uuid7
@@ -25,6 +26,7 @@ from conveyor._limits import check_name
 from conveyor._message import utcnow
 from conveyor.backends import open_backend
 from conveyor.backends.base import (
+    AlertsSetParams,
     AlertState,
     AuditEntry,
     AuditInsertParams,
@@ -158,6 +160,17 @@ class Admin:
         """Alert states as ``conveyor serve`` last evaluated them (firing and resolved), by rule and
         queue. Empty until an evaluator has run."""
         return self.app.backend.alerts_list()
+
+    def evaluate_alerts(self, rules: AlertRules | None = None) -> list[AlertState]:
+        """Measure every alert rule now and store the states (see ``conveyor._alerts``); return the
+        alerts whose state this call changed (fired or resolved), which are the caller's to notify.
+        A change is a compare-and-set in the database, so of several evaluators (``conveyor serve
+        --workers N``) exactly one gets each change back. ``rules`` default to the App's queue
+        declarations (SLA, max_depth) with the default thresholds."""
+        rules = rules if rules is not None else AlertRules(queues=self.app.catalogue.queues)
+        now = utcnow()
+        states = evaluate(rules, self.queues(), self.workers(), self.database_health(), now)
+        return self.app.backend.alerts_set(AlertsSetParams(states, now))
 
     def job(self, job_id: UUID | str) -> JobStatus:
         """One job, live or archived. Raises JobNotFoundError."""

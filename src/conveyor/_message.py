@@ -136,22 +136,26 @@ def new_traceparent() -> str:
     return f"00-{ids[:32]}-{ids[32:]}-01"
 
 
-def complete_headers(headers: Mapping[str, Any] | None, job_id: UUID) -> dict[str, Any]:
-    """The headers as stored: the producer's, plus ``schema_version`` (1), a ``traceparent`` and a
-    ``correlation_id`` (the job id) where the producer gave none."""
+def complete_headers(headers: Mapping[str, Any] | None, job_id: UUID, traceparent: str | None = None) -> dict[str, Any]:
+    """The headers as stored: the producer's, plus ``schema_version`` (1), a ``traceparent`` (the
+    send's trace span's when tracing, else a fresh one) and a ``correlation_id`` (the job id) where
+    the producer gave none."""
     out: dict[str, Any] = dict(headers or {})
     out.setdefault(SCHEMA_VERSION, 1)
-    out.setdefault(TRACEPARENT, new_traceparent())
+    out.setdefault(TRACEPARENT, traceparent or new_traceparent())
     out.setdefault(CORRELATION_ID, str(job_id))
     return out
 
 
-def encode_headers(headers: Mapping[str, Any] | None, job_id: UUID, limit: int | None = None) -> str:
+def encode_headers(
+    headers: Mapping[str, Any] | None, job_id: UUID, limit: int | None = None, traceparent: str | None = None
+) -> str:
     """:func:`complete_headers` encoded as JSON. Without producer headers (the common case) the
     text is assembled directly: the same bytes as encoding the dict, at a fraction of the cost."""
     if not headers:
-        return f'{{"{SCHEMA_VERSION}":1,"{TRACEPARENT}":"{new_traceparent()}","{CORRELATION_ID}":"{job_id}"}}'
-    return encode_json_object(complete_headers(headers, job_id), "headers", limit)
+        parent = traceparent or new_traceparent()
+        return f'{{"{SCHEMA_VERSION}":1,"{TRACEPARENT}":"{parent}","{CORRELATION_ID}":"{job_id}"}}'
+    return encode_json_object(complete_headers(headers, job_id, traceparent), "headers", limit)
 
 
 def resolve_times(message: Message, now: datetime) -> tuple[datetime, datetime | None]:

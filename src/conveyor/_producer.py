@@ -5,6 +5,7 @@ refuse (``conveyor._limits``); a task's declared options fill what a message lea
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
 from typing import Any, overload
@@ -15,6 +16,7 @@ from conveyor._ids import MintedId
 from conveyor._limits import GOOD_NAMES, INT32_MAX, INT32_MIN, MAX_ATTEMPTS, check_int, check_key, check_name
 from conveyor._load import LoadGauge
 from conveyor._message import Message, encode_headers, encode_json_object, resolve_times, utcnow
+from conveyor._otel import available as tracing_available
 from conveyor._task import DEFAULT_MAX_ATTEMPTS, deliveries_limit
 from conveyor.backends.base import Backend, JobsInsertParams, NewJob
 
@@ -27,6 +29,8 @@ class Producer:
         self.max_payload_bytes = max_payload_bytes
         self._backend = backend
         self.load = LoadGauge(catalogue, backend)
+        #: Whether sends run in an OpenTelemetry producer span (the API is importable).
+        self.tracing = tracing_available()
 
     def insert(self, messages: Sequence[Message], conn: Any = None) -> list[UUID]:
         """Insert ``messages`` in one round trip (on ``conn``, the caller's connection, if given);
@@ -36,8 +40,23 @@ class Producer:
         when backpressure refuses it."""
         if not messages:
             return []
+        if self.tracing:
+            from conveyor._otel import first_task, send_span
+
+            queues = {m.queue if m.queue is not None else self._queue_of(m.task) for m in messages}
+            queue = next(iter(queues)) if len(queues) == 1 else None
+            with send_span(first_task([m.task for m in messages]), queue, len(messages)) as traceparent:
+                return self._insert(messages, conn, traceparent)
+        return self._insert(messages, conn, None)
+
+    def _queue_of(self, task: str) -> str:
+        options = self.catalogue.task_options(task) if isinstance(task, str) else None
+        return options.queue if options else "default"
+
+    def _insert(self, messages: Sequence[Message], conn: Any, traceparent: str | None) -> list[UUID]:
         now = utcnow()
-        rows = _NewJobs(self.new_job, messages, now)
+        build = self.new_job if traceparent is None else functools.partial(self.new_job, traceparent=traceparent)
+        rows = _NewJobs(build, messages, now)
         if self.catalogue.queues:
             self.load.check(rows, now)
         return self._backend().jobs_insert_many(JobsInsertParams(rows, now, conn))
@@ -62,8 +81,9 @@ class Producer:
             return []
         return self._backend().jobs_insert_many(JobsInsertParams(jobs, utcnow()))
 
-    def new_job(self, message: Message, now: datetime) -> NewJob:
-        """The row of one message. Raises PayloadError for any field out of range."""
+    def new_job(self, message: Message, now: datetime, traceparent: str | None = None) -> NewJob:
+        """The row of one message (``traceparent``: the send's trace span, for the headers). Raises
+        PayloadError for any field out of range."""
         # The hot path of send_many: kept to plain lookups (a 20,000-job batch calls it 20,000 times).
         task = message.task
         if type(task) is not str or task not in GOOD_NAMES:
@@ -102,7 +122,7 @@ class Producer:
             queue,
             task,
             encode_json_object(message.payload, "payload", self.max_payload_bytes),
-            encode_headers(message.headers, message.id, self.max_payload_bytes),
+            encode_headers(message.headers, message.id, self.max_payload_bytes, traceparent),
             priority,
             run_at,
             max_attempts,

@@ -49,7 +49,18 @@ from conveyor.backends.sqlite import MemoryBackend
 ENGINES = ("memory", "sqlite", "postgres")
 
 #: Every table a test writes to; emptied between examples.
-_TABLES = ("jobs", "archive", "idempotency_keys", "processed_keys", "audit", "schedules", "subscriptions")
+_TABLES = (
+    "jobs",
+    "archive",
+    "idempotency_keys",
+    "processed_keys",
+    "audit",
+    "schedules",
+    "subscriptions",
+    "queue_counters",
+    "workers",
+    "alerts",
+)
 
 _T = TypeVar("_T")
 

@@ -187,6 +187,11 @@ class SeamMachine(RuleBasedStateMachine):
         # The model's idempotency keys ((queue, key) -> (holder, expires_at)) and processed keys.
         self.keys: dict[tuple[str, str], tuple[UUID, datetime | None]] = {}
         self.processed: dict[str, datetime] = {}
+        # Every terminal row ever seen, (id, finished_at) -> (queue, state): the per-queue totals
+        # count each ending once, and retention, replay and purge never lower them. (A step is
+        # followed by a snapshot, so every archived row is seen before a later step prunes it; an id
+        # pruned and sent again ends again, at another finished_at.)
+        self.ended: dict[tuple[UUID, datetime], tuple[str, str]] = {}
         self.snap = self._snapshot()
 
     # ---------------------------------------------------------------------------------- helpers
@@ -245,11 +250,12 @@ class SeamMachine(RuleBasedStateMachine):
 
     def _check_stats(self, snap: Snapshot) -> None:
         expected: dict[str, dict[str, Any]] = {}
-        for r in [*snap.live, *snap.archived]:
-            e = expected.setdefault(
-                r["queue"],
+
+        def entry(queue: str) -> dict[str, Any]:
+            return expected.setdefault(
+                queue,
                 {
-                    "queue": r["queue"],
+                    "queue": queue,
                     "pending": 0,
                     "scheduled": 0,
                     "processing": 0,
@@ -258,18 +264,31 @@ class SeamMachine(RuleBasedStateMachine):
                     "expired": 0,
                     "cancelled": 0,
                     "oldest_pending_age": None,
+                    "dead_total": 0,
+                    "enqueued": 0,
                 },
             )
+
+        for r in snap.archived:
+            self.ended[(r["id"], r["finished_at"])] = (r["queue"], r["state"])
+        for queue, state in self.ended.values():
+            e = entry(queue)
+            e["dead_total" if state == "dead" else state] += 1
+            e["enqueued"] += 1
+        for r in snap.live:
+            e = entry(r["queue"])
+            e["enqueued"] += 1
             if r["state"] == "pending":
                 ready = r["run_at"] <= self.now
                 e["pending" if ready else "scheduled"] += 1
                 if ready:
                     age = round((self.now - r["run_at"]).total_seconds(), 6)
                     e["oldest_pending_age"] = max(e["oldest_pending_age"] or 0.0, age)
-            elif r["state"] == "dead":
-                e["dead"] += r["replayed_by"] is None
             else:
-                e[r["state"]] += 1
+                e["processing"] += 1
+        for r in snap.archived:
+            if r["state"] == "dead" and r["replayed_by"] is None:
+                entry(r["queue"])["dead"] += 1
         assert snap.stats == [expected[q] for q in sorted(expected)], "queues_stats disagrees with the records"
 
     def new_id(self, data: st.DataObject) -> UUID:

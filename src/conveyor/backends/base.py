@@ -231,8 +231,9 @@ class DatabaseHealth:
     """Database-wide signals that slow every queue on a server. None where the engine has no such
     thing (SQLite has neither long transactions holding back cleanup nor dead tuples)."""
 
-    #: Age in seconds of the oldest open transaction on the server (any database): while it stays
-    #: open, vacuum can clean none of the rows deleted since it began.
+    #: Age in seconds of the oldest open transaction in this database that holds a snapshot or a
+    #: transaction id (0 when there is none): while it stays open, vacuum can clean none of the
+    #: rows deleted since it began.
     oldest_transaction_age: float | None
     #: Dead tuples in the jobs table (finished or retried rows vacuum has not cleaned yet).
     jobs_dead_tuples: int | None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from conveyor._errors import BackendError
+from conveyor._errors import BackendError, ConfigurationError
 from conveyor.cli._common import app_of, fail, printable, settings
 
 
@@ -45,6 +45,21 @@ from conveyor.cli._common import app_of, fail, printable, settings
     help="Largest request body (413 past it); payloads have their own limit (256 KiB by default).",
 )
 @click.option("--access-log", is_flag=True, help="Log every request (method, path, status; never headers).")
+@click.option(
+    "--alert-interval",
+    default=15.0,
+    show_default=True,
+    type=click.FloatRange(0, 86400),
+    help="Seconds between alert evaluations (0: no alerts).",
+)
+@click.option(
+    "--alert",
+    "alerts",
+    multiple=True,
+    metavar="RULE[:QUEUE]=N|RULE=off",
+    help="An alert threshold (dlq_depth, oldest_pending_age, depth, no_worker, long_transaction); repeatable.",
+)
+@click.option("--webhook", "webhooks", multiple=True, metavar="URL", help="POST every alert change here; repeatable.")
 @click.pass_context
 def serve(
     ctx: click.Context,
@@ -56,6 +71,9 @@ def serve(
     token_cache: float,
     max_body_bytes: int,
     access_log: bool,
+    alert_interval: float,
+    alerts: tuple[str, ...],
+    webhooks: tuple[str, ...],
 ) -> None:
     """Serve the HTTP API: producers send jobs (202, or 429 + Retry-After), operators read queues
     and dead letters with bearer tokens (conveyor tokens create). OpenAPI at /openapi.json."""
@@ -67,6 +85,16 @@ def serve(
         fail(f"conveyor serve needs the http extra: pip install 'conveyor[http]' ({exc})")
     found = settings(ctx)
     app = app_of(ctx)
+    # Alert rules and webhooks are checked here, once, so that a bad one is one line and exit 1
+    # rather than a service whose processes each fail to start.
+    try:
+        from conveyor._alerts import AlertRules, check_webhook
+
+        AlertRules.parse(alerts, app.catalogue.queues)
+        for url in webhooks:
+            check_webhook(url)
+    except ConfigurationError as exc:
+        fail(printable(exc))
     # Opens the database once before the service starts: the embedded SQLite default is migrated
     # here, and a PostgreSQL schema that lacks migrations is reported at once. A database that
     # cannot be reached does not stop the service: it answers 503 (and /readyz says why) until the
@@ -88,7 +116,13 @@ def serve(
     if insecure_no_auth:
         click.secho(NO_AUTH_WARNING, fg="red", bold=True, err=True)
     config = ServiceConfig(
-        auth=not insecure_no_auth, group_commit=group_commit, token_cache=token_cache, max_body_bytes=max_body_bytes
+        auth=not insecure_no_auth,
+        group_commit=group_commit,
+        token_cache=token_cache,
+        max_body_bytes=max_body_bytes,
+        alert_interval=alert_interval,
+        alerts=tuple(alerts),
+        webhooks=tuple(webhooks),
     )
     app.close()
     to_environment(app.database_url, found.get("app_path"), config)

@@ -47,6 +47,15 @@ from conveyor.worker import WorkerConfig
     type=float,
     help="Lease length of a fetched job before its task's own setting applies (seconds).",
 )
+@click.option(
+    "--metrics-port",
+    default=None,
+    type=click.IntRange(1, 65535),
+    help="Serve Prometheus metrics on this port (with --processes P: ports PORT..PORT+P-1, one per process).",
+)
+@click.option(
+    "--metrics-host", default="127.0.0.1", show_default=True, help="Address the metrics listen on (0.0.0.0: all)."
+)
 @click.pass_context
 def worker(
     ctx: click.Context,
@@ -58,6 +67,8 @@ def worker(
     burst: bool,
     graceful_timeout: float,
     visibility_timeout: float,
+    metrics_port: int | None,
+    metrics_host: str,
 ) -> None:
     """Run workers for APP (module:attribute, e.g. myproject.tasks:app)."""
     from conveyor.worker.supervisor import load_app, run_processes
@@ -73,6 +84,8 @@ def worker(
         burst=burst,
         graceful_timeout=graceful_timeout,
         visibility_timeout=visibility_timeout,
+        metrics_port=metrics_port,
+        metrics_host=metrics_host,
     )
     found = settings(ctx)
     db = found["database_url"] if found["db_given"] else None

@@ -26,6 +26,8 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from conveyor import _tokens
+from conveyor._alerting import AlertLoop, Webhooks
+from conveyor._alerts import AlertRules
 from conveyor._app import App
 from conveyor._errors import (
     BackendError,
@@ -76,6 +78,12 @@ class ServiceConfig:
     max_body_bytes: int = 16 * 1024 * 1024
     max_group: int = 1000
     group_concurrency: int = 1
+    #: Seconds between alert evaluations (0: no alert loop in this process).
+    alert_interval: float = 15.0
+    #: ``RULE[:QUEUE]=NUMBER`` or ``RULE=off`` (``conveyor._alerts.AlertRules.parse``).
+    alerts: tuple[str, ...] = ()
+    #: URLs every alert change is POSTed to.
+    webhooks: tuple[str, ...] = ()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -241,6 +249,8 @@ class Service:
         self.app = app
         self.config = config
         self.group: GroupCommit[Any] | None = None
+        #: The /metrics registry, made at the first scrape (prometheus_client is imported then).
+        self.registry: Any = None
         self._anonymous = Token(NO_AUTH_ACTOR, NO_AUTH_ACTOR, "admin", None, "", datetime.now(UTC))
 
     # -- plumbing ----------------------------------------------------------------------------------
@@ -479,6 +489,19 @@ class Service:
         visible = [a for a in rows if a.queue is None or _tokens.allows(token, "operator", a.queue)]
         return json_response({"alerts": [_alert_json(a) for a in visible]})
 
+    async def metrics(self, request: Request) -> Response:
+        """GET /metrics: Prometheus text format, read from the database at each scrape (operator)."""
+        token = await self.token(request)
+        _tokens.require(token, "operator", None)
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        from conveyor.metrics import database_registry
+
+        if self.registry is None:
+            self.registry = database_registry(self.app.admin)
+        body = await self.run(generate_latest, self.registry)
+        return Response(body, 200, media_type=CONTENT_TYPE_LATEST)
+
     async def dead_letters(self, request: Request) -> Response:
         """GET /v1/dead-letters: unreplayed dead letters, newest first, a page at a time."""
         token = await self.token(request)
@@ -699,6 +722,7 @@ def routes(service: Service) -> list[Route]:
         r("/healthz", s.healthz, ["GET"]),
         r("/readyz", s.readyz, ["GET"]),
         r("/openapi.json", s.openapi, ["GET"]),
+        r("/metrics", s.metrics, ["GET"]),
         r("/v1/queues", s.queues, ["GET"]),
         r("/v1/workers", s.workers, ["GET"]),
         r("/v1/alerts", s.alerts, ["GET"]),
@@ -730,15 +754,23 @@ def create_app(app: App, config: ServiceConfig | None = None) -> ASGIApp:
     config = config or ServiceConfig()
     service = Service(app, config)
 
+    alert_loop = _alert_loop(app, config)
+
     @asynccontextmanager
     async def lifespan(_: Starlette) -> Any:
         if config.group_commit:
             service.group = GroupCommit(
                 app.producer.insert_prepared, max_group=config.max_group, concurrency=config.group_concurrency
             )
+        alerting = asyncio.create_task(alert_loop.run(), name="alerts") if alert_loop is not None else None
         try:
             yield
         finally:
+            if alert_loop is not None and alerting is not None:
+                alert_loop.stop()
+                await asyncio.wait({alerting}, timeout=10)
+                if alert_loop.webhooks is not None:
+                    await alert_loop.webhooks.drain()
             if service.group is not None:
                 await service.group.drain()
             await asyncio.to_thread(app.close)
@@ -758,6 +790,16 @@ def create_app(app: App, config: ServiceConfig | None = None) -> ASGIApp:
         await starlette(scope, receive, send)
 
     return asgi
+
+
+def _alert_loop(app: App, config: ServiceConfig) -> AlertLoop | None:
+    """The alert loop the config asks for (None: off). Raises ConfigurationError for a bad rule,
+    threshold or webhook, before the service starts."""
+    rules = AlertRules.parse(config.alerts, app.catalogue.queues)
+    webhooks = Webhooks(list(config.webhooks)) if config.webhooks else None
+    if not config.alert_interval:
+        return None
+    return AlertLoop(app.admin, rules, webhooks, config.alert_interval)
 
 
 def _register_convertor() -> None:

@@ -52,7 +52,9 @@ def load(database_url: str | None, app_path: str | None) -> App:
 def from_environment() -> ASGIApp:
     """The service as ``$CONVEYOR_SERVE`` describes it (uvicorn's factory in every worker)."""
     settings: dict[str, Any] = json.loads(os.environ[ENV])
-    config = ServiceConfig(**settings["config"])
+    # JSON has no tuples: the list-valued settings come back as lists.
+    fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in settings["config"].items()}
+    config = ServiceConfig(**fields)
     if not config.auth:
         print(f"[pid {os.getpid()}] {NO_AUTH_WARNING}", file=sys.stderr, flush=True)
     return create_app(load(settings["database_url"], settings["app_path"]), config)

@@ -2,6 +2,7 @@
 around one Worker, configured by one WorkerConfig."""
 
 from conveyor.worker._config import WorkerConfig
+from conveyor.worker._observe import Observer, Observers
 from conveyor.worker._worker import Worker
 
-__all__ = ["Worker", "WorkerConfig"]
+__all__ = ["Observer", "Observers", "Worker", "WorkerConfig"]

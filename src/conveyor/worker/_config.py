@@ -38,9 +38,17 @@ class WorkerConfig:
     rescue_interval: float = 5.0
     schedule_interval: float = 1.0
     prune_interval: float = 60.0
+    #: How often the worker writes its row in the worker registry (``app.admin.workers()``).
+    presence_interval: float = 10.0
     graceful_timeout: float = DEFAULT_GRACEFUL_TIMEOUT
     burst: bool = False
     worker_id: str | None = field(default=None)
+    #: Serve this process's Prometheus metrics on this port (needs the ``metrics`` extra); None: off.
+    #: Under prefork child *i* serves ``metrics_port + i``.
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
+    #: Trace handlers with OpenTelemetry: None (default) when ``opentelemetry`` is importable.
+    tracing: bool | None = None
 
     def __post_init__(self) -> None:
         error = ConfigurationError
@@ -62,9 +70,11 @@ class WorkerConfig:
             value = getattr(self, name)
             if value is not None:
                 check_seconds(value, name, error, strict=True)
-        for name in ("rescue_interval", "schedule_interval", "prune_interval"):
+        for name in ("rescue_interval", "schedule_interval", "prune_interval", "presence_interval"):
             check_seconds(getattr(self, name), name, error, strict=True)
         check_seconds(self.flush_interval, "flush_interval", error)
+        if self.metrics_port is not None:
+            check_int(self.metrics_port, "metrics_port", 0, 65535, error)
 
     @property
     def identity(self) -> str:

@@ -14,12 +14,14 @@ from conveyor._producer import Producer
 from conveyor.backends.base import Backend, Delivery
 from conveyor.worker._calls import BackendCalls
 from conveyor.worker._config import WorkerConfig
+from conveyor.worker._observe import NO_OBSERVER, Observer
 from conveyor.worker._service import Service
 from conveyor.worker._state import Counters, Registry
 from conveyor.worker.completer import Completer
 from conveyor.worker.executor import Executor
 from conveyor.worker.fetcher import Fetcher
 from conveyor.worker.heartbeat import Heartbeat
+from conveyor.worker.presence import Presence
 from conveyor.worker.pruner import Pruner
 from conveyor.worker.rescuer import Rescuer
 from conveyor.worker.scheduler import Scheduler
@@ -40,6 +42,7 @@ class Loops:
     rescuer: Rescuer
     scheduler: Scheduler
     pruner: Pruner
+    presence: Presence
 
     def all(self) -> list[Service]:
         """Every loop, in the order they start (and the reverse of how the worker ends them)."""
@@ -51,6 +54,7 @@ class Loops:
             self.rescuer,
             self.scheduler,
             self.pruner,
+            self.presence,
         ]
 
 
@@ -65,8 +69,10 @@ def build_loops(
     counters: Counters | None = None,
     db_threads: int = 4,
     on_stuck: Callable[[int], None] = lambda stuck: None,
+    observer: Observer = NO_OBSERVER,
 ) -> Loops:
-    """The loops of one worker process on ``backend``, draining ``queues`` (lanes, in order)."""
+    """The loops of one worker process on ``backend``, draining ``queues`` (lanes, in order);
+    ``observer`` hears what they do (metrics, tracing)."""
     counters = counters if counters is not None else Counters()
     registry = Registry()
     calls = BackendCalls(backend, counters, threads=db_threads)
@@ -85,6 +91,7 @@ def build_loops(
         on_take=fetcher.space.set,
         on_stuck=on_stuck,
     )
+    fetcher.observer = executor.observer = completer.observer = observer
     return Loops(
         counters=counters,
         registry=registry,
@@ -99,4 +106,5 @@ def build_loops(
         rescuer=Rescuer(calls, counters, clock, config.rescue_interval, ready=lambda: completer.backlog == 0),
         scheduler=Scheduler(producer, calls, clock, config.schedule_interval),
         pruner=Pruner(catalogue, calls, clock, config.prune_interval),
+        presence=Presence(calls, config.identity, queues, config.concurrency, clock, config.presence_interval),
     )

@@ -11,10 +11,12 @@ from datetime import datetime
 from typing import Any
 
 from conveyor._app import App
+from conveyor._errors import ConfigurationError
 from conveyor._message import utcnow
 from conveyor.backends.base import Delivery, JobsReleaseParams, LeaseRef, QueuesStatsParams
 from conveyor.worker._config import WorkerConfig
 from conveyor.worker._loops import Loops, build_loops
+from conveyor.worker._observe import NO_OBSERVER, Observer, Observers
 from conveyor.worker._state import Counters
 
 log = logging.getLogger("conveyor.worker")
@@ -29,7 +31,10 @@ class Worker:
     its queues hold no live job (ready, scheduled or processing). Stop it with :meth:`stop` (or
     SIGTERM/SIGINT under :meth:`run_sync`): fetching stops, buffered jobs go back to pending at once,
     running handlers get ``graceful_timeout`` seconds to finish, outcomes are flushed. ``exit_code``
-    is then 0, or 1 if a loop failed or outcomes could not be written."""
+    is then 0, or 1 if a loop failed or outcomes could not be written.
+
+    ``observer`` hears what the loops do (:class:`conveyor.worker.Observer`); the worker adds its own
+    for ``metrics_port`` (Prometheus, served from a thread) and ``tracing`` (OpenTelemetry)."""
 
     def __init__(
         self,
@@ -38,6 +43,7 @@ class Worker:
         *,
         config: WorkerConfig | None = None,
         clock: Callable[[], datetime] = utcnow,
+        observer: Observer | None = None,
         **options: Any,
     ) -> None:
         if config is None:
@@ -50,6 +56,7 @@ class Worker:
         self.worker_id = config.identity
         self.clock = clock
         self.counters = Counters()
+        self._metrics, self.observer = _observers(config, observer)
         self._stop_requested: asyncio.Event | None = None
         self._stopping = False
         self.exit_code = 0
@@ -75,7 +82,11 @@ class Worker:
             self.clock,
             counters=self.counters,
             on_stuck=self._on_stuck,
+            observer=self.observer,
         )
+        if self._metrics is not None:
+            held = loops.registry
+            self._metrics.in_flight.set_function(lambda: float(len(held)))
         log.info(
             "worker %s: queues %s, concurrency %d, engine %s",
             self.worker_id,
@@ -126,10 +137,11 @@ class Worker:
         await asyncio.wait({tasks[loops.completer]})
         if not loops.completer.flushed_all:
             self.exit_code = 1
-        for loop in (loops.heartbeat, loops.rescuer, loops.scheduler, loops.pruner):
+        for loop in (loops.heartbeat, loops.rescuer, loops.scheduler, loops.pruner, loops.presence):
             loop.stop()
             tasks[loop].cancel()
         await asyncio.gather(*tasks.values(), return_exceptions=True)
+        await loops.presence.leave()
         loops.calls.shutdown()
 
     async def _release_buffered(self, loops: Loops) -> None:
@@ -210,3 +222,37 @@ class Worker:
             os._exit(1)
         log.info("%s: stopping gracefully (send again to exit at once)", sig.name)
         self.stop()
+
+
+def _observers(config: WorkerConfig, extra: Observer | None) -> tuple[Any, Observer]:
+    """The worker's metrics (or None) and the chain of observers its loops call."""
+    chain: list[Observer] = []
+    metrics = None
+    tracing = config.tracing
+    if tracing is None:
+        from conveyor._otel import available
+
+        tracing = available()
+    if tracing:
+        from conveyor.tracing import HandlerTracing
+
+        chain.append(HandlerTracing())
+    if config.metrics_port is not None:
+        try:
+            from conveyor.metrics import WorkerMetrics, serve_worker_metrics
+        except ImportError as exc:
+            raise ConfigurationError(f"metrics need: pip install 'conveyor[metrics]' ({exc})") from None
+        metrics = WorkerMetrics()
+        try:
+            serve_worker_metrics(metrics, config.metrics_port, config.metrics_host)
+        except OSError as exc:
+            raise ConfigurationError(
+                f"cannot serve metrics on {config.metrics_host}:{config.metrics_port}: {exc.strerror or exc}"
+            ) from None
+        log.info("metrics on http://%s:%d/metrics", config.metrics_host, config.metrics_port)
+        chain.append(metrics)
+    if extra is not None:
+        chain.append(extra)
+    if not chain:
+        return metrics, NO_OBSERVER
+    return metrics, chain[0] if len(chain) == 1 else Observers(chain)

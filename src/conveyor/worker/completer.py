@@ -31,6 +31,7 @@ from conveyor.backends.base import (
     RetryItem,
 )
 from conveyor.worker._calls import BackendCalls
+from conveyor.worker._observe import NO_OBSERVER, Observer
 from conveyor.worker._service import Service
 from conveyor.worker._state import Counters, Registry
 
@@ -45,6 +46,7 @@ class Completer(Service):
     the late ack is then stale and counted, and the job runs again: at-least-once.)"""
 
     name = "completer"
+    observer: Observer = NO_OBSERVER
 
     def __init__(
         self,
@@ -167,7 +169,17 @@ class Completer(Service):
                 return await self._write(items[:middle]) + await self._write(items[middle:])
             return await self._refused(items[0], exc)
         self._count(items)
+        self._observe(items, applied)
         return applied
+
+    def _observe(self, items: Sequence[Outcome], applied: int) -> None:
+        if self.observer is NO_OBSERVER:
+            return
+        held = self.registry.held
+        names = [
+            (h.delivery.queue, h.delivery.task) if (h := held.get(item.id)) is not None else ("", "") for item in items
+        ]
+        self.observer.flushed("finish" if isinstance(items[0], Finish) else "retry", items, applied, names)
 
     async def _statement(self, items: Sequence[Outcome]) -> int:
         now, backend, give_up = self.clock(), self.calls.backend, self._should_give_up
@@ -198,6 +210,7 @@ class Completer(Service):
             log.error("could not dead-letter job %s either (%s); its lease will expire", outcome.id, again)
             return 1
         self._count([dead])
+        self._observe([dead], applied)
         return applied
 
     def _count(self, items: Sequence[Outcome]) -> None:

@@ -9,11 +9,13 @@ kind, a hang past its timeout) is that job's outcome; the slot itself carries on
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import json
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Executor as _PoolExecutor
 from concurrent.futures import Future
@@ -27,6 +29,7 @@ from conveyor._outcomes import Outcome, before_run, on_failure, on_manual, on_su
 from conveyor._task import Task
 from conveyor.backends.base import Delivery, JobsStartParams, LeaseRef, LeasesExtendParams
 from conveyor.worker._calls import BackendCalls
+from conveyor.worker._observe import NO_OBSERVER, Observer
 from conveyor.worker._service import Service
 from conveyor.worker._state import Counters, Registry
 from conveyor.worker.completer import Completer
@@ -191,6 +194,7 @@ class Executor(Service):
     stopped, so only a new process gets them back."""
 
     name = "executor"
+    observer: Observer = NO_OBSERVER
 
     def __init__(
         self,
@@ -257,7 +261,13 @@ class Executor(Service):
                 held.counted = True
             held.state = "running"
             self.counters.started += 1
-            outcome = await self._run(task, delivery)
+            token = self.observer.before_run(delivery, self.clock())
+            began = time.perf_counter()
+            outcome = None
+            try:
+                outcome = await self._run(task, delivery)
+            finally:
+                self.observer.after_run(delivery, outcome, time.perf_counter() - began, token)
         self.completer.add(outcome)
         return outcome
 
@@ -300,7 +310,9 @@ class Executor(Service):
         return running.result()
 
     async def _run_sync(self, task: Task[Any, Any], kwargs: dict[str, Any], timeout: float | None) -> Any:
-        future = self._threads.submit(functools.partial(task.fn, **kwargs))
+        # The handler runs in the slot's context (copied), so that what the slot set for it (the
+        # job's trace span) is current in the handler's thread too.
+        future = self._threads.submit(contextvars.copy_context().run, functools.partial(task.fn, **kwargs))
         waiting = asyncio.wrap_future(future)
         if timeout is None:
             try:

@@ -14,6 +14,7 @@ from conveyor._catalogue import Catalogue
 from conveyor.backends.base import Delivery, JobsAcquireParams, Listener
 from conveyor.worker._calls import BackendCalls
 from conveyor.worker._config import WorkerConfig
+from conveyor.worker._observe import NO_OBSERVER, Observer
 from conveyor.worker._service import Service
 from conveyor.worker._state import Counters, Registry
 
@@ -34,6 +35,7 @@ class Fetcher(Service):
     does not depend on the poll interval, which then only catches jobs whose ``run_at`` came due."""
 
     name = "fetcher"
+    observer: Observer = NO_OBSERVER
 
     def __init__(
         self,
@@ -130,6 +132,7 @@ class Fetcher(Service):
         deliveries = await self.calls.call(
             self.calls.backend.jobs_acquire, params, give_up=(lambda: self.stopping), what="acquire"
         )
+        self.observer.fetched(queue, len(deliveries))
         return self._take(deliveries)
 
     def _take(self, deliveries: Sequence[Delivery]) -> int:
@@ -213,7 +216,10 @@ class Fetcher(Service):
             stop.cancel()
         # Even when stopping, wait for the thread (at most one bounded wait and one acquire): the
         # leases it may have taken must reach the buffer, which shutdown hands back to pending.
-        self._take(await waited)
+        got = await waited
+        if got:
+            self.observer.fetched(got[0].queue, len(got))
+        self._take(got)
 
     async def _wait_for(self, event: asyncio.Event, timeout: float | None) -> None:
         waits = {asyncio.ensure_future(event.wait()), asyncio.ensure_future(self._stopped.wait())}

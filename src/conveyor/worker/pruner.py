@@ -5,15 +5,18 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from conveyor._catalogue import Catalogue
 from conveyor._queue import QueueOptions
-from conveyor.backends.base import ArchivePruneParams, KeysPruneParams
+from conveyor.backends.base import ArchivePruneParams, KeysPruneParams, WorkersPruneParams
 from conveyor.worker._calls import BackendCalls
 from conveyor.worker._service import Service
 
 log = logging.getLogger("conveyor.worker")
+
+#: Registry rows of workers not seen for this long are deleted (they died without removing them).
+WORKERS_FORGET_AFTER = timedelta(hours=1)
 
 
 class Pruner(Service):
@@ -57,6 +60,9 @@ class Pruner(Service):
         backend = self.calls.backend
         total = await self._until_done(lambda: backend.archive_prune(self.params(self.clock())))
         total += await self._until_done(lambda: backend.keys_prune(KeysPruneParams(self.clock(), self.batch)))
+        # Workers that died without leaving the registry; not counted in what was pruned.
+        gone = WorkersPruneParams(self.clock() - WORKERS_FORGET_AFTER)
+        await self.calls.call(backend.workers_prune, gone, give_up=lambda: self.stopping, what="prune")
         if total:
             log.info("pruned %d archived row(s) and expired key(s)", total)
         return total

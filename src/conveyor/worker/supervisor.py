@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import logging
 import multiprocessing
@@ -76,12 +77,20 @@ def run_processes(app_path: str, database_url: str | None, processes: int, confi
     if processes <= 1:
         return run_worker(app_path, database_url, config)
     load_app(app_path)  # fail fast, in the parent, with a clear message
+    if config.metrics_port is not None and config.metrics_port + processes - 1 > 65535:
+        last = config.metrics_port + processes - 1
+        raise ConfigurationError(f"--metrics-port: ports {config.metrics_port}..{last} go past 65535")
     ctx = multiprocessing.get_context("spawn")
     children: list[multiprocessing.process.BaseProcess] = []
     stopping = [0]
 
-    def spawn() -> multiprocessing.process.BaseProcess:
-        p = ctx.Process(target=_child_main, args=(app_path, database_url, config, _log_config()), daemon=False)
+    def spawn(index: int) -> multiprocessing.process.BaseProcess:
+        # Each child serves its own metrics on its own port (metrics_port + index; a restarted child
+        # takes its predecessor's), so that no scrape sees half of another process's counters.
+        own = config
+        if config.metrics_port is not None:
+            own = dataclasses.replace(config, metrics_port=config.metrics_port + index)
+        p = ctx.Process(target=_child_main, args=(app_path, database_url, own, _log_config()), daemon=False)
         p.start()
         return p
 
@@ -102,10 +111,10 @@ def run_processes(app_path: str, database_url: str | None, processes: int, confi
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    for _ in range(processes):
+    for index in range(processes):
         if stopping[0]:
             break
-        children.append(spawn())
+        children.append(spawn(index))
         forward(children[-1])  # a signal that came while it was being started
     burst = config.burst
     failed = False
@@ -123,7 +132,7 @@ def run_processes(app_path: str, database_url: str | None, processes: int, confi
             time.sleep(0.5)
             if stopping[0]:
                 continue
-            children[i] = spawn()
+            children[i] = spawn(i)
             forward(children[i])  # a signal that came while it was being started
             alive = True
         if not alive:

@@ -782,15 +782,17 @@ GROUP BY queue, task
 ORDER BY queue, task
 
 -- name: database_health
--- The oldest open transaction on the server (any database: vacuum's horizon is server-wide for
--- shared catalogs, and a long transaction in any database of the cluster holds back cleanup here
--- through replication slots and hot standby feedback alike; pg_stat_activity shows only what this
--- role may see, which for a superuser or pg_read_all_stats member is everything), and the dead
--- tuples the statistics collector counts in the jobs table.
-SELECT extract(epoch FROM (%(now)s - (
+-- The oldest open transaction that holds back vacuum here: one in this database (vacuum of an
+-- ordinary table only waits for those) that holds a snapshot or a transaction id. A READ COMMITTED
+-- session idle in a transaction that only read holds neither and is left out; a pg_dump, a
+-- REPEATABLE READ report, or a writer left open is in. pg_stat_activity shows other roles'
+-- sessions to superusers and members of pg_read_all_stats. Dead tuples: the statistics collector's
+-- count for the jobs table.
+SELECT coalesce(greatest(0, extract(epoch FROM (%(now)s - (
            SELECT min(xact_start) FROM pg_stat_activity
-           WHERE xact_start IS NOT NULL AND pid <> pg_backend_pid()
-       )))::float8 AS oldest_transaction_age,
+           WHERE datname = current_database() AND pid <> pg_backend_pid()
+             AND xact_start IS NOT NULL AND (backend_xmin IS NOT NULL OR backend_xid IS NOT NULL)
+       )))), 0)::float8 AS oldest_transaction_age,
        (SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = 'jobs'::regclass) AS jobs_dead_tuples
 
 -- name: workers_beat

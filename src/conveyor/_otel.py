@@ -1,0 +1,55 @@
+"""The producer's side of OpenTelemetry tracing (see :mod:`conveyor.tracing`), apart from the worker's
+so that the producer can use it without importing the worker."""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+TRACER_NAME = "conveyor"
+
+
+def available() -> bool:
+    """Whether the OpenTelemetry API is importable."""
+    return importlib.util.find_spec("opentelemetry") is not None and (
+        importlib.util.find_spec("opentelemetry.trace") is not None
+    )
+
+
+def configured() -> bool:
+    """Whether a tracer provider was set (an SDK): without one no span records, and the producer and
+    the worker skip tracing altogether (reading a job's headers for nothing cost the hot path)."""
+    from opentelemetry import trace
+    from opentelemetry.trace import ProxyTracerProvider
+
+    return not isinstance(trace.get_tracer_provider(), ProxyTracerProvider)
+
+
+@contextmanager
+def send_span(task: str, queue: str | None, count: int) -> Iterator[str | None]:
+    """A ``PRODUCER`` span around one send of ``count`` jobs; yields the W3C ``traceparent`` of the
+    span to store in the jobs' headers (None when no span records: no SDK, or not sampled)."""
+    from opentelemetry import propagate, trace
+
+    if not configured():
+        yield None
+        return
+    tracer = trace.get_tracer(TRACER_NAME)
+    attributes: dict[str, Any] = {"messaging.system": "conveyor", "conveyor.task": task}
+    if queue is not None:
+        attributes["conveyor.queue"] = queue
+    if count != 1:
+        attributes["messaging.batch.message_count"] = count
+    with tracer.start_as_current_span(f"send {task}", kind=trace.SpanKind.PRODUCER, attributes=attributes) as span:
+        carrier: dict[str, str] = {}
+        if span.get_span_context().is_valid:
+            propagate.inject(carrier)
+        yield carrier.get("traceparent")
+
+
+
+def first_task(tasks: Sequence[str]) -> str:
+    """The span name's task for a batch: the task if all jobs share it, else ``many``."""
+    return tasks[0] if len(set(tasks)) == 1 else "many"

@@ -1,0 +1,168 @@
+"""`conveyor serve` as the operators' window: /metrics (every database family), GET /api/workers and
+/api/alerts, and its alert loop notifying a real local webhook receiver of a firing and a resolve."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from tests.http.conftest import REPO, Server, make_tokens, start, stop
+from tests.observability._receiver import Receiver
+
+from conveyor import App, Reject
+from conveyor._message import utcnow
+from conveyor.backends.base import WorkerInfo, WorkersBeatParams
+from conveyor.testing import drain
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    r = Receiver()
+    yield r
+    r.close()
+
+
+@pytest.fixture
+def watched(database_url: str, tmp_path: Path, receiver: Receiver) -> Iterator[Server]:
+    tokens = make_tokens(database_url)
+    running = start(database_url, tmp_path, "--webhook", receiver.url, "--alert-interval", "0.2")
+    running.tokens = tokens
+    try:
+        yield running
+    finally:
+        stop(running)
+
+
+def _dead_letter(db: str) -> str:
+    with App(db) as app:
+
+        @app.task(name="doomed", queue="doomed", max_attempts=1)
+        def doomed() -> None:
+            raise Reject("always")
+
+        job = doomed.delay()
+        assert drain(app, ["doomed"]).dead == 1
+        return str(job.id)
+
+
+def _samples(text: str) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+    out: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out.setdefault(s.name, {})[tuple(sorted(s.labels.items()))] = s.value
+    return out
+
+
+def test_alerts_fire_and_resolve_through_the_webhook_and_the_api(watched: Server, receiver: Receiver) -> None:
+    dead = _dead_letter(watched.db)
+    receiver.wait_for(lambda got: any(m["rule"] == "dlq_depth" and m["state"] == "firing" for m in got))
+    with watched.client("operator") as ops, watched.client("admin") as root, watched.client("producer") as shop:
+        for path in ("/api/alerts", "/v1/alerts"):
+            alerts = ops.get(path).json()["alerts"]
+            (dlq,) = [a for a in alerts if a["rule"] == "dlq_depth"]
+            assert (dlq["queue"], dlq["state"], dlq["value"], dlq["threshold"]) == ("doomed", "firing", 1.0, 0.0)
+            assert "DLQ depth is 1" in dlq["message"]
+        assert shop.get("/api/alerts").status_code == 403
+        assert httpx.get(f"{watched.url}/api/alerts").status_code == 401
+
+        assert root.post("/v1/dead-letters:purge", json={"ids": [dead], "reason": "noise"}).status_code == 200
+        receiver.wait_for(lambda got: [m["state"] for m in got if m["rule"] == "dlq_depth"] == ["firing", "resolved"])
+        (dlq,) = [a for a in ops.get("/api/alerts").json()["alerts"] if a["rule"] == "dlq_depth"]
+        assert dlq["state"] == "resolved"
+
+
+def test_metrics_and_workers_read_the_database(watched: Server) -> None:
+    _dead_letter(watched.db)
+    with App(watched.db) as app:
+        app.send("later", {}, queue="mixed", delay=3600)
+        held = app.send("now", {}, queue="mixed")
+        from conveyor.backends.base import JobsAcquireParams
+
+        app.backend.jobs_acquire(JobsAcquireParams("mixed", 1, 60, "host-b:7", utcnow()))
+        app.backend.workers_beat(
+            WorkersBeatParams(WorkerInfo("host-b:7", "host-b", 7, ("mixed",), 4, utcnow(), utcnow()), utcnow())
+        )
+    with watched.client("operator") as ops, watched.client("producer") as shop:
+        deadline = time.monotonic() + 20
+        while not ops.get("/api/alerts").json()["alerts"]:  # the alert loop's first round after the dead letter
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert httpx.get(f"{watched.url}/metrics").status_code == 401
+        assert shop.get("/metrics").status_code == 403
+        response = ops.get("/metrics")
+        assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
+        m = _samples(response.text)
+        (workers,) = [w for w in ops.get("/api/workers").json()["workers"] if w["id"] == "host-b:7"]
+        assert workers["in_flight"] == [str(held.id)] and workers["alive"] and workers["queues"] == ["mixed"]
+        assert ops.get("/v1/workers").json() == ops.get("/api/workers").json()
+    assert m["conveyor_database_up"][()] == 1
+    assert m["conveyor_queue_depth"][(("queue", "mixed"), ("state", "scheduled"))] == 1
+    assert m["conveyor_queue_depth"][(("queue", "mixed"), ("state", "processing"))] == 1
+    assert m["conveyor_queue_depth"][(("queue", "mixed"), ("state", "pending"))] == 0
+    assert m["conveyor_queue_oldest_pending_age_seconds"][(("queue", "mixed"),)] == 0
+    assert m["conveyor_queue_dlq_depth"][(("queue", "doomed"),)] == 1
+    assert m["conveyor_queue_jobs_enqueued_total"][(("queue", "mixed"),)] == 2
+    assert m["conveyor_queue_jobs_finished_total"][(("outcome", "dead"), ("queue", "doomed"), ("task", "doomed"))] == 1
+    assert m["conveyor_queue_workers"][(("queue", "mixed"),)] == 1
+    assert m["conveyor_queue_workers"][(("queue", "doomed"),)] == 0
+    assert (("queue", "doomed"), ("rule", "dlq_depth")) in m["conveyor_alert_firing"]
+    assert m["conveyor_scrape_duration_seconds"][()] > 0
+    if watched.db.startswith("postgresql"):
+        assert m["conveyor_db_oldest_transaction_age_seconds"][()] >= 0
+        assert m["conveyor_db_jobs_dead_tuples"][()] >= 0
+    else:
+        # SQLite has neither signal; the families are left out (docs/observability.md).
+        assert "conveyor_db_oldest_transaction_age_seconds" not in m and "conveyor_db_jobs_dead_tuples" not in m
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--webhook", "ftp://example.com/hook"], "http(s) URL"),
+        (["--webhook", "http://user:secret@example.com/hook"], "must not carry a user or password"),
+        (["--alert", "dlq_depth=nan"], "finite number"),
+        (["--alert", "oldest_pending_age:q=-5"], "finite number"),
+        (["--alert", "made_up=1"], "unknown alert rule"),
+    ],
+)
+def test_bad_alert_options_are_one_clear_line(sqlite_url: str, args: list[str], message: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "conveyor", "--db", sqlite_url, "serve", "--port", "1", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+    )
+    assert done.returncode != 0
+    assert message in done.stderr and "Traceback" not in done.stderr
+    assert "secret" not in done.stderr
+
+
+def test_a_webhook_that_hangs_does_not_wedge_the_service(sqlite_url: str, tmp_path: Path) -> None:
+    hanging, failing, good = Receiver("hang"), Receiver("error"), Receiver()
+    tokens = make_tokens(sqlite_url)
+    hooks = ["--webhook", hanging.url, "--webhook", failing.url, "--webhook", good.url]
+    running = start(sqlite_url, tmp_path, *hooks, "--alert-interval", "0.2")
+    running.tokens = tokens
+    try:
+        _dead_letter(sqlite_url)
+        good.wait_for(lambda got: any(m["rule"] == "dlq_depth" for m in got))
+        began = time.monotonic()
+        with running.client("operator") as ops:
+            for _ in range(20):
+                assert ops.get("/v1/queues").status_code == 200
+        assert time.monotonic() - began < 10
+        deadline = time.monotonic() + 20
+        while failing.hits < 2:
+            assert time.monotonic() < deadline, "the failing webhook was not retried"
+            time.sleep(0.05)
+    finally:
+        stop(running)
+        for r in (hanging, failing, good):
+            r.close()

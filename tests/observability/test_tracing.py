@@ -1,0 +1,79 @@
+"""OpenTelemetry: the producer's span is the parent of the handler's span (through the job's
+traceparent header), with queue, task, attempt and outcome as attributes; spans the handler opens
+are children of its span, in its thread too. Recorded by the SDK's in-memory exporter."""
+
+from __future__ import annotations
+
+from opentelemetry import trace
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, StatusCode
+
+from conveyor import App, JobContext
+
+from .conftest import drain
+
+
+def test_the_handler_span_continues_the_trace_of_the_send(app: App, spans: InMemorySpanExporter) -> None:
+    @app.task(queue="q", name="greet")
+    def greet(name: str) -> str:
+        with trace.get_tracer("user").start_as_current_span("inside handler"):
+            return f"hello {name}"
+
+    job = greet.delay(name="ada")
+    drain(app)
+
+    by_name = {s.name: s for s in spans.get_finished_spans()}
+    send, process, inside = by_name["send greet"], by_name["process greet"], by_name["inside handler"]
+    assert send.kind == SpanKind.PRODUCER and process.kind == SpanKind.CONSUMER
+    assert send.context is not None and process.context is not None and inside.context is not None
+    assert process.parent is not None and process.parent.span_id == send.context.span_id
+    assert process.context.trace_id == send.context.trace_id
+    assert inside.parent is not None and inside.parent.span_id == process.context.span_id
+    assert dict(process.attributes or {}) == {
+        "messaging.system": "conveyor",
+        "conveyor.queue": "q",
+        "conveyor.task": "greet",
+        "conveyor.attempt": 1,
+        "conveyor.job_id": str(job.id),
+        "conveyor.outcome": "completed",
+    }
+    assert (send.attributes or {})["conveyor.queue"] == "q"
+    # The stored header is the producer span's context.
+    # (The flags are the SDK's: sampled, and "random trace id" on recent SDKs.)
+    assert job.status().headers["traceparent"][:-3] == f"00-{send.context.trace_id:032x}-{send.context.span_id:016x}"
+
+
+def test_each_attempt_is_a_span_with_its_outcome(app: App, spans: InMemorySpanExporter) -> None:
+    @app.task(queue="q", name="flaky", max_attempts=2, backoff=[0.0])
+    async def flaky(ctx: JobContext) -> None:
+        raise ConnectionError(f"attempt {ctx.attempt}")
+
+    flaky.delay()
+    drain(app)
+
+    (send,) = [s for s in spans.get_finished_spans() if s.name == "send flaky"]
+    runs = sorted((s for s in spans.get_finished_spans() if s.name == "process flaky"), key=lambda s: s.start_time or 0)
+    assert [(s.attributes or {})["conveyor.attempt"] for s in runs] == [1, 2]
+    assert [(s.attributes or {})["conveyor.outcome"] for s in runs] == ["retried", "dead"]
+    assert all(s.status.status_code == StatusCode.ERROR for s in runs)
+    assert "ConnectionError: attempt 2" in (runs[1].status.description or "")
+    assert send.context is not None
+    assert all(s.parent is not None and s.parent.span_id == send.context.span_id for s in runs)
+
+
+def test_a_caller_traceparent_is_kept_and_send_many_is_one_span(app: App, spans: InMemorySpanExporter) -> None:
+    from conveyor import Message
+
+    given = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    kept = app.send("t", {}, queue="q", headers={"traceparent": given})
+    jobs = app.send_many([Message(task="t", payload={"n": n}, queue="q") for n in range(3)])
+
+    assert kept.status().headers["traceparent"] == given
+    (batch,) = [
+        s
+        for s in spans.get_finished_spans()
+        if s.name == "send t" and (s.attributes or {}).get("messaging.batch.message_count") == 3
+    ]
+    assert batch.context is not None
+    parents = {j.status().headers["traceparent"][:-3] for j in jobs}
+    assert parents == {f"00-{batch.context.trace_id:032x}-{batch.context.span_id:016x}"}
