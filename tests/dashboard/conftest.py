@@ -47,14 +47,15 @@ def browser() -> Iterator[Browser]:
 @pytest.fixture
 def served(postgres_database: str, tmp_path: Path) -> Iterator[Server]:
     """`conveyor serve --app tests.dashboard.dash_app:app` on a fresh PostgreSQL database, with an admin, an
-    operator and a producer token."""
+    operator and a producer token, evaluating alerts every second."""
     with App(postgres_database, migrate=True) as app:
         app.admin.migrate()
         tokens = {
             role: app.admin.create_token(name, role, actor="test")[1]
             for name, role in (("root", "admin"), ("ops", "operator"), ("shop", "producer"))
         }
-    running = start(postgres_database, tmp_path, app_path=APP_PATH)
+    # Alerts are evaluated every second, so that the dashboard shows them fire and resolve within a test.
+    running = start(postgres_database, tmp_path, "--alert-interval", "1", app_path=APP_PATH)
     running.tokens = tokens
     try:
         yield running

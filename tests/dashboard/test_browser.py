@@ -56,6 +56,9 @@ def test_log_in_and_watch_a_queue_drain(served: Server, context: BrowserContext,
     expect(page.locator('tr[data-queue="fragile"] [data-field="dead"]')).to_have_text("2")
     # The charts poll the JSON API with the session cookie: wait for two polls, so that rates are drawn.
     expect(page.locator("#queues")).to_have_attribute("data-polls", re.compile(r"^[2-9]|\d\d"))
+    # The alert loop sees the dead letters, and ready jobs that no worker drains.
+    expect(page.locator('#alerts li[data-rule="dlq_depth"]')).to_contain_text("fragile", timeout=20_000)
+    expect(page.locator('#alerts li[data-rule="no_worker"]')).to_contain_text("drain", timeout=20_000)
     shot(page, tmp_path, "dashboard-before-drain")
 
     proc = worker(served, tmp_path, "--queues", "drain", "--concurrency", "2")
@@ -64,7 +67,11 @@ def test_log_in_and_watch_a_queue_drain(served: Server, context: BrowserContext,
         enqueue_rates: set[str] = set()
         completion_rates: set[str] = set()
 
+        held: set[str] = set()
+
         def sample() -> None:
+            # One read of every link at once: the panel is swapped under the test every few seconds.
+            held.update(page.locator("#workers td.in-flight a").evaluate_all("links => links.map(a => a.title)"))
             depths.add(int(cell(page, "drain", "depth")))
             enqueue_rates.add(cell(page, "drain", "enqueue_rate"))
             completion_rates.add(cell(page, "drain", "completion_rate"))
@@ -76,6 +83,11 @@ def test_log_in_and_watch_a_queue_drain(served: Server, context: BrowserContext,
                 for _ in range(4):
                     sample()
                     time.sleep(0.25)
+        # The worker reported itself: the workers panel lists it, alive, on its queue.
+        worker_row = page.locator("#workers tbody tr").first
+        expect(worker_row).to_contain_text("alive")
+        expect(worker_row).to_contain_text("drain")
+        expect(page.locator('#alerts li[data-rule="no_worker"]')).to_have_count(0, timeout=20_000)
         shot(page, tmp_path, "dashboard-draining")
         expect(row.locator('[data-field="depth"]')).to_have_text("0", timeout=90_000)
         expect(row.locator('[data-field="completed"]')).to_have_text(str(TOTAL))
@@ -92,7 +104,8 @@ def test_log_in_and_watch_a_queue_drain(served: Server, context: BrowserContext,
     for name in ("completion_rate", "enqueue_rate"):
         chart = page.locator(f'tr[data-queue="drain"] svg[data-chart="{name}"]')
         assert float(chart.get_attribute("data-max") or 0) > 0, name
-    # The workers panel is refreshed with the numbers: nothing is in flight any more.
+    # The workers panel is refreshed with the numbers: it showed the jobs the worker held, and then none.
+    assert held and all(UUID(job_id) for job_id in held), held
     expect(page.locator('[data-inflight-queue="drain"]')).to_have_text("0")
     page.wait_for_timeout(4000)  # two more polls, so that the charts show the drain ending
     shot(page, tmp_path, "dashboard")

@@ -275,3 +275,24 @@ def test_workers_and_alerts_panels_follow_the_registry_live(
         expect(page.locator("#alerts")).to_contain_text("depth")
     finally:
         backend.close()
+
+
+def test_a_running_job_names_the_worker_that_holds_it(
+    served: Server, context: BrowserContext, tmp_path: Path
+) -> None:
+    with App(served.db) as app:
+        job_id = app.send("dash.hold", {"seconds": 30}, queue="slow").id
+    proc = worker(served, tmp_path, "--queues", "slow", "--graceful-timeout", "0")
+    try:
+        page = log_in(context, served, "operator", "/workers")
+        row = page.locator("#workers tbody tr").first
+        expect(row).to_contain_text("slow")
+        page.goto(f"{served.url}/jobs/{job_id}")
+        expect(page.locator("#state")).to_have_text("processing")
+        expect(page.locator("#holder")).to_contain_text(f":{proc.pid}")
+        # The workers page links the job it holds.
+        page.goto(f"{served.url}/workers")
+        page.locator(f'#workers a[href="/jobs/{job_id}"]').click()
+        expect(page.locator("#holder")).to_be_visible()
+    finally:
+        stop_worker(proc)

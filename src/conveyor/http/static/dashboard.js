@@ -1,10 +1,39 @@
-// The queues page's live charts: poll GET /v1/queues every ~2 s (with the session cookie) and draw each
-// queue's depth, enqueue and completion rates and oldest age as inline SVG sparklines. Values are put on the
-// page with textContent and attributes only, never as HTML, so a queue name cannot become markup.
+// The dashboard's only script. The queues page's live charts: poll GET /v1/queues every ~2 s (with the session
+// cookie) and draw each queue's depth, enqueue and completion rates and oldest age as inline SVG sparklines; and
+// keep the workers and alerts panels fresh. Values are put on the page with textContent and attributes only,
+// never as HTML, so a queue name cannot become markup; the panels' HTML is the server's, escaped there.
 (function () {
   "use strict";
+  // The workers and alerts panels are rendered (and escaped) by the server: swap in the fresh HTML. A
+  // <template> parses it without running anything.
+  function refreshPanel(id, panelUrl) {
+    var current = document.getElementById(id);
+    if (!current) return;
+    fetch(panelUrl, { credentials: "same-origin", cache: "no-store" })
+      .then(function (resp) { return resp.ok ? resp.text() : null; })
+      .then(function (html) {
+        if (html === null) return;
+        var parsed = document.createElement("template");
+        parsed.innerHTML = html;
+        var fresh = parsed.content.getElementById(id);
+        if (fresh) current.replaceWith(fresh);
+      })
+      .catch(function () { /* the queue poll reports the service's state */ });
+  }
+
+  function refreshPanels() {
+    refreshPanel("workers-panel", "/panels/workers");
+    refreshPanel("alerts-panel", "/panels/alerts");
+  }
+
   var table = document.getElementById("queues");
-  if (!table) return;
+  if (!table) {
+    // The workers and alerts pages: only their panel, every 4 s.
+    if (document.getElementById("workers-panel") || document.getElementById("alerts-panel")) {
+      window.setInterval(refreshPanels, 4000);
+    }
+    return;
+  }
   var url = table.getAttribute("data-poll");
   var interval = Number(table.getAttribute("data-interval")) || 2000;
   var HISTORY = 90; // 3 minutes at 2 s
@@ -79,23 +108,6 @@
     svg.setAttribute("data-max", String(max));
   }
 
-  // The workers and alerts panels are rendered (and escaped) by the server: swap in the fresh HTML. A
-  // <template> parses it without running anything.
-  function refreshPanel(id, panelUrl) {
-    var current = document.getElementById(id);
-    if (!current) return;
-    fetch(panelUrl, { credentials: "same-origin", cache: "no-store" })
-      .then(function (resp) { return resp.ok ? resp.text() : null; })
-      .then(function (html) {
-        if (html === null) return;
-        var parsed = document.createElement("template");
-        parsed.innerHTML = html;
-        var fresh = parsed.content.getElementById(id);
-        if (fresh) current.replaceWith(fresh);
-      })
-      .catch(function () { /* the queue poll reports the service's state */ });
-  }
-
   function push(list, v) { list.push(v); if (list.length > HISTORY) list.shift(); }
 
   function update(q, now) {
@@ -157,10 +169,7 @@
         var now = performance.now() / 1000;
         for (var i = 0; i < data.queues.length; i++) update(data.queues[i], now);
         // The panels every other poll: they cost the server more reads than the counts.
-        if (polls % 2 === 0) {
-          refreshPanel("workers-panel", "/panels/workers");
-          refreshPanel("alerts-panel", "/panels/alerts");
-        }
+        if (polls % 2 === 0) refreshPanels();
         polls += 1;
         table.setAttribute("data-polls", String(polls));
         status("live, updated " + new Date().toLocaleTimeString(), false);
