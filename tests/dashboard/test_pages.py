@@ -183,6 +183,8 @@ def test_posts_need_the_csrf_token_and_this_origin(served: Server, tmp_path: Pat
 
 def test_login_refuses_bad_tokens_and_goes_nowhere_but_this_site(served: Server) -> None:
     with httpx.Client(base_url=served.url) as c:
+        foreign = c.post("/login", data={"token": served.tokens["operator"]}, headers={"Origin": "http://evil.example"})
+        assert foreign.status_code == 403 and "conveyor_session" not in c.cookies
         bad = c.post("/login", data={"token": "cvy_000000000000_nope", "next": "/"})
         assert bad.status_code == 401 and "unknown token" in bad.text
         assert "conveyor_session" not in c.cookies

@@ -202,18 +202,7 @@ class Dashboard:
 
     async def form(self, request: Request) -> dict[str, str]:
         """A POST's form fields, after the CSRF and same-origin checks (403 page when they fail)."""
-        origin = request.headers.get("origin")
-        if origin is not None and origin != f"{request.url.scheme}://{request.url.netloc}":
-            raise Forbidden("this form was posted from another site")
-        declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > MAX_FORM_BYTES:
-            raise ConfigurationError("the form is too large")
-        body = b""
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > MAX_FORM_BYTES:
-                raise ConfigurationError("the form is too large")
-        fields = {k: v[0] for k, v in parse_qs(body.decode("utf-8", "replace"), keep_blank_values=True).items()}
+        fields = await _read_form(request)
         session = request.cookies.get(SESSION_COOKIE) or ""
         if not session or not hmac.compare_digest(fields.get("csrf", ""), csrf_token(session)):
             raise Forbidden("the form's CSRF token is missing or stale: reload the page and try again")
@@ -250,24 +239,19 @@ class Dashboard:
 
     async def login(self, request: Request) -> Response:
         """POST /login: check the token, keep it in the session cookie, go on to the page asked for."""
-        origin = request.headers.get("origin")
-        if origin is not None and origin != f"{request.url.scheme}://{request.url.netloc}":
-            raise Forbidden("the login form was posted from another site")
-        body = await request.body()
-        if len(body) > MAX_FORM_BYTES:
-            raise ConfigurationError("the form is too large")
-        fields = {k: v[0] for k, v in parse_qs(body.decode("utf-8", "replace"), keep_blank_values=True).items()}
+        # No CSRF token here (there is no session yet); the same-origin check stops another site from
+        # logging a browser in with the other site's token.
+        fields = await _read_form(request)
         bearer = fields.get("token", "").strip()
         target = _safe_next(fields.get("next"))
         try:
-            token = await self.service.token_of(f"Bearer {bearer}")
+            await self.service.token_of(f"Bearer {bearer}")
         except Unauthenticated as exc:
             message = str(exc).splitlines()[0]
             return self.render(request, "login.html", 401, error=message, next=target)
         response = RedirectResponse(target, 303)
         if self.service.config.auth:
             self._set_session(request, response, bearer)
-        del token
         return response
 
     async def logout(self, request: Request) -> Response:
@@ -521,6 +505,24 @@ class Dashboard:
             Route("/schedules/{name}/{action:pause_or_resume}", p(self.schedule_action), methods=["POST"]),
             Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
         ]
+
+
+async def _read_form(request: Request) -> dict[str, str]:
+    """The fields of a urlencoded form posted from this origin (a page of another site is refused),
+    read up to :data:`MAX_FORM_BYTES`."""
+    origin = request.headers.get("origin")
+    if origin is not None and origin != f"{request.url.scheme}://{request.url.netloc}":
+        raise Forbidden("this form was posted from another site")
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_FORM_BYTES:
+        raise ConfigurationError("the form is too large")
+    body = b""
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_FORM_BYTES:
+            raise ConfigurationError("the form is too large")
+    parsed = parse_qs(body.decode("utf-8", "replace"), keep_blank_values=True)
+    return {name: values[0] for name, values in parsed.items()}
 
 
 def _status_of(exc: ConveyorError) -> tuple[int, str]:
