@@ -5,6 +5,7 @@ nowhere but this site, schedules pause and resume with their buttons, and the se
 from __future__ import annotations
 
 import re
+import socket
 import uuid
 from contextlib import closing
 from datetime import UTC, datetime
@@ -298,3 +299,24 @@ def test_a_running_job_names_the_worker_that_holds_it(
         expect(page.locator("#holder")).to_be_visible()
     finally:
         stop_worker(proc)
+
+
+def test_pages_answer_503_when_the_database_is_unreachable(tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # bound, never listening: connections are refused
+        unreachable = f"postgresql://postgres@127.0.0.1:{port}/nowhere?connect_timeout=2"
+        server = start(unreachable, tmp_path, app_path=None, wait_ready=False)
+        try:
+            with httpx.Client(base_url=server.url, timeout=30) as c:
+                assert c.get("/login").status_code == 200  # the form itself needs no database
+                well_formed = "cvy_0123456789ab_" + "s" * 43
+                login = c.post("/login", data={"token": well_formed})
+                assert login.status_code == 503 and "The database is unavailable" in login.text
+                c.cookies.set("conveyor_session", well_formed)
+                for path in ("/", "/dead-letters"):
+                    page = c.get(path)
+                    assert page.status_code == 503, (path, page.text[:300])
+                    assert "<h1>The database is unavailable</h1>" in page.text
+        finally:
+            stop(server)

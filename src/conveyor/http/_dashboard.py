@@ -219,7 +219,8 @@ class Dashboard:
             except ConveyorError as exc:
                 status, title = _status_of(exc)
                 token = None
-                with contextlib.suppress(Page):
+                # The header shows who is logged in, if that can still be read (not when the database is down).
+                with contextlib.suppress(Page, ConveyorError):
                     token = await self.token(request)
                 message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
                 return self.render(request, "error.html", status, title=title, message=message, token=token)
