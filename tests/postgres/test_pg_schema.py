@@ -29,7 +29,12 @@ def _name(day: date) -> str:
 def test_migrate_twice_is_a_no_op(pg: PostgresBackend, admin: Conn) -> None:
     assert pg.migrate() == []
     applied = admin.execute("SELECT version, name FROM conveyor_schema_migrations").fetchall()
-    assert applied == [(1, "0001_init.sql"), (2, "0002_rescues.sql"), (3, "0003_tokens.sql")]
+    assert applied == [
+        (1, "0001_init.sql"),
+        (2, "0002_rescues.sql"),
+        (3, "0003_tokens.sql"),
+        (4, "0004_observability.sql"),
+    ]
 
 
 def test_concurrent_migrators_apply_each_migration_once(postgres_database: str, admin: Conn) -> None:
@@ -56,8 +61,9 @@ def test_concurrent_migrators_apply_each_migration_once(postgres_database: str, 
             backend.close()
 
     assert errors == []
-    assert sorted(applied) == [[], [], [], ["0001_init.sql", "0002_rescues.sql", "0003_tokens.sql"]]
-    assert admin.execute("SELECT count(*) FROM conveyor_schema_migrations").fetchone() == (3,)
+    every = ["0001_init.sql", "0002_rescues.sql", "0003_tokens.sql", "0004_observability.sql"]
+    assert sorted(applied) == [[], [], [], every]
+    assert admin.execute("SELECT count(*) FROM conveyor_schema_migrations").fetchone() == (4,)
 
 
 def test_the_jobs_table_is_tuned_for_churn(pg: PostgresBackend, admin: Conn) -> None:

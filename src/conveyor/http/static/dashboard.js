@@ -113,11 +113,10 @@
   function update(q, now) {
     var row = rowOf(q.queue);
     var depth = q.pending + q.scheduled + q.processing;
-    // Every job the queue ever had: live ones plus the outcome totals. dead_total (every dead-lettering, from the
-    // per-queue counters) rather than the DLQ depth, so that a purge does not look like negative traffic and a
-    // replay (a new job) counts as an enqueue.
-    var deadTotal = typeof q.dead_total === "number" ? q.dead_total : q.dead;
-    var total = depth + q.completed + deadTotal + q.expired + q.cancelled;
+    // Every job the queue ever had (the service's `enqueued`: live ones plus the per-queue outcome totals; a replay
+    // is a new job), so that a purge or retention never looks like negative traffic.
+    var total = typeof q.enqueued === "number" ? q.enqueued
+      : depth + q.completed + (typeof q.dead_total === "number" ? q.dead_total : q.dead) + q.expired + q.cancelled;
     var s = series.get(q.queue);
     if (!s) {
       s = { last: null, points: { depth: [], enqueue_rate: [], completion_rate: [], oldest: [] } };
