@@ -15,6 +15,11 @@ if { ! ls /usr/share/java/*sqlite-jdbc*.jar || ! ls /usr/share/java/postgresql.j
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
     libxerial-sqlite-jdbc-java libpostgresql-jdbc-java >/dev/null
 fi
+# The dashboard's browser tests (tests/dashboard) drive Debian's chromium through Playwright; Playwright's own
+# browser download is never used. Without chromium those tests fail: they do not skip.
+if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+fi
 export SPARK_LOCAL_IP=127.0.0.1 PYSPARK_PYTHON="$ROOT/.venv/bin/python"
 
 PG_LINE="$(python scripts/ensure_postgres.py)"

@@ -46,6 +46,7 @@ from conveyor._limits import check_name
 from conveyor._message import Message
 from conveyor.admin import AlertState, AuditEntry, QueueStats, Schedule, Token, WorkerInfo
 from conveyor.http import _parse
+from conveyor.http._dashboard import SESSION_COOKIE, Dashboard, register_convertors
 from conveyor.http._group import GroupCommit
 from conveyor.http._openapi import document
 from conveyor.http._parse import BadRequest
@@ -260,8 +261,17 @@ class Service:
         return await asyncio.to_thread(fn, *args, **kwargs)
 
     async def token(self, request: Request) -> Token:
-        """The caller's token; raises Unauthenticated. Without auth, an anonymous admin."""
-        return await self.token_of(request.headers.get("authorization", ""))
+        """The caller's token; raises Unauthenticated. Without auth, an anonymous admin.
+
+        A GET without an ``Authorization`` header may present the dashboard's session cookie (the
+        dashboard's charts poll ``GET /v1/queues`` with it); a request that changes something always
+        needs the header, so that a cookie a browser sends on its own can never act (no CSRF)."""
+        authorization = request.headers.get("authorization", "")
+        if not authorization and request.method == "GET":
+            session = request.cookies.get(SESSION_COOKIE)
+            if session:
+                authorization = f"Bearer {session}"
+        return await self.token_of(authorization)
 
     async def token_of(self, authorization: str) -> Token:
         """The token an ``Authorization`` header presents (see :meth:`token`)."""
@@ -766,7 +776,9 @@ def create_app(app: App, config: ServiceConfig | None = None) -> ASGIApp:
             await asyncio.to_thread(app.close)
 
     _register_convertor()
-    starlette = Starlette(routes=routes(service), lifespan=lifespan)
+    register_convertors()
+    dashboard = Dashboard(service)
+    starlette = Starlette(routes=[*routes(service), *dashboard.routes()], lifespan=lifespan)
 
     async def asgi(scope: Scope, receive: Receive, send: Send) -> None:
         # Single-job sends skip Starlette (see Service.send); everything else is routed by it.
