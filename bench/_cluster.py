@@ -86,15 +86,3 @@ def children(pid: int) -> list[int]:
     for child in list(found):
         found.extend(children(child))
     return found
-
-
-def cpu_seconds(pids: list[int]) -> float:
-    """utime + stime of live processes, in seconds."""
-    total = 0
-    for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-        total += int(fields[11]) + int(fields[12])
-    return total / os.sysconf("SC_CLK_TCK")

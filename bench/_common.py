@@ -221,3 +221,15 @@ def vmrss_kib(pid: int) -> int | None:
     except (FileNotFoundError, ProcessLookupError):
         return None
     return None
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """utime + stime of live processes, in seconds."""
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")

@@ -18,12 +18,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
 
 from bench._common import (
+    cpu_seconds,
     drain_result,
     emit,
     latency_result,
@@ -51,18 +51,6 @@ def enqueue_all(adapter: Any, n: int, chunk: int) -> float:
     for start in range(0, n, chunk):
         adapter.bulk(payloads(min(chunk, n - start), start))
     return time.perf_counter() - t0
-
-
-def cpu_seconds(pids: list[int]) -> float:
-    """utime + stime of live processes, in seconds."""
-    total = 0
-    for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-        total += int(fields[11]) + int(fields[12])
-    return total / os.sysconf("SC_CLK_TCK")
 
 
 def worker_pids(pid: int) -> list[int]:

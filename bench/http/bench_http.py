@@ -27,7 +27,8 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench._cluster import Cluster, children, cpu_seconds, free_port  # noqa: E402
+from bench._cluster import Cluster, children, free_port  # noqa: E402
+from bench._common import cpu_seconds  # noqa: E402
 
 
 def conveyor(db: str, *args: str) -> subprocess.CompletedProcess[str]:
