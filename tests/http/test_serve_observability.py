@@ -129,6 +129,13 @@ def test_metrics_and_workers_read_the_database(watched: Server) -> None:
         (["--alert", "dlq_depth=nan"], "finite number"),
         (["--alert", "oldest_pending_age:q=-5"], "finite number"),
         (["--alert", "made_up=1"], "unknown alert rule"),
+        # NaN compares false, so it passed click's range and the alert loop spun without a pause.
+        (["--alert-interval", "nan"], "not a finite number"),
+        (["--token-cache", "nan"], "not a finite number"),
+        # A queue name that no queue can have, and a URL that urllib cannot send, are refused at start.
+        (["--alert", "dlq_depth:a\udcffb=1"], "queue"),
+        (["--alert", "dlq_depth:" + "q" * 300 + "=1"], "queue"),
+        (["--webhook", "http://example.com/h\u00e9"], "http(s) URL"),
     ],
 )
 def test_bad_alert_options_are_one_clear_line(sqlite_url: str, args: list[str], message: str) -> None:

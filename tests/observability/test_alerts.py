@@ -201,6 +201,24 @@ def test_hostile_thresholds_and_webhooks_are_refused_clearly() -> None:
     assert AlertRules.parse(["no_worker=off"]).threshold("no_worker", "q") is None
 
 
+def test_an_alert_interval_or_queue_that_cannot_work_is_refused(app: App) -> None:
+    from conveyor.http import ServiceConfig
+    from conveyor.http._api import create_app
+
+    # NaN passed every range check and made the alert loop evaluate without a pause.
+    for interval in (math.nan, math.inf, -1.0):
+        with pytest.raises(ConfigurationError, match="alert_interval"):
+            create_app(app, ServiceConfig(alert_interval=interval))
+    # A queue name no queue can have would silently never match.
+    for bad in ("dlq_depth:a\udcffb=1", "depth:" + "q" * 300 + "=1"):
+        with pytest.raises(ConfigurationError, match="queue"):
+            AlertRules.parse([bad])
+    assert AlertRules.parse(['dlq_depth:q"\\\n<b>=1']).threshold("dlq_depth", 'q"\\\n<b>') == 1.0
+    # http.client sends the request line as ASCII: a non-ASCII URL would fail every delivery.
+    with pytest.raises(ConfigurationError, match="ASCII"):
+        check_webhook("http://example.com/h\u00e9")
+
+
 def test_a_hanging_or_failing_webhook_delays_nothing_else(app: App, receiver: Receiver) -> None:
     hanging, failing = Receiver("hang"), Receiver("error")
 

@@ -42,7 +42,7 @@ from conveyor._errors import (
     Unauthenticated,
 )
 from conveyor._job import JobStatus
-from conveyor._limits import check_name
+from conveyor._limits import check_name, check_seconds
 from conveyor._message import Message
 from conveyor.admin import AlertState, AuditEntry, QueueStats, Schedule, Token, WorkerInfo
 from conveyor.http import _parse
@@ -797,6 +797,8 @@ def _alert_loop(app: App, config: ServiceConfig) -> AlertLoop | None:
     threshold or webhook, before the service starts."""
     rules = AlertRules.parse(config.alerts, app.catalogue.queues)
     webhooks = Webhooks(list(config.webhooks)) if config.webhooks else None
+    # NaN is truthy and waits no time: the loop would evaluate without a pause.
+    check_seconds(config.alert_interval, "alert_interval", ConfigurationError)
     if not config.alert_interval:
         return None
     return AlertLoop(app.admin, rules, webhooks, config.alert_interval)
