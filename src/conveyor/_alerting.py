@@ -17,7 +17,8 @@ import urllib.request
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from email.message import Message
+from typing import IO, Any
 from urllib.parse import urlsplit
 
 from conveyor._admin import Admin
@@ -30,6 +31,19 @@ log = logging.getLogger("conveyor.alerts")
 #: Deliveries waiting or under way past which new ones are dropped (and logged): a dead receiver must
 #: not grow memory without bound.
 MAX_PENDING = 1000
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A webhook's answer is its status: a redirect is a failed try, not followed. (urllib re-sends a
+    redirected POST as a GET without its body, and that GET's 2xx counted as delivered.)"""
+
+    def redirect_request(
+        self, req: urllib.request.Request, fp: IO[bytes], code: int, msg: str, headers: Message, newurl: str
+    ) -> urllib.request.Request | None:
+        return None
+
+
+_OPENER = urllib.request.build_opener(_NoRedirect)
 
 
 def _where(url: str) -> str:
@@ -134,7 +148,7 @@ class Webhooks:
             url, data=body, method="POST", headers={"Content-Type": "application/json", "User-Agent": "conveyor"}
         )
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+            with _OPENER.open(request, timeout=self.timeout) as response:
                 response.read(65536)
                 return int(response.status)
         except urllib.error.HTTPError as exc:

@@ -244,3 +244,25 @@ def test_a_hanging_or_failing_webhook_delays_nothing_else(app: App, receiver: Re
         loop.close()
         hanging.close()
         failing.close()
+
+
+def test_a_webhook_that_redirects_is_not_delivered() -> None:
+    # urllib followed a 302 with a GET that carries no body, and the GET's 200 counted as delivered:
+    # the alert was lost while the log said nothing. A redirect is now a failed try.
+    from conveyor.backends.base import AlertState
+
+    redirecting = Receiver("redirect")
+    alert = AlertState("dlq_depth", "q", "firing", utcnow(), 1.0, 0.0, "queue q: 1 dead letter")
+
+    hooks = Webhooks([redirecting.url], attempts=2, timeout=1.0, backoff=0.01)
+
+    async def deliver() -> None:
+        hooks.notify(alert)
+        await hooks.drain(timeout=10)
+
+    try:
+        asyncio.run(deliver())
+        assert redirecting.hits == 2 and redirecting.gets == 0
+        assert [(d.delivered, d.status) for d in hooks.recent] == [(False, 302)]
+    finally:
+        redirecting.close()
