@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -173,3 +175,40 @@ def test_a_webhook_that_hangs_does_not_wedge_the_service(sqlite_url: str, tmp_pa
         stop(running)
         for r in (hanging, failing, good):
             r.close()
+
+
+def test_sigterm_ends_the_service_within_its_30_seconds(sqlite_url: str, tmp_path: Path) -> None:
+    # A request still running at SIGTERM (a slow replay) used all of uvicorn's 30 s graceful wait;
+    # the service's own shutdown (the alert loop, then the hanging webhook's delivery) came after it,
+    # and the process took 35 s.
+    hanging = Receiver("hang")
+    tokens = make_tokens(sqlite_url)
+    running = start(sqlite_url, tmp_path, "--webhook", hanging.url, "--alert-interval", "0.2", "--workers", "2")
+    running.tokens = tokens
+    try:
+        _dead_letter(sqlite_url)
+        _dead_letter(sqlite_url)
+        deadline = time.monotonic() + 20
+        while hanging.hits < 1:
+            assert time.monotonic() < deadline, "the webhook was never called"
+            time.sleep(0.05)
+        with running.client("admin") as admin:
+            idle = admin.get("/v1/queues")  # a keep-alive connection left open
+            assert idle.status_code == 200
+
+            def slow_replay() -> None:
+                # One job per 100 s: the request outlives any graceful wait.
+                body = {"queue": "doomed", "reason": "slow", "rate": 0.01}
+                with contextlib.suppress(httpx.HTTPError):
+                    admin.post("/v1/dead-letters:replay", json=body, timeout=120)
+
+            threading.Thread(target=slow_replay, daemon=True).start()
+            time.sleep(1.0)
+            began = time.monotonic()
+            running.proc.terminate()
+            running.proc.wait(timeout=60)
+            took = time.monotonic() - began
+        assert took < 30, f"SIGTERM took {took:.1f} s"
+    finally:
+        stop(running)
+        hanging.close()

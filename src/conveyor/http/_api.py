@@ -62,6 +62,11 @@ UNAVAILABLE_RETRY_AFTER = 2
 NO_AUTH_ACTOR = "insecure-no-auth"
 #: Most jobs in one batch request, ids in one replay or purge request.
 MAX_BATCH = 1000
+#: Seconds the service's own shutdown may take once uvicorn has stopped serving requests: the alert
+#: loop's round, webhooks in flight, group commits under way (each given what is left of it), then
+#: closing the pool. uvicorn's graceful wait for requests gets the rest of the 30 s (``_serve``):
+#: this work comes after that wait, so a budget of its own kept a stop under 30 s.
+SHUTDOWN_SECONDS = 6.0
 MAX_IDS = 10_000
 
 
@@ -766,13 +771,22 @@ def create_app(app: App, config: ServiceConfig | None = None) -> ASGIApp:
         try:
             yield
         finally:
+            loop = asyncio.get_running_loop()
+            # Two seconds of the budget are kept for closing the pool.
+            deadline = loop.time() + SHUTDOWN_SECONDS - 2.0
+
+            def left() -> float:
+                return max(0.0, deadline - loop.time())
+
             if alert_loop is not None and alerting is not None:
                 alert_loop.stop()
-                await asyncio.wait({alerting}, timeout=10)
+                await asyncio.wait({alerting}, timeout=left())
                 if alert_loop.webhooks is not None:
-                    await alert_loop.webhooks.drain()
+                    await alert_loop.webhooks.drain(timeout=left())
             if service.group is not None:
-                await service.group.drain()
+                # A request gets its 202 only after its commit, so a commit not waited for here
+                # answered nobody: cutting the wait short loses no acknowledged job.
+                await asyncio.wait({asyncio.ensure_future(service.group.drain())}, timeout=left())
             await asyncio.to_thread(app.close)
 
     _register_convertor()
