@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 
 from conveyor._admin import Admin
 from conveyor._alerts import AlertRules, check_webhook
+from conveyor._errors import BackendUnavailable
 from conveyor.backends.base import AlertState
 from conveyor.worker._service import Service
 
@@ -44,6 +45,12 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
 
 
 _OPENER = urllib.request.build_opener(_NoRedirect)
+
+
+def _one_line(text: str) -> str:
+    """``text`` for one log line: newlines and other control characters escaped (a queue name may hold
+    them, and would otherwise forge log lines)."""
+    return text if text.isprintable() else repr(text)[1:-1]
 
 
 def _where(url: str) -> str:
@@ -181,9 +188,14 @@ class AlertLoop(Service):
 
     async def run_once(self) -> int:
         """One evaluation; return how many alerts changed state."""
-        changed = await asyncio.to_thread(self.admin.evaluate_alerts, self.rules)
+        try:
+            changed = await asyncio.to_thread(self.admin.evaluate_alerts, self.rules)
+        except BackendUnavailable as exc:
+            # An outage is expected here, and lasts many rounds: one line each, not a traceback.
+            log.warning("alerts not evaluated: %s", _one_line(str(exc)))
+            return 0
         for alert in changed:
-            log.warning("alert %s: %s", alert.state, alert.message)
+            log.warning("alert %s: %s", alert.state, _one_line(alert.message))
             if self.webhooks is not None:
                 self.webhooks.notify(alert)
         return len(changed)

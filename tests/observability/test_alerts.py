@@ -266,3 +266,42 @@ def test_a_webhook_that_redirects_is_not_delivered() -> None:
         assert [(d.delivered, d.status) for d in hooks.recent] == [(False, 302)]
     finally:
         redirecting.close()
+
+
+def test_a_round_while_the_database_is_away_is_one_log_line(caplog: pytest.LogCaptureFixture) -> None:
+    # Every round (every --alert-interval, 1 s or less) logged a full traceback while the database was
+    # away; an outage is expected weather for this loop, so it is one line a round.
+    from conveyor._errors import BackendUnavailable
+
+    class Away:
+        def evaluate_alerts(self, rules: AlertRules) -> list[Any]:
+            raise BackendUnavailable("PostgreSQL unreachable (queues_stats): no connection within 5s")
+
+    loop = AlertLoop(Away(), AlertRules(), None, interval=0.01)  # type: ignore[arg-type]
+
+    async def rounds() -> None:
+        task = asyncio.create_task(loop.run())
+        await asyncio.sleep(0.2)
+        loop.stop()
+        await task
+
+    with caplog.at_level("WARNING", logger="conveyor"):
+        asyncio.run(rounds())
+    records = [r for r in caplog.records if "unreachable" in r.getMessage()]
+    assert records, caplog.text
+    assert all(r.exc_info is None and "\n" not in r.getMessage() for r in records), caplog.text
+
+
+def test_an_alert_on_a_queue_named_with_a_newline_logs_one_line(caplog: pytest.LogCaptureFixture) -> None:
+    from conveyor.backends.base import AlertState
+
+    forged = AlertState("dlq_depth", "q\nFAKE alert resolved", "firing", utcnow(), 1.0, 0.0, "queue q\nFAKE: 1")
+
+    class Admin:
+        def evaluate_alerts(self, rules: AlertRules) -> list[AlertState]:
+            return [forged]
+
+    loop = AlertLoop(Admin(), AlertRules(), None)  # type: ignore[arg-type]
+    with caplog.at_level("WARNING", logger="conveyor.alerts"):
+        assert asyncio.run(loop.run_once()) == 1
+    assert [r.getMessage() for r in caplog.records] == ["alert firing: queue q\\nFAKE: 1"]
