@@ -212,3 +212,34 @@ def test_sigterm_ends_the_service_within_its_30_seconds(sqlite_url: str, tmp_pat
     finally:
         stop(running)
         hanging.close()
+
+
+def test_a_token_limited_to_queues_sees_only_its_queues_of_a_worker(watched: Server) -> None:
+    # A worker draining "emails" and "payroll" was shown whole to a token of "emails": the other queue's
+    # name and the ids of the payroll jobs it held.
+    from conveyor.backends.base import JobsAcquireParams
+
+    with App(watched.db) as app:
+        mail = app.send("send", {}, queue="emails")
+        pay = app.send("pay", {}, queue="payroll")
+        for queue in ("emails", "payroll"):
+            app.backend.jobs_acquire(JobsAcquireParams(queue, 1, 60, "host-c:9", utcnow()))
+        info = WorkerInfo("host-c:9", "host-c", 9, ("emails", "payroll"), 4, utcnow(), utcnow())
+        app.backend.workers_beat(WorkersBeatParams(info, utcnow()))
+    with watched.client("emails_ops") as scoped, watched.client("operator") as ops:
+        (everything,) = [w for w in ops.get("/v1/workers").json()["workers"] if w["id"] == "host-c:9"]
+        assert sorted(everything["in_flight"]) == sorted([str(mail.id), str(pay.id)])
+        for path in ("/v1/workers", "/api/workers"):
+            (seen,) = scoped.get(path).json()["workers"]
+            assert (seen["queues"], seen["in_flight"]) == (["emails"], [str(mail.id)])
+    with httpx.Client(base_url=watched.url, cookies={"conveyor_session": watched.tokens["emails_ops"]}) as browser:
+        panel = browser.get("/panels/workers")
+        assert panel.status_code == 200 and "payroll" not in panel.text and str(pay.id) not in panel.text
+        assert str(mail.id) in panel.text
+        # Its own queues, workers and alerts: the overview showed none of them, and the workers and
+        # alerts pages and panels answered 500.
+        for path in ("/", "/workers", "/alerts", "/panels/alerts"):
+            page = browser.get(path)
+            assert page.status_code == 200, path
+            assert "payroll" not in page.text, path
+        assert "emails" in browser.get("/").text

@@ -9,6 +9,7 @@ the event loop keeps accepting requests; producers' single-job sends go through 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import math
@@ -481,9 +482,31 @@ class Service:
         token limited to queues sees the workers that drain one of them)."""
         token = await self.token(request)
         _tokens.require_role(token, "operator")
+        return json_response({"workers": [_worker_json(w) for w in await self.visible_workers(token)]})
+
+    async def visible_workers(self, token: Token) -> list[WorkerInfo]:
+        """The workers ``token`` may see: every one for a token of all queues; for a token limited to
+        queues, those draining one of them (or every queue), each showing only those queues and the jobs
+        it holds of them: the other queues' names and job ids are not the token's to read."""
         rows = await self.run(self.app.admin.workers)
-        visible = [w for w in rows if any(_tokens.allows(token, "operator", q) for q in w.queues) or not w.queues]
-        return json_response({"workers": [_worker_json(w) for w in visible]})
+        if token.queues is None:
+            return rows
+        visible: list[WorkerInfo] = []
+        for w in rows:
+            queues = tuple(q for q in w.queues if _tokens.allows(token, "operator", q))
+            if w.queues and not queues:
+                continue
+            held: list[UUID] = []
+            # One read per held job, for scoped tokens only: the registry keeps job ids, not their queues.
+            for job_id in w.in_flight:
+                try:
+                    status = await self.run(self.app.admin.job, job_id)
+                except NotFoundError:  # finished since
+                    continue
+                if _tokens.allows(token, "operator", status.queue):
+                    held.append(job_id)
+            visible.append(dataclasses.replace(w, queues=queues, in_flight=tuple(held)))
+        return visible
 
     async def alerts(self, request: Request) -> Response:
         """GET /v1/alerts (also /api/alerts): alert states, firing and resolved (a token limited to
