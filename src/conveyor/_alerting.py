@@ -17,11 +17,13 @@ import urllib.request
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from email.message import Message
+from typing import IO, Any
 from urllib.parse import urlsplit
 
 from conveyor._admin import Admin
 from conveyor._alerts import AlertRules, check_webhook
+from conveyor._errors import BackendUnavailable
 from conveyor.backends.base import AlertState
 from conveyor.worker._service import Service
 
@@ -30,6 +32,25 @@ log = logging.getLogger("conveyor.alerts")
 #: Deliveries waiting or under way past which new ones are dropped (and logged): a dead receiver must
 #: not grow memory without bound.
 MAX_PENDING = 1000
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A webhook's answer is its status: a redirect is a failed try, not followed. (urllib re-sends a
+    redirected POST as a GET without its body, and that GET's 2xx counted as delivered.)"""
+
+    def redirect_request(
+        self, req: urllib.request.Request, fp: IO[bytes], code: int, msg: str, headers: Message, newurl: str
+    ) -> urllib.request.Request | None:
+        return None
+
+
+_OPENER = urllib.request.build_opener(_NoRedirect)
+
+
+def _one_line(text: str) -> str:
+    """``text`` for one log line: newlines and other control characters escaped (a queue name may hold
+    them, and would otherwise forge log lines)."""
+    return text if text.isprintable() else repr(text)[1:-1]
 
 
 def _where(url: str) -> str:
@@ -134,7 +155,7 @@ class Webhooks:
             url, data=body, method="POST", headers={"Content-Type": "application/json", "User-Agent": "conveyor"}
         )
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+            with _OPENER.open(request, timeout=self.timeout) as response:
                 response.read(65536)
                 return int(response.status)
         except urllib.error.HTTPError as exc:
@@ -167,9 +188,14 @@ class AlertLoop(Service):
 
     async def run_once(self) -> int:
         """One evaluation; return how many alerts changed state."""
-        changed = await asyncio.to_thread(self.admin.evaluate_alerts, self.rules)
+        try:
+            changed = await asyncio.to_thread(self.admin.evaluate_alerts, self.rules)
+        except BackendUnavailable as exc:
+            # An outage is expected here, and lasts many rounds: one line each, not a traceback.
+            log.warning("alerts not evaluated: %s", _one_line(str(exc)))
+            return 0
         for alert in changed:
-            log.warning("alert %s: %s", alert.state, alert.message)
+            log.warning("alert %s: %s", alert.state, _one_line(alert.message))
             if self.webhooks is not None:
                 self.webhooks.notify(alert)
         return len(changed)

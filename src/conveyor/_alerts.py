@@ -27,6 +27,7 @@ from numbers import Real
 from urllib.parse import urlsplit
 
 from conveyor._errors import ConfigurationError
+from conveyor._limits import check_name
 from conveyor._queue import QueueOptions
 from conveyor.backends.base import AlertState, DatabaseHealth, QueueStats, WorkerInfo
 
@@ -69,6 +70,10 @@ class AlertRules:
                 raise ConfigurationError(f"unknown alert rule {rule!r} (rules: {', '.join(RULES)})")
             if queue and rule not in QUEUE_RULES:
                 raise ConfigurationError(f"alert rule {rule} is database-wide; it takes no queue")
+            if queue:
+                # A name no queue can have (a lone surrogate from a non-UTF-8 argument, too long) would
+                # silently never match; say so at start instead.
+                check_name(queue, f"the queue of alert rule {rule}", ConfigurationError)
             checked[key] = _threshold(key, value)
         object.__setattr__(self, "thresholds", checked)
         for rule in self.disabled:
@@ -148,6 +153,11 @@ def check_webhook(url: str) -> str:
     (they would be logged; put a token in the path or query instead), at most 2,000 characters."""
     if not isinstance(url, str) or not url or len(url) > 2000 or any(c.isspace() or ord(c) < 32 for c in url):
         raise ConfigurationError(f"a webhook must be an http(s) URL of at most 2000 characters, got {url[:80]!r}")
+    if not url.isascii():
+        # http.client sends the request line as ASCII: such a URL would fail every delivery, unseen.
+        raise ConfigurationError(
+            f"a webhook must be an http(s) URL in ASCII (percent-encode the rest), got {url[:80]!r}"
+        )
     try:
         parts = urlsplit(url)
         port = parts.port

@@ -79,6 +79,11 @@ def verify(token: Token | None, token_id: str, secret: str, now: datetime) -> To
     return token
 
 
+def has_role(token: Token, role: Role) -> bool:
+    """Whether ``token`` has ``role`` or a higher one, whatever queues it is limited to."""
+    return _RANK[role] <= _RANK.get(token.role, -1)
+
+
 def allows(token: Token, role: Role, queue: str | None = None) -> bool:
     """Whether ``token`` has ``role`` (or a higher one) and, for an action on ``queue``, may act on it.
     An action on no one queue (``queue`` None) needs a token limited to no queues."""

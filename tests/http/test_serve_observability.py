@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -129,6 +131,13 @@ def test_metrics_and_workers_read_the_database(watched: Server) -> None:
         (["--alert", "dlq_depth=nan"], "finite number"),
         (["--alert", "oldest_pending_age:q=-5"], "finite number"),
         (["--alert", "made_up=1"], "unknown alert rule"),
+        # NaN compares false, so it passed click's range and the alert loop spun without a pause.
+        (["--alert-interval", "nan"], "not a finite number"),
+        (["--token-cache", "nan"], "not a finite number"),
+        # A queue name that no queue can have, and a URL that urllib cannot send, are refused at start.
+        (["--alert", "dlq_depth:a\udcffb=1"], "queue"),
+        (["--alert", "dlq_depth:" + "q" * 300 + "=1"], "queue"),
+        (["--webhook", "http://example.com/h\u00e9"], "http(s) URL"),
     ],
 )
 def test_bad_alert_options_are_one_clear_line(sqlite_url: str, args: list[str], message: str) -> None:
@@ -166,3 +175,71 @@ def test_a_webhook_that_hangs_does_not_wedge_the_service(sqlite_url: str, tmp_pa
         stop(running)
         for r in (hanging, failing, good):
             r.close()
+
+
+def test_sigterm_ends_the_service_within_its_30_seconds(sqlite_url: str, tmp_path: Path) -> None:
+    # A request still running at SIGTERM (a slow replay) used all of uvicorn's 30 s graceful wait;
+    # the service's own shutdown (the alert loop, then the hanging webhook's delivery) came after it,
+    # and the process took 35 s.
+    hanging = Receiver("hang")
+    tokens = make_tokens(sqlite_url)
+    running = start(sqlite_url, tmp_path, "--webhook", hanging.url, "--alert-interval", "0.2", "--workers", "2")
+    running.tokens = tokens
+    try:
+        _dead_letter(sqlite_url)
+        _dead_letter(sqlite_url)
+        deadline = time.monotonic() + 20
+        while hanging.hits < 1:
+            assert time.monotonic() < deadline, "the webhook was never called"
+            time.sleep(0.05)
+        with running.client("admin") as admin:
+            idle = admin.get("/v1/queues")  # a keep-alive connection left open
+            assert idle.status_code == 200
+
+            def slow_replay() -> None:
+                # One job per 100 s: the request outlives any graceful wait.
+                body = {"queue": "doomed", "reason": "slow", "rate": 0.01}
+                with contextlib.suppress(httpx.HTTPError):
+                    admin.post("/v1/dead-letters:replay", json=body, timeout=120)
+
+            threading.Thread(target=slow_replay, daemon=True).start()
+            time.sleep(1.0)
+            began = time.monotonic()
+            running.proc.terminate()
+            running.proc.wait(timeout=60)
+            took = time.monotonic() - began
+        assert took < 30, f"SIGTERM took {took:.1f} s"
+    finally:
+        stop(running)
+        hanging.close()
+
+
+def test_a_token_limited_to_queues_sees_only_its_queues_of_a_worker(watched: Server) -> None:
+    # A worker draining "emails" and "payroll" was shown whole to a token of "emails": the other queue's
+    # name and the ids of the payroll jobs it held.
+    from conveyor.backends.base import JobsAcquireParams
+
+    with App(watched.db) as app:
+        mail = app.send("send", {}, queue="emails")
+        pay = app.send("pay", {}, queue="payroll")
+        for queue in ("emails", "payroll"):
+            app.backend.jobs_acquire(JobsAcquireParams(queue, 1, 60, "host-c:9", utcnow()))
+        info = WorkerInfo("host-c:9", "host-c", 9, ("emails", "payroll"), 4, utcnow(), utcnow())
+        app.backend.workers_beat(WorkersBeatParams(info, utcnow()))
+    with watched.client("emails_ops") as scoped, watched.client("operator") as ops:
+        (everything,) = [w for w in ops.get("/v1/workers").json()["workers"] if w["id"] == "host-c:9"]
+        assert sorted(everything["in_flight"]) == sorted([str(mail.id), str(pay.id)])
+        for path in ("/v1/workers", "/api/workers"):
+            (seen,) = scoped.get(path).json()["workers"]
+            assert (seen["queues"], seen["in_flight"]) == (["emails"], [str(mail.id)])
+    with httpx.Client(base_url=watched.url, cookies={"conveyor_session": watched.tokens["emails_ops"]}) as browser:
+        panel = browser.get("/panels/workers")
+        assert panel.status_code == 200 and "payroll" not in panel.text and str(pay.id) not in panel.text
+        assert str(mail.id) in panel.text
+        # Its own queues, workers and alerts: the overview showed none of them, and the workers and
+        # alerts pages and panels answered 500.
+        for path in ("/", "/workers", "/alerts", "/panels/alerts"):
+            page = browser.get(path)
+            assert page.status_code == 200, path
+            assert "payroll" not in page.text, path
+        assert "emails" in browser.get("/").text

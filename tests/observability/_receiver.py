@@ -12,12 +12,14 @@ from typing import Any
 
 
 class Receiver:
-    """``mode``: ``ok`` (204), ``error`` (500 every time), ``hang`` (never answers until closed)."""
+    """``mode``: ``ok`` (204), ``error`` (500 every time), ``hang`` (never answers until closed),
+    ``redirect`` (302 to itself; a GET, which no delivery may send, is answered 200)."""
 
     def __init__(self, mode: str = "ok") -> None:
         self.mode = mode
         self.received: list[dict[str, Any]] = []
         self.hits = 0
+        self.gets = 0
         self._closing = threading.Event()
         receiver = self
 
@@ -33,8 +35,18 @@ class Receiver:
                     self.send_response(500)
                     self.end_headers()
                     return
+                if receiver.mode == "redirect":
+                    self.send_response(302)
+                    self.send_header("Location", self.path)
+                    self.end_headers()
+                    return
                 receiver.received.append(json.loads(body))
                 self.send_response(204)
+                self.end_headers()
+
+            def do_GET(self) -> None:
+                receiver.gets += 1
+                self.send_response(200)
                 self.end_headers()
 
             def log_message(self, format: str, *args: Any) -> None:

@@ -201,6 +201,24 @@ def test_hostile_thresholds_and_webhooks_are_refused_clearly() -> None:
     assert AlertRules.parse(["no_worker=off"]).threshold("no_worker", "q") is None
 
 
+def test_an_alert_interval_or_queue_that_cannot_work_is_refused(app: App) -> None:
+    from conveyor.http import ServiceConfig
+    from conveyor.http._api import create_app
+
+    # NaN passed every range check and made the alert loop evaluate without a pause.
+    for interval in (math.nan, math.inf, -1.0):
+        with pytest.raises(ConfigurationError, match="alert_interval"):
+            create_app(app, ServiceConfig(alert_interval=interval))
+    # A queue name no queue can have would silently never match.
+    for bad in ("dlq_depth:a\udcffb=1", "depth:" + "q" * 300 + "=1"):
+        with pytest.raises(ConfigurationError, match="queue"):
+            AlertRules.parse([bad])
+    assert AlertRules.parse(['dlq_depth:q"\\\n<b>=1']).threshold("dlq_depth", 'q"\\\n<b>') == 1.0
+    # http.client sends the request line as ASCII: a non-ASCII URL would fail every delivery.
+    with pytest.raises(ConfigurationError, match="ASCII"):
+        check_webhook("http://example.com/h\u00e9")
+
+
 def test_a_hanging_or_failing_webhook_delays_nothing_else(app: App, receiver: Receiver) -> None:
     hanging, failing = Receiver("hang"), Receiver("error")
 
@@ -226,3 +244,64 @@ def test_a_hanging_or_failing_webhook_delays_nothing_else(app: App, receiver: Re
         loop.close()
         hanging.close()
         failing.close()
+
+
+def test_a_webhook_that_redirects_is_not_delivered() -> None:
+    # urllib followed a 302 with a GET that carries no body, and the GET's 200 counted as delivered:
+    # the alert was lost while the log said nothing. A redirect is now a failed try.
+    from conveyor.backends.base import AlertState
+
+    redirecting = Receiver("redirect")
+    alert = AlertState("dlq_depth", "q", "firing", utcnow(), 1.0, 0.0, "queue q: 1 dead letter")
+
+    hooks = Webhooks([redirecting.url], attempts=2, timeout=1.0, backoff=0.01)
+
+    async def deliver() -> None:
+        hooks.notify(alert)
+        await hooks.drain(timeout=10)
+
+    try:
+        asyncio.run(deliver())
+        assert redirecting.hits == 2 and redirecting.gets == 0
+        assert [(d.delivered, d.status) for d in hooks.recent] == [(False, 302)]
+    finally:
+        redirecting.close()
+
+
+def test_a_round_while_the_database_is_away_is_one_log_line(caplog: pytest.LogCaptureFixture) -> None:
+    # Every round (every --alert-interval, 1 s or less) logged a full traceback while the database was
+    # away; an outage is expected weather for this loop, so it is one line a round.
+    from conveyor._errors import BackendUnavailable
+
+    class Away:
+        def evaluate_alerts(self, rules: AlertRules) -> list[Any]:
+            raise BackendUnavailable("PostgreSQL unreachable (queues_stats): no connection within 5s")
+
+    loop = AlertLoop(Away(), AlertRules(), None, interval=0.01)  # type: ignore[arg-type]
+
+    async def rounds() -> None:
+        task = asyncio.create_task(loop.run())
+        await asyncio.sleep(0.2)
+        loop.stop()
+        await task
+
+    with caplog.at_level("WARNING", logger="conveyor"):
+        asyncio.run(rounds())
+    records = [r for r in caplog.records if "unreachable" in r.getMessage()]
+    assert records, caplog.text
+    assert all(r.exc_info is None and "\n" not in r.getMessage() for r in records), caplog.text
+
+
+def test_an_alert_on_a_queue_named_with_a_newline_logs_one_line(caplog: pytest.LogCaptureFixture) -> None:
+    from conveyor.backends.base import AlertState
+
+    forged = AlertState("dlq_depth", "q\nFAKE alert resolved", "firing", utcnow(), 1.0, 0.0, "queue q\nFAKE: 1")
+
+    class Admin:
+        def evaluate_alerts(self, rules: AlertRules) -> list[AlertState]:
+            return [forged]
+
+    loop = AlertLoop(Admin(), AlertRules(), None)  # type: ignore[arg-type]
+    with caplog.at_level("WARNING", logger="conveyor.alerts"):
+        assert asyncio.run(loop.run_once()) == 1
+    assert [r.getMessage() for r in caplog.records] == ["alert firing: queue q\\nFAKE: 1"]

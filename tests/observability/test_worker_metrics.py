@@ -4,7 +4,12 @@ produced each outcome; and stale acks, from the real completer writing an outdat
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
+import subprocess
+import sys
 from datetime import timedelta
+from pathlib import Path
 
 import httpx
 import pytest
@@ -104,3 +109,26 @@ def test_a_metrics_port_in_use_is_a_clear_error(app: App) -> None:
     with pytest.raises(ConfigurationError, match=f"cannot serve metrics on 127.0.0.1:{port}"):
         Worker(app, metrics_port=port)
     assert first.config.metrics_port == port
+
+
+def test_a_prefork_child_whose_metrics_port_is_taken_stops_the_worker_with_one_line(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    # Child 1's port is taken: it failed the same way on every restart, twice a second, each time
+    # with a traceback, forever. Now the worker stops, says why in one line and exits non-zero.
+    (tmp_path / "ported_app.py").write_text(f"from conveyor import App\napp = App({sqlite_url!r})\n")
+    port = free_port()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", port + 1))
+        taken.listen()
+        done = subprocess.run(
+            [sys.executable, "-m", "conveyor", "worker", "ported_app:app", "-p", "3", "--metrics-port", str(port)],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])},
+            timeout=60,
+        )
+    assert done.returncode != 0
+    assert "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.count(f"cannot serve metrics on 127.0.0.1:{port + 1}: Address already in use") == 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from conveyor._errors import BackendError, ConfigurationError
-from conveyor.cli._common import app_of, fail, printable, settings
+from conveyor.cli._common import FiniteFloat, app_of, fail, printable, settings
 
 
 @click.command()
@@ -34,7 +34,7 @@ from conveyor.cli._common import app_of, fail, printable, settings
     "--token-cache",
     default=5.0,
     show_default=True,
-    type=click.FloatRange(0, 3600),
+    type=FiniteFloat(0, 3600),
     help="Seconds a token read from the database is trusted (a revoke takes effect within it).",
 )
 @click.option(
@@ -49,7 +49,7 @@ from conveyor.cli._common import app_of, fail, printable, settings
     "--alert-interval",
     default=15.0,
     show_default=True,
-    type=click.FloatRange(0, 86400),
+    type=FiniteFloat(0, 86400),
     help="Seconds between alert evaluations (0: no alerts).",
 )
 @click.option(

@@ -9,6 +9,7 @@ the event loop keeps accepting requests; producers' single-job sends go through 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import math
@@ -42,7 +43,7 @@ from conveyor._errors import (
     Unauthenticated,
 )
 from conveyor._job import JobStatus
-from conveyor._limits import check_name
+from conveyor._limits import check_name, check_seconds
 from conveyor._message import Message
 from conveyor.admin import AlertState, AuditEntry, QueueStats, Schedule, Token, WorkerInfo
 from conveyor.http import _parse
@@ -62,6 +63,11 @@ UNAVAILABLE_RETRY_AFTER = 2
 NO_AUTH_ACTOR = "insecure-no-auth"
 #: Most jobs in one batch request, ids in one replay or purge request.
 MAX_BATCH = 1000
+#: Seconds the service's own shutdown may take once uvicorn has stopped serving requests: the alert
+#: loop's round, webhooks in flight, group commits under way (each given what is left of it), then
+#: closing the pool. uvicorn's graceful wait for requests gets the rest of the 30 s (``_serve``):
+#: this work comes after that wait, so a budget of its own kept a stop under 30 s.
+SHUTDOWN_SECONDS = 6.0
 MAX_IDS = 10_000
 
 
@@ -476,9 +482,31 @@ class Service:
         token limited to queues sees the workers that drain one of them)."""
         token = await self.token(request)
         _tokens.require_role(token, "operator")
+        return json_response({"workers": [_worker_json(w) for w in await self.visible_workers(token)]})
+
+    async def visible_workers(self, token: Token) -> list[WorkerInfo]:
+        """The workers ``token`` may see: every one for a token of all queues; for a token limited to
+        queues, those draining one of them (or every queue), each showing only those queues and the jobs
+        it holds of them: the other queues' names and job ids are not the token's to read."""
         rows = await self.run(self.app.admin.workers)
-        visible = [w for w in rows if any(_tokens.allows(token, "operator", q) for q in w.queues) or not w.queues]
-        return json_response({"workers": [_worker_json(w) for w in visible]})
+        if token.queues is None:
+            return rows
+        visible: list[WorkerInfo] = []
+        for w in rows:
+            queues = tuple(q for q in w.queues if _tokens.allows(token, "operator", q))
+            if w.queues and not queues:
+                continue
+            held: list[UUID] = []
+            # One read per held job, for scoped tokens only: the registry keeps job ids, not their queues.
+            for job_id in w.in_flight:
+                try:
+                    status = await self.run(self.app.admin.job, job_id)
+                except NotFoundError:  # finished since
+                    continue
+                if _tokens.allows(token, "operator", status.queue):
+                    held.append(job_id)
+            visible.append(dataclasses.replace(w, queues=queues, in_flight=tuple(held)))
+        return visible
 
     async def alerts(self, request: Request) -> Response:
         """GET /v1/alerts (also /api/alerts): alert states, firing and resolved (a token limited to
@@ -766,13 +794,22 @@ def create_app(app: App, config: ServiceConfig | None = None) -> ASGIApp:
         try:
             yield
         finally:
+            loop = asyncio.get_running_loop()
+            # Two seconds of the budget are kept for closing the pool.
+            deadline = loop.time() + SHUTDOWN_SECONDS - 2.0
+
+            def left() -> float:
+                return max(0.0, deadline - loop.time())
+
             if alert_loop is not None and alerting is not None:
                 alert_loop.stop()
-                await asyncio.wait({alerting}, timeout=10)
+                await asyncio.wait({alerting}, timeout=left())
                 if alert_loop.webhooks is not None:
-                    await alert_loop.webhooks.drain()
+                    await alert_loop.webhooks.drain(timeout=left())
             if service.group is not None:
-                await service.group.drain()
+                # A request gets its 202 only after its commit, so a commit not waited for here
+                # answered nobody: cutting the wait short loses no acknowledged job.
+                await asyncio.wait({asyncio.ensure_future(service.group.drain())}, timeout=left())
             await asyncio.to_thread(app.close)
 
     _register_convertor()
@@ -797,6 +834,8 @@ def _alert_loop(app: App, config: ServiceConfig) -> AlertLoop | None:
     threshold or webhook, before the service starts."""
     rules = AlertRules.parse(config.alerts, app.catalogue.queues)
     webhooks = Webhooks(list(config.webhooks)) if config.webhooks else None
+    # NaN is truthy and waits no time: the loop would evaluate without a pause.
+    check_seconds(config.alert_interval, "alert_interval", ConfigurationError)
     if not config.alert_interval:
         return None
     return AlertLoop(app.admin, rules, webhooks, config.alert_interval)

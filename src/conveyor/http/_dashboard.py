@@ -268,7 +268,8 @@ class Dashboard:
         """GET /: every queue with live charts, workers, alerts."""
         token = await self.token(request)
         queues = None
-        if self._can(token, "operator"):
+        # A token limited to queues sees its own ones (allows(token, role, None) means every queue).
+        if _tokens.has_role(token, "operator"):
             rows = await self.service.run(self.app.admin.queues)
             queues = [q for q in rows if self._can(token, "operator", q.queue)]
         workers = await self._workers(token)
@@ -300,10 +301,9 @@ class Dashboard:
         """What the workers panel shows (None: the token may not see it): the worker registry, each worker
         with the jobs it holds leases on, and the jobs in flight per queue (which also counts jobs held by a
         worker that does not report itself). A token limited to queues sees the workers of those queues."""
-        if not self._can(token, "operator"):
+        if not _tokens.has_role(token, "operator"):
             return None
-        found = await self.service.run(self.app.admin.workers)
-        workers = [w for w in found if not w.queues or any(self._can(token, "operator", q) for q in w.queues)]
+        workers = await self.service.visible_workers(token)
         rows = await self.service.run(self.app.admin.queues)
         in_flight = [(q.queue, q.processing) for q in rows if self._can(token, "operator", q.queue)]
         return {"workers": workers, "in_flight": in_flight}
@@ -311,7 +311,7 @@ class Dashboard:
     async def _alerts(self, token: Token) -> dict[str, Any] | None:
         """What the alerts panel shows (None: the token may not see it): the alerts as the service last
         evaluated them, firing first. A token limited to queues sees theirs and the database-wide ones."""
-        if not self._can(token, "operator"):
+        if not _tokens.has_role(token, "operator"):
             return None
         found = await self.service.run(self.app.admin.alerts)
         visible_alerts = [a for a in found if a.queue is None or self._can(token, "operator", a.queue)]

@@ -18,6 +18,7 @@ import sys
 import time
 from types import FrameType
 
+from conveyor.http._api import SHUTDOWN_SECONDS
 from conveyor.http._factory import from_environment
 
 #: Seconds the interpreter lets a thread hold the GIL while another waits (Python's default is
@@ -26,6 +27,9 @@ from conveyor.http._factory import from_environment
 #: a 32-job insert took 1.3 ms alone and 6 ms in the service; 4,300 jobs/s and p99 48 ms with the
 #: default, 7,000 jobs/s and p99 25 ms with 0.5 ms, on one process).
 SWITCH_INTERVAL = 0.0005
+
+#: Seconds a SIGTERM gives a service process to stop (requests under way, then its own shutdown).
+GRACEFUL_SECONDS = 30.0
 
 
 def _listen(host: str, port: int) -> socket.socket:
@@ -54,7 +58,8 @@ def serve_one(host: str, port: int, log_level: str, access_log: bool) -> None:
         # Forwarded-for headers would only change the client address in the access log.
         proxy_headers=False,
         lifespan="on",
-        timeout_graceful_shutdown=30,
+        # A stop takes at most 30 s: the wait for requests under way, then the service's own shutdown.
+        timeout_graceful_shutdown=int(GRACEFUL_SECONDS - SHUTDOWN_SECONDS),
     )
     uvicorn.Server(config).run(sockets=[sock])
 

@@ -20,6 +20,10 @@ from conveyor.worker._worker import Worker
 
 log = logging.getLogger("conveyor.worker")
 
+#: A child's exit code when its configuration cannot work (sysexits' EX_CONFIG): the supervisor stops
+#: rather than restart it.
+EXIT_CONFIG = 78
+
 
 def load_app(path: str) -> App:
     """Import ``module:attribute`` and return the App it names (the current directory is importable)."""
@@ -67,7 +71,13 @@ def _child_main(
 ) -> None:
     level, fmt = log_config
     logging.basicConfig(level=level, format=fmt or logging.BASIC_FORMAT)
-    sys.exit(run_worker(app_path, database_url, config, child=True))
+    try:
+        code = run_worker(app_path, database_url, config, child=True)
+    except ConfigurationError as exc:
+        # Its own options cannot work (its metrics port is taken): a restart would fail the same way.
+        print(f"conveyor: error: {exc}", file=sys.stderr, flush=True)
+        code = EXIT_CONFIG
+    sys.exit(code)
 
 
 def run_processes(app_path: str, database_url: str | None, processes: int, config: WorkerConfig) -> int:
@@ -127,6 +137,11 @@ def run_processes(app_path: str, database_url: str | None, processes: int, confi
             code = p.exitcode
             if stopping[0] or (burst and code == 0):
                 failed = failed or not _stopped_cleanly(code, bool(stopping[0]))
+                continue
+            if code == EXIT_CONFIG:
+                log.error("worker process %s cannot run with its configuration; stopping the others", p.pid)
+                failed = True
+                on_signal(signal.SIGTERM, None)
                 continue
             log.warning("worker process %s exited with %s; restarting it", p.pid, code)
             time.sleep(0.5)
