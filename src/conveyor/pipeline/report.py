@@ -297,15 +297,14 @@ class _Report:
                 self._write("rates", per_minute.drop("depth"), ["queue", "minute"])
                 self._write("depth", per_minute.select("queue", "minute", "depth"), ["queue", "minute"])
             with self.stages.stage("latency percentiles and SLA"):
-                histogram = self._stashed("histogram")
-                self._write_latency_and_sla(histogram)
+                runs = self._write_latency_and_sla()
             with self.stages.stage("outcomes, failures and poison candidates"):
                 self._write("outcomes", self._outcomes(), ["queue", F.asc_nulls_first("task")])
                 exceptional = self._stashed("exceptional")
                 self._write("failures", self._failures(exceptional), [F.desc("jobs"), "task", "error_type"])
                 self._write("poison", self._poison(exceptional), [F.desc("lost_deliveries"), "job_id"])
             with self.stages.stage("capacity plan"):
-                self._write_capacity(per_minute, histogram)
+                self._write_capacity(per_minute, runs)
             with self.stages.stage("summary and HTML report"):
                 summary = self._summary(self._job_counts())
                 from conveyor.pipeline._html import render_report
@@ -502,43 +501,36 @@ class _Report:
             both = both.where(F.col("minute") >= F.date_trunc("minute", F.lit(self.since).cast("timestamp")))
         return both
 
-    def _latency(self, histogram: DataFrame) -> DataFrame:
-        """Wait, run and end-to-end statistics per (queue, priority) and per queue (priority null).
+    def _latency(self) -> list[dict[str, Any]]:
+        """Wait, run and end-to-end statistics per (queue, priority, metric) and per (queue, metric)
+        (priority None), from the stored histogram (:func:`conveyor.pipeline._latency.latency_stats`).
 
-        Every statistic follows exactly from the histogram: Spark's ``percentile`` takes the counts
-        as frequencies (the same interpolated percentile as over the raw values), and the per-queue
-        rows aggregate the histogram again rather than the jobs. Percentiles straight over the jobs
-        cost 3x as long: ``percentile`` keeps a boxed map it updates once per row. Jobs without a
-        value (never started) keep a null value, so that a (queue, priority) whose jobs never ran
-        still gets its row (with zero counts)."""
-        from pyspark.sql import functions as F
+        The histogram is read here with pyarrow and reduced with numpy: its size is bounded by the
+        distinct millisecond values per (queue, priority, metric), not by the jobs, and its sorted
+        cumulative counts give the exact ranks directly. (Spark's ``percentile`` with the counts as
+        frequencies gives the same values but took 4.2 s of the 10M-job report; percentiles straight
+        over the jobs took 3x that again.) Jobs without a value (never started) keep a null value, so
+        that a (queue, priority) whose jobs never ran still gets its row (with zero counts)."""
+        import pyarrow.dataset as ds
 
-        sla_us = F.coalesce(F.col("sla_us"), F.lit(self.default_us))
-        histogram = histogram.join(F.broadcast(self._sla_frame()), "queue", "left").withColumn("sla_us", sla_us)
-        known = F.col("ms").isNotNull()
-        # Durations are whole milliseconds, SLAs whole microseconds: the comparison is exact.
-        breach = (F.col("metric") == "wait") & (F.col("ms") * 1000 > F.col("sla_us"))
-        percentages = F.array(*[F.lit(p) for p in PERCENTILES])
-        per_metric = histogram.groupingSets(
-            [["queue", "priority", "metric"], ["queue", "metric"]], "queue", "priority", "metric"
-        ).agg(
-            F.sum(F.when(known, F.col("n")).otherwise(0)).cast("long").alias("count"),
-            F.sum(F.col("ms") * F.col("n")).alias("total_ms"),
-            F.percentile("ms", percentages, F.col("n")).alias("p"),
-            F.max("ms").alias("max_ms"),
-            F.sum(F.when(breach, F.col("n")).otherwise(0)).cast("long").alias("sla_breaches"),
-            F.max("sla_us").alias("sla_us"),
+        from conveyor.pipeline._latency import latency_stats
+
+        histogram = ds.dataset(self.work / "histogram", format="parquet").to_table(
+            columns=["queue", "priority", "metric", "ms", "n"]
         )
-        return per_metric
+        return latency_stats(histogram, PERCENTILES, self.slas, self.default_us)
 
-    def _write_latency_and_sla(self, histogram: DataFrame) -> None:
+    def _write_latency_and_sla(self) -> dict[str, tuple[int, int]]:
         """The latency table (one row per queue and priority, each metric's statistics side by
-        side) and the SLA table, pivoted here from the per-metric statistics: those are a few rows
-        per queue, and a Spark job for each table cost more than the work."""
+        side) and the SLA table, pivoted here from the per-metric statistics. Returns each queue's
+        runs and their total milliseconds (for the capacity plan)."""
         stats: dict[tuple[str, int | None], dict[str, Any]] = {}
-        for r in self._latency(histogram).collect():
+        runs: dict[str, tuple[int, int]] = {}
+        for r in self._latency():
             row = stats.setdefault((r["queue"], r["priority"]), {"queue": r["queue"], "priority": r["priority"]})
             m, count = r["metric"], int(r["count"] or 0)
+            if m == "run" and r["priority"] is None:
+                runs[r["queue"]] = (count, int(r["total_ms"] or 0))
             row[f"{m}_count"] = count
             row[f"{m}_mean_s"] = r["total_ms"] / count / 1000.0 if count and r["total_ms"] is not None else None
             for k, p in enumerate(PERCENTILES):
@@ -564,6 +556,7 @@ class _Report:
             if row["priority"] is None
         ]
         self._write_rows("sla", sla, _sla_schema())
+        return runs
 
     def _write_rows(self, name: str, rows: list[dict[str, Any]], schema: Any) -> None:
         """Write a small table built in Python as one Parquet file (the layout Spark's tables have)."""
@@ -633,7 +626,7 @@ class _Report:
             "source",
         )
 
-    def _write_capacity(self, per_minute: DataFrame, histogram: DataFrame) -> None:
+    def _write_capacity(self, per_minute: DataFrame, runs: dict[str, tuple[int, int]]) -> None:
         """The capacity table: Spark reduces each queue to a few counts, Python does the exact
         arithmetic (:mod:`conveyor.pipeline._capacity`)."""
         from pyspark.sql import functions as F
@@ -647,13 +640,6 @@ class _Report:
             F.max("finished").cast("long").alias("peak_finished"),
             F.max("depth").cast("long").alias("max_depth"),
         )
-        ran = histogram.where((F.col("metric") == "run") & F.col("ms").isNotNull())
-        runs = {
-            r["queue"]: (int(r["runs"]), int(r["run_ms"]))
-            for r in ran.groupBy("queue")
-            .agg(F.sum("n").cast("long").alias("runs"), F.sum(F.col("ms") * F.col("n")).cast("long").alias("run_ms"))
-            .collect()
-        }
         rows = []
         for r in sorted(loads.collect(), key=lambda r: r["queue"]):
             queue = r["queue"]
