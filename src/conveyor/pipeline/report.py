@@ -34,7 +34,8 @@ How it runs: four scans of the input, each reading only its columns and reducing
 to a small result (the latency histogram, per-minute counts, outcome counts, the few failed or
 poison jobs), kept as Parquet under ``OUT/_work`` while the report runs; every table derives from
 those. Nothing the size of the input reaches a shuffle or the driver, so any number of jobs fits
-in a fixed amount of memory.
+in a fixed amount of memory: the driver reads back only small results (the histogram, bounded by
+distinct millisecond values, for the exact percentiles; the outcome counts; a few rows per queue).
 
 With ``since``, the input is the jobs that ended at or after ``since`` (plus live jobs), and the
 per-minute tables are clipped to minutes from ``since`` on; depth stays exact because every job
@@ -103,6 +104,8 @@ REPORT_COLUMNS: tuple[str, ...] = (
 )
 
 _CHART_POINTS = 240
+#: Chart series: series name -> queue -> (time, value) points.
+_Charts = dict[str, dict[str, list[tuple[datetime, float]]]]
 _CHART_QUEUES = 8
 #: The file that marks a directory as a report's output (the report replaces only such a directory).
 REPORT_MARKER = "_conveyor_report"
@@ -272,51 +275,77 @@ class _Report:
         # work.)
         import shutil
 
-        from pyspark.sql import functions as F
-
         try:
             with self.stages.stage("reading export"):
-                slim = self._slim(self._jobs(input_dir))
-            scans = {
-                "histogram": self._histogram_of(slim),
-                "pairs": self._pairs_of(slim),
-                "outcomes": self._outcome_counts(slim),
-                "exceptional": self._exceptional(self._jobs(input_dir)),
-            }
-            # The four jobs are submitted together: while one is planned and compiled on the driver,
-            # or finishes its last task, the others keep both cores busy (measured on 10M jobs:
-            # 21.5-22.9 s for the four together against 24.1-34.6 s one after the other, the same CPU).
-            with self.stages.stage("scans: latency histogram, per-minute counts, outcomes, failed and poison jobs"):
+                # One listing of the export's files for both plans.
+                jobs = self._jobs(input_dir)
+                slim, exceptional = self._slim(jobs), self._exceptional(jobs)
+            # Each scan is followed at once, in its own thread, by the tables that derive from it, so
+            # the small jobs of the quick scans (per-minute tables, outcomes, failures) run while the
+            # histogram's scan still occupies the cores, and the four scans are submitted together:
+            # while one is planned and compiled on the driver, or finishes its last task, the others
+            # keep both cores busy (measured on 10M jobs: the four scans 21.5-22.9 s together against
+            # 24.1-34.6 s one after the other, the same CPU).
+            with self.stages.stage(
+                "scans and tables: latency and SLA, rates and depth, outcomes, failures and poison candidates"
+            ):
                 from concurrent.futures import ThreadPoolExecutor
 
-                with ThreadPoolExecutor(max_workers=len(scans)) as pool:
-                    for future in [pool.submit(self._stash, name, df) for name, df in scans.items()]:
-                        future.result()
-            with self.stages.stage("rates and depth per minute"):
-                per_minute = self._per_minute(self._stashed("pairs")).localCheckpoint()
-                self._write("rates", per_minute.drop("depth"), ["queue", "minute"])
-                self._write("depth", per_minute.select("queue", "minute", "depth"), ["queue", "minute"])
-            with self.stages.stage("latency percentiles and SLA"):
-                runs = self._write_latency_and_sla()
-            with self.stages.stage("outcomes, failures and poison candidates"):
-                self._write("outcomes", self._outcomes(), ["queue", F.asc_nulls_first("task")])
-                exceptional = self._stashed("exceptional")
-                self._write("failures", self._failures(exceptional), [F.desc("jobs"), "task", "error_type"])
-                self._write("poison", self._poison(exceptional), [F.desc("lost_deliveries"), "job_id"])
+                with ThreadPoolExecutor(max_workers=4) as pool:
+                    latency = pool.submit(self._latency_tables, slim)
+                    per_minute = pool.submit(self._per_minute_tables, slim)
+                    outcomes = pool.submit(self._outcome_tables, slim)
+                    failures = pool.submit(self._failure_tables, exceptional)
+                    runs, (loads, charts), counts = latency.result(), per_minute.result(), outcomes.result()
+                    failures.result()
             with self.stages.stage("capacity plan"):
-                self._write_capacity(per_minute, runs)
+                self._write_capacity(loads, runs)
             with self.stages.stage("summary and HTML report"):
-                summary = self._summary(self._job_counts())
+                summary = self._summary(counts)
                 from conveyor.pipeline._html import render_report
 
-                page = render_report(summary, self._html_tables(), self._chart_series(per_minute), self.rows)
+                page = render_report(summary, self._html_tables(), charts, self.rows)
                 (self.out / "report.html").write_text(page)
-            per_minute.unpersist()
         finally:
             shutil.rmtree(self.work, ignore_errors=True)
         summary["elapsed_s"] = round(time.monotonic() - self.started, 3)
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
         return ReportResult(self.out, summary, dict(self.rows))
+
+    def _latency_tables(self, slim: DataFrame) -> dict[str, tuple[int, int]]:
+        """The histogram's scan, then the latency and SLA tables; returns each queue's runs (count,
+        total ms) for the capacity plan."""
+        self._stash("histogram", self._histogram_of(slim))
+        return self._write_latency_and_sla()
+
+    def _per_minute_tables(self, slim: DataFrame) -> tuple[list[Any], _Charts]:
+        """The per-minute scan, then the rates and depth tables; returns each queue's load (for the
+        capacity plan) and the chart series."""
+        self._stash("pairs", self._pairs_of(slim))
+        per_minute = self._per_minute(self._stashed("pairs")).localCheckpoint()
+        try:
+            self._write("rates", per_minute.drop("depth"), ["queue", "minute"])
+            self._write("depth", per_minute.select("queue", "minute", "depth"), ["queue", "minute"])
+            return self._capacity_loads(per_minute), self._chart_series(per_minute)
+        finally:
+            per_minute.unpersist()
+
+    def _outcome_tables(self, slim: DataFrame) -> dict[str, int]:
+        """The outcomes' scan, then the outcomes table; returns the archived and live job counts."""
+        from pyspark.sql import functions as F
+
+        self._stash("outcomes", self._outcome_counts(slim))
+        self._write("outcomes", self._outcomes(), ["queue", F.asc_nulls_first("task")])
+        return self._job_counts()
+
+    def _failure_tables(self, exceptional: DataFrame) -> None:
+        """The scan of the failed and poison jobs, then the failures and poison tables."""
+        from pyspark.sql import functions as F
+
+        self._stash("exceptional", exceptional)
+        stashed = self._stashed("exceptional")
+        self._write("failures", self._failures(stashed), [F.desc("jobs"), "task", "error_type"])
+        self._write("poison", self._poison(stashed), [F.desc("lost_deliveries"), "job_id"])
 
     def _stash(self, name: str, df: DataFrame) -> None:
         """Compute ``df`` (a small aggregate) and keep it under _work/ for the tables to read.
@@ -626,22 +655,25 @@ class _Report:
             "source",
         )
 
-    def _write_capacity(self, per_minute: DataFrame, runs: dict[str, tuple[int, int]]) -> None:
-        """The capacity table: Spark reduces each queue to a few counts, Python does the exact
-        arithmetic (:mod:`conveyor.pipeline._capacity`)."""
+    def _capacity_loads(self, per_minute: DataFrame) -> list[Any]:
+        """Each queue's enqueues, their span, its busiest minutes and deepest depth (a few rows)."""
         from pyspark.sql import functions as F
 
         enq_minute = F.when(F.col("enqueued") > 0, F.unix_seconds("minute"))
-        loads = per_minute.groupBy("queue").agg(
+        return per_minute.groupBy("queue").agg(
             F.sum("enqueued").cast("long").alias("enqueued"),
             F.min(enq_minute).alias("first_s"),
             F.max(enq_minute).alias("last_s"),
             F.max("enqueued").cast("long").alias("peak_enqueued"),
             F.max("finished").cast("long").alias("peak_finished"),
             F.max("depth").cast("long").alias("max_depth"),
-        )
+        ).collect()
+
+    def _write_capacity(self, loads: list[Any], runs: dict[str, tuple[int, int]]) -> None:
+        """The capacity table: Spark has reduced each queue to a few counts (``loads``, ``runs``),
+        Python does the exact arithmetic (:mod:`conveyor.pipeline._capacity`)."""
         rows = []
-        for r in sorted(loads.collect(), key=lambda r: r["queue"]):
+        for r in sorted(loads, key=lambda r: r["queue"]):
             queue = r["queue"]
             count, total = runs.get(queue, (0, 0))
             minutes = (r["last_s"] - r["first_s"]) // 60 + 1 if r["first_s"] is not None else 0
@@ -660,7 +692,7 @@ class _Report:
 
     # -- charts and summary ---------------------------------------------------------------------
 
-    def _chart_series(self, per_minute: DataFrame) -> dict[str, dict[str, list[tuple[datetime, float]]]]:
+    def _chart_series(self, per_minute: DataFrame) -> _Charts:
         """Per-queue time series for the charts, bucketed to at most ~240 points per line."""
         from pyspark.sql import functions as F
 
@@ -673,7 +705,7 @@ class _Report:
             .collect()
         ]
         bounds = per_minute.agg(F.min("minute").alias("lo"), F.max("minute").alias("hi")).collect()[0]
-        charts: dict[str, dict[str, list[tuple[datetime, float]]]] = {"enqueued": {}, "completed": {}, "depth": {}}
+        charts: _Charts = {"enqueued": {}, "completed": {}, "depth": {}}
         if bounds["lo"] is None or not top:
             return charts
         lo: datetime = bounds["lo"]
@@ -698,12 +730,14 @@ class _Report:
         return charts
 
     def _job_counts(self) -> dict[str, int]:
-        """Archived and live jobs in the report's input (after ``since``), from the outcome counts."""
-        from pyspark.sql import functions as F
+        """Archived and live jobs in the report's input (after ``since``), from the outcome counts
+        (a few rows per queue and task, read with pyarrow)."""
+        import pyarrow.dataset as ds
 
         counts = {"archive": 0, "live": 0}
-        for r in self._stashed("outcomes").groupBy("archived").agg(F.sum("jobs").alias("n")).collect():
-            counts["archive" if r["archived"] else "live"] = int(r["n"])
+        table = ds.dataset(self.work / "outcomes", format="parquet").to_table(columns=["archived", "jobs"])
+        for archived, jobs in zip(table.column("archived").to_pylist(), table.column("jobs").to_pylist(), strict=True):
+            counts["archive" if archived else "live"] += int(jobs)
         return counts
 
     def _html_tables(self) -> dict[str, list[dict[str, Any]]]:
