@@ -42,10 +42,8 @@ def latency_stats(
     if histogram.num_rows == 0:
         return []
     queue_codes, queues = _codes(histogram.column("queue"))
+    priority_codes, priorities = _codes(histogram.column("priority"))
     metric_codes, metrics = _codes(histogram.column("metric"))
-    priority = histogram.column("priority")
-    no_priority = np.asarray(pc.is_null(priority), dtype=np.int64)
-    priority_values = np.asarray(pc.fill_null(priority, 0).cast(pa.int64()), dtype=np.int64)
     # Durations are never negative (clock skew counts as 0), so -1 can stand for "no value".
     ms = np.asarray(pc.fill_null(histogram.column("ms"), -1).cast(pa.int64()), dtype=np.int64)
     n = np.asarray(histogram.column("n").cast(pa.int64()), dtype=np.int64)
@@ -54,36 +52,46 @@ def latency_stats(
     breach = (metric_codes == wait_code) & (ms * 1000 > sla_of_queue[queue_codes])
 
     rows: list[dict[str, Any]] = []
-    levels: list[tuple[list[I64], bool]] = [
-        ([queue_codes, no_priority, priority_values, metric_codes], True),
-        ([queue_codes, metric_codes], False),
-    ]
-    for keys, by_priority in levels:
-        order = np.lexsort((ms, *reversed(keys)))
-        group = _grouped([k[order] for k in keys], ms[order], n[order], breach[order], percentiles)
-        first = order[group["starts"]]
-        for g in range(len(first)):
-            i = first[g]
-            queue = queues[queue_codes[i]]
+    n_priorities, n_metrics = len(priorities), len(metrics)
+    # One integer per group: (queue, priority, metric), then (queue, metric) for the all-priorities rows.
+    levels = [((queue_codes * n_priorities + priority_codes) * n_metrics + metric_codes, True)]
+    levels.append((queue_codes * n_metrics + metric_codes, False))
+    for group_code, by_priority in levels:
+        order = _order(group_code, ms)
+        codes = group_code[order]
+        group = _grouped(codes, ms[order], n[order], breach[order], percentiles)
+        for g, code in enumerate(codes[group["starts"]].tolist()):
+            rest, metric = divmod(code, n_metrics)
+            queue, priority = divmod(rest, n_priorities) if by_priority else (rest, len(priorities) - 1)
             count = int(group["count"][g])
             rows.append(
                 {
-                    "queue": queue,
-                    "priority": int(priority_values[i]) if by_priority and not no_priority[i] else None,
-                    "metric": metrics[metric_codes[i]],
+                    "queue": queues[queue],
+                    "priority": priorities[priority],
+                    "metric": metrics[metric],
                     "count": count,
                     "total_ms": int(group["total"][g]) if count else None,
                     "p": [float(v[g]) for v in group["p"]] if count else None,
                     "max_ms": int(group["max"][g]) if count else None,
                     "sla_breaches": int(group["breaches"][g]),
-                    "sla_us": int(sla_of_queue[queue_codes[i]]),
+                    "sla_us": int(sla_of_queue[queue]),
                 }
             )
     return rows
 
 
+def _order(group_code: I64, ms: I64) -> I64:
+    """The order that sorts rows by group, then by value: one argsort of one int64 key when the
+    group and the value fit in it (always, for durations below some 10^15 ms), else a lexsort."""
+    span = int(ms.max()) + 2
+    if (int(group_code.max()) + 1) * span < 2**62:
+        key: I64 = group_code * span + (ms + 1)
+        return np.argsort(key)
+    return np.lexsort((ms, group_code))
+
+
 def _codes(column: Any) -> tuple[I64, list[Any]]:
-    """Integer codes for a string column and the values they stand for (None for null)."""
+    """Dense integer codes for a column and the values they stand for (the last one None, for null)."""
     import pyarrow.compute as pc
 
     encoded = pc.dictionary_encode(column.combine_chunks())
@@ -93,14 +101,12 @@ def _codes(column: Any) -> tuple[I64, list[Any]]:
 
 
 def _grouped(
-    keys: list[I64], ms: I64, n: I64, breach: npt.NDArray[np.bool_], percentiles: Sequence[float]
+    codes: I64, ms: I64, n: I64, breach: npt.NDArray[np.bool_], percentiles: Sequence[float]
 ) -> dict[str, Any]:
-    """Statistics of each run of equal ``keys`` in rows sorted by ``keys`` then ``ms`` (-1: no value)."""
+    """Statistics of each run of equal group ``codes`` in rows sorted by them, then by ``ms`` (-1: no value)."""
     size = len(ms)
-    change = np.zeros(size, dtype=bool)
-    change[0] = True
-    for key in keys:
-        change[1:] |= key[1:] != key[:-1]
+    change = np.ones(size, dtype=bool)
+    change[1:] = codes[1:] != codes[:-1]
     starts = np.flatnonzero(change)
     ends = np.append(starts[1:], size)
     valid = ms >= 0
