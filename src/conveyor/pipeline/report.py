@@ -291,7 +291,7 @@ class _Report:
             # 21.5-22.9 s for the four together against 24.1-34.6 s one after the other, the same CPU).
             # Then the tables, also together: a few small jobs each, mostly the driver's latency.
             # (Starting each scan's tables as soon as that scan ended, beside the histogram's scan,
-            # was slower: 31.1 and 38.1 s against 28.1 and 30.5 s for scans, then tables.)
+            # was slower: 31.1 and 38.1 s against 28.4 and 30.5 s for scans, then tables.)
             from concurrent.futures import ThreadPoolExecutor
 
             scanning = "scans: latency histogram, per-minute counts, outcomes, failed and poison jobs"
