@@ -106,7 +106,8 @@ def get_session(
     Sets ``SPARK_LOCAL_IP=127.0.0.1`` (unless set) and ``PYSPARK_PYTHON`` to this interpreter so that
     Python workers import the same environment, finds Java (:func:`ensure_java`), turns the UI and
     console progress bar off, uses UTC as the session time zone, few shuffle partitions (the
-    pipeline's aggregates are small) and adaptive execution. An already active session is returned
+    pipeline's aggregates are small), adaptive execution and a larger first-level aggregation hash
+    map (the latency histogram's groups fit in it). An already active session is returned
     as is: its configuration (master, jars) is not changed. ``driver_memory`` defaults to
     ``$CONVEYOR_SPARK_DRIVER_MEMORY``, else 1600m."""
     from pyspark.sql import SparkSession
@@ -126,6 +127,10 @@ def get_session(
         "spark.sql.shuffle.partitions": "8",
         "spark.sql.adaptive.enabled": "true",
         "spark.sql.adaptive.coalescePartitions.enabled": "true",
+        # Room for 2^20 groups (default 2^16) in the first-level hash map of aggregations: the report's
+        # latency histogram has ~0.8 million groups for 10 million jobs, and past the first level each
+        # row goes to the slower generic map (histogram warm on 10M jobs: 9.9-10.6 s against 13.6-14.5 s).
+        "spark.sql.codegen.aggregate.fastHashMap.capacityBit": "20",
         "spark.driver.memory": memory,
         "spark.driver.host": os.environ["SPARK_LOCAL_IP"],
         "spark.driver.bindAddress": os.environ["SPARK_LOCAL_IP"],
