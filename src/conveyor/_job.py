@@ -100,6 +100,21 @@ class JobStatus:
             out[name] = value
         return out
 
+    def dead_letter_json(self) -> dict[str, Any]:
+        """The summary of a dead letter that lists show (the CLI's ``--json`` and the HTTP list)."""
+        return {
+            "id": str(self.id),
+            "queue": self.queue,
+            "task": self.task,
+            "attempts": self.attempts,
+            "deliveries": self.deliveries,
+            "failed_at": self.finished_at.isoformat() if self.finished_at else None,
+            "reason": self.reason,
+            "error_type": self.error.type if self.error else None,
+            "error_message": self.error.message if self.error else None,
+            "idempotency_key": self.idempotency_key,
+        }
+
 
 class Job:
     """A handle on one job by id. ``status()`` reads it; ``wait()`` blocks until it ends."""

@@ -11,7 +11,6 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from conveyor._job import JobStatus
 from conveyor.cli._common import FiniteFloat, actor, app_of, cell, console, dump, fail
 from conveyor.cli.jobs import print_status
 
@@ -19,21 +18,6 @@ from conveyor.cli.jobs import print_status
 @click.group()
 def dlq() -> None:
     """Inspect, replay and purge dead letters."""
-
-
-def _row(s: JobStatus) -> dict[str, Any]:
-    return {
-        "id": str(s.id),
-        "queue": s.queue,
-        "task": s.task,
-        "attempts": s.attempts,
-        "deliveries": s.deliveries,
-        "failed_at": s.finished_at.isoformat() if s.finished_at else None,
-        "reason": s.reason,
-        "error_type": s.error.type if s.error else None,
-        "error_message": s.error.message if s.error else None,
-        "idempotency_key": s.idempotency_key,
-    }
 
 
 @dlq.command("list")
@@ -49,7 +33,7 @@ def dlq_list(
     """List dead letters, newest first."""
     rows = app_of(ctx).admin.dead_letters(queue=queue, task=task, error_type=error_type, limit=limit)
     if as_json:
-        dump([_row(r) for r in rows])
+        dump([r.dead_letter_json() for r in rows])
         return
     table = Table(title=f"Dead letters ({len(rows)} shown; details: conveyor dlq show ID)")
     for column in ("id", "queue", "task", "attempts", "reason", "error"):

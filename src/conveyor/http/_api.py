@@ -142,21 +142,6 @@ def _status_json(status: JobStatus) -> dict[str, Any]:
     return status.to_json()
 
 
-def _dead_json(s: JobStatus) -> dict[str, Any]:
-    return {
-        "id": str(s.id),
-        "queue": s.queue,
-        "task": s.task,
-        "attempts": s.attempts,
-        "deliveries": s.deliveries,
-        "failed_at": s.finished_at.isoformat() if s.finished_at else None,
-        "reason": s.reason,
-        "error_type": s.error.type if s.error else None,
-        "error_message": s.error.message if s.error else None,
-        "idempotency_key": s.idempotency_key,
-    }
-
-
 def _queue_json(q: QueueStats) -> dict[str, Any]:
     return {name: getattr(q, name) for name in q.__slots__}
 
@@ -549,7 +534,7 @@ class Service:
         )
         last = rows[-1] if len(rows) == limit else None
         following = _parse.cursor((last.finished_at, last.id)) if last and last.finished_at else None
-        return json_response({"dead_letters": [_dead_json(r) for r in rows], "next_before": following})
+        return json_response({"dead_letters": [r.dead_letter_json() for r in rows], "next_before": following})
 
     async def dead_letter(self, request: Request) -> Response:
         """GET /v1/dead-letters/{id}: one dead letter in full."""
