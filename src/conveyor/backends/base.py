@@ -29,6 +29,7 @@ text: they are encoded once by the producer and decoded once by the worker.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -287,6 +288,18 @@ class AuditEntry:
     reason: str
     job_ids: tuple[UUID, ...]
     details: str  # JSON text
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict (the CLI's ``audit --json`` and the HTTP audit list)."""
+        return {
+            "id": self.id,
+            "at": self.at.isoformat(),
+            "actor": self.actor,
+            "action": self.action,
+            "reason": self.reason,
+            "job_ids": [str(j) for j in self.job_ids],
+            "details": json.loads(self.details or "{}"),
+        }
 
 
 # --------------------------------------------------------------------------------------------

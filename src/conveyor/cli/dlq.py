@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from typing import Any
 
@@ -169,20 +168,7 @@ def audit(ctx: click.Context, limit: int, as_json: bool) -> None:
     """Operator actions (replays, purges, schedule and topic changes), newest first."""
     entries = app_of(ctx).admin.audit(limit)
     if as_json:
-        dump(
-            [
-                {
-                    "id": e.id,
-                    "at": e.at.isoformat(),
-                    "actor": e.actor,
-                    "action": e.action,
-                    "reason": e.reason,
-                    "job_ids": [str(j) for j in e.job_ids],
-                    "details": json.loads(e.details or "{}"),
-                }
-                for e in entries
-            ]
-        )
+        dump([e.to_json() for e in entries])
         return
     table = Table(title="Audit log")
     for column in ("at", "actor", "action", "jobs", "reason"):
@@ -192,6 +178,3 @@ def audit(ctx: click.Context, limit: int, as_json: bool) -> None:
             e.at.strftime("%Y-%m-%d %H:%M:%S"), cell(e.actor), cell(e.action), str(len(e.job_ids)), cell(e.reason)
         )
     console.print(table)
-
-
-

@@ -45,7 +45,7 @@ from conveyor._errors import (
 from conveyor._job import JobStatus
 from conveyor._limits import check_name, check_seconds
 from conveyor._message import Message
-from conveyor.admin import AlertState, AuditEntry, QueueStats, Schedule, Token, WorkerInfo
+from conveyor.admin import AlertState, QueueStats, Schedule, Token, WorkerInfo
 from conveyor.http import _parse
 from conveyor.http._dashboard import SESSION_COOKIE, Dashboard, register_convertors
 from conveyor.http._group import GroupCommit
@@ -188,18 +188,6 @@ def _schedule_json(s: Schedule) -> dict[str, Any]:
         "paused": s.paused,
         "next_run_at": s.next_run_at.isoformat(),
         "last_run_at": s.last_run_at.isoformat() if s.last_run_at else None,
-    }
-
-
-def _audit_json(e: AuditEntry) -> dict[str, Any]:
-    return {
-        "id": e.id,
-        "at": e.at.isoformat(),
-        "actor": e.actor,
-        "action": e.action,
-        "reason": e.reason,
-        "job_ids": [str(j) for j in e.job_ids],
-        "details": json.loads(e.details or "{}"),
     }
 
 
@@ -615,7 +603,7 @@ class Service:
         _tokens.require(token, "operator", None)
         limit = _parse.int_param(request.query_params, "limit", 100, 1, 10_000)
         entries = await self.run(self.app.admin.audit, limit)
-        return json_response({"audit": [_audit_json(e) for e in entries]})
+        return json_response({"audit": [e.to_json() for e in entries]})
 
     async def schedules(self, request: Request) -> Response:
         """GET /v1/schedules: every schedule (of the token's queues) with its next tick."""
