@@ -126,11 +126,9 @@ async def _drain(app: App, queues: Sequence[str] | None, max_jobs: int, until: A
                 break
             ran = 0
             await loops.fetcher.run_once()
-            while not loops.buffer.empty():
-                delivery = loops.buffer.get_nowait()
-                if delivery is not None:
-                    await loops.executor.process(delivery)
-                    ran += 1
+            for delivery in loops.buffer.drain():
+                await loops.executor.process(delivery)
+                ran += 1
             await loops.completer.run_once()
             if ran:
                 continue

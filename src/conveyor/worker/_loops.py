@@ -4,14 +4,14 @@ The Worker runs them; the testing kit drives the same loops round by round (``ru
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
 from conveyor._catalogue import Catalogue
 from conveyor._producer import Producer
-from conveyor.backends.base import Backend, Delivery
+from conveyor.backends.base import Backend
+from conveyor.worker._buffer import Buffer
 from conveyor.worker._calls import BackendCalls
 from conveyor.worker._config import WorkerConfig
 from conveyor.worker._observe import NO_OBSERVER, Observer
@@ -34,7 +34,7 @@ class Loops:
     counters: Counters
     registry: Registry
     calls: BackendCalls
-    buffer: asyncio.Queue[Delivery | None]
+    buffer: Buffer
     fetcher: Fetcher
     executor: Executor
     completer: Completer
@@ -76,7 +76,9 @@ def build_loops(
     counters = counters if counters is not None else Counters()
     registry = Registry()
     calls = BackendCalls(backend, counters, threads=db_threads)
-    buffer: asyncio.Queue[Delivery | None] = asyncio.Queue()
+    # Deliveries of plain ``def`` tasks go to the executor's thread slots, the others to its coroutines.
+    tasks = catalogue.tasks
+    buffer = Buffer(config.concurrency, lambda d: (task := tasks.get(d.task)) is not None and not task.is_async)
     completer = Completer(calls, registry, counters, clock, config.flush_interval)
     fetcher = Fetcher(catalogue, calls, registry, counters, buffer, config, queues, clock)
     executor = Executor(
@@ -88,7 +90,6 @@ def build_loops(
         completer,
         config.concurrency,
         clock,
-        on_take=fetcher.space.set,
         on_stuck=on_stuck,
     )
     fetcher.observer = executor.observer = completer.observer = observer

@@ -13,7 +13,7 @@ from typing import Any
 from conveyor._app import App
 from conveyor._errors import ConfigurationError
 from conveyor._message import utcnow
-from conveyor.backends.base import Delivery, JobsReleaseParams, LeaseRef, QueuesStatsParams
+from conveyor.backends.base import JobsReleaseParams, LeaseRef, QueuesStatsParams
 from conveyor.worker._config import WorkerConfig
 from conveyor.worker._loops import Loops, build_loops
 from conveyor.worker._observe import NO_OBSERVER, Observer, Observers
@@ -146,11 +146,7 @@ class Worker:
 
     async def _release_buffered(self, loops: Loops) -> None:
         refs: list[LeaseRef] = []
-        buffer: asyncio.Queue[Delivery | None] = loops.buffer
-        while not buffer.empty():
-            delivery = buffer.get_nowait()
-            if delivery is None:
-                continue
+        for delivery in loops.buffer.drain():
             held = loops.registry.held.get(delivery.id)
             if held is not None and not held.lost:
                 refs.append(LeaseRef(delivery.id, delivery.receipt))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from datetime import datetime
@@ -34,6 +35,7 @@ from conveyor.worker._calls import BackendCalls
 from conveyor.worker._observe import NO_OBSERVER, Observer
 from conveyor.worker._service import Service
 from conveyor.worker._state import Counters, Registry
+from conveyor.worker._threads import LoopRef
 
 log = logging.getLogger("conveyor.worker")
 
@@ -41,9 +43,11 @@ log = logging.getLogger("conveyor.worker")
 class Completer(Service):
     """Buffers outcomes and flushes them every ``flush_interval`` seconds (0: flush at once).
 
-    An outcome is only dropped from memory after the database accepted it: while the database is
-    away the batch is kept and retried, so a restart loses no ack. (A lease may expire meanwhile;
-    the late ack is then stale and counted, and the job runs again: at-least-once.)"""
+    :meth:`add` may be called from any thread (the executor's thread slots add from theirs); the
+    rest runs on the event loop. An outcome is only dropped from memory after the database accepted
+    it: while the database is away the batch is kept and retried, so a restart loses no ack. (A
+    lease may expire meanwhile; the late ack is then stale and counted, and the job runs again:
+    at-least-once.)"""
 
     name = "completer"
     observer: Observer = NO_OBSERVER
@@ -66,6 +70,11 @@ class Completer(Service):
         self.flush_interval = flush_interval
         self.max_batch = max_batch
         self._pending: list[Outcome] = []
+        # Guards _pending, which thread slots append to; _woken says a wake-up is on its way to the
+        # loop already, so that a burst of outcomes from threads costs one hand-off, not one each.
+        self._lock = threading.Lock()
+        self._woken = False
+        self._loop = LoopRef()
         self._starts: dict[UUID, LeaseRef] = {}
         self._wake = asyncio.Event()
         self._give_up_at: float | None = None
@@ -74,12 +83,16 @@ class Completer(Service):
         self.flushed_all = True
 
     def add(self, outcome: Outcome) -> None:
-        """Queue one outcome for the next flush."""
+        """Queue one outcome for the next flush (from any thread)."""
         held = self.registry.held.get(outcome.id)
         if held is not None:
             held.state = "finishing"
-        self._pending.append(outcome)
-        self._wake.set()
+        with self._lock:
+            self._pending.append(outcome)
+            if self._woken:
+                return
+            self._woken = True
+        self._loop.call(self._wake.set)
 
     def count_start(self, ref: LeaseRef) -> None:
         """Have the start of a running delivery counted at the next flush (unless its outcome is in it)."""
@@ -90,25 +103,31 @@ class Completer(Service):
     def backlog(self) -> int:
         return len(self._pending)
 
+    def _next_batch(self) -> list[Outcome]:
+        with self._lock:
+            batch, self._pending = self._pending[: self.max_batch], self._pending[self.max_batch :]
+        return batch
+
     async def run_once(self) -> int:
         """Flush everything queued now; return how many outcomes were written (applied or stale)."""
         written = 0
         if self._starts:
             await self._count_starts()
-        while self._pending:
-            batch, self._pending = self._pending[: self.max_batch], self._pending[self.max_batch :]
+        while batch := self._next_batch():
             try:
                 await self._flush(batch)
             except BaseException:
                 # Keep the batch for the next try: an outcome leaves memory only once it is stored.
-                self._pending[:0] = batch
+                with self._lock:
+                    self._pending[:0] = batch
                 raise
             written += len(batch)
         return written
 
     async def _count_starts(self) -> None:
         starts, self._starts = self._starts, {}
-        finishing = {o.id for o in self._pending}
+        with self._lock:
+            finishing = {o.id for o in self._pending}
         marks = [
             ref
             for ref in starts.values()
@@ -229,9 +248,12 @@ class Completer(Service):
 
     async def run(self) -> None:
         """Flush on a short ticker until stopped, then flush what is left (see :meth:`stop`)."""
+        self._loop.bind()
         while not self.stopping:
             await self._wake.wait()
             self._wake.clear()
+            with self._lock:
+                self._woken = False
             if self.flush_interval > 0 and not self.stopping:
                 # Wait a moment so that outcomes finishing together share one statement.
                 await asyncio.sleep(self.flush_interval)

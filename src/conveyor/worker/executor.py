@@ -1,4 +1,5 @@
-"""The execute loop: N concurrent slots run handlers; ``async def`` on the event loop, ``def`` in threads.
+"""The execute loop: ``concurrency`` slots run handlers; ``async def`` ones in coroutines on the event
+loop, plain ``def`` ones in threads that loop by themselves (see :mod:`conveyor.worker._buffer`).
 
 A slot takes a leased job from the prefetch buffer, decides whether it may run (poison, TTL, unknown
 task), runs it, and hands the outcome to the completer, which counts the start with it. A suspect job
@@ -9,18 +10,15 @@ kind, a hang past its timeout) is that job's outcome; the slot itself carries on
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
-import functools
 import json
 import logging
-import queue
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Executor as _PoolExecutor
-from concurrent.futures import Future
 from datetime import datetime
-from typing import Any, ParamSpec, TypeVar
+from typing import Any
 
 from conveyor._catalogue import Catalogue
 from conveyor._context import JobContext
@@ -28,119 +26,49 @@ from conveyor._errors import HandlerTimeout
 from conveyor._outcomes import Outcome, before_run, on_failure, on_manual, on_success
 from conveyor._task import Task
 from conveyor.backends.base import Delivery, JobsStartParams, LeaseRef, LeasesExtendParams
+from conveyor.worker._buffer import Buffer
 from conveyor.worker._calls import BackendCalls
 from conveyor.worker._observe import NO_OBSERVER, Observer
 from conveyor.worker._service import Service
-from conveyor.worker._state import Counters, Registry
+from conveyor.worker._state import Counters, Held, Registry
 from conveyor.worker.completer import Completer
 
 log = logging.getLogger("conveyor.worker")
 
-P = ParamSpec("P")
-T = TypeVar("T")
+class _ThreadSlot:
+    """One thread that runs ``def`` handlers, one job at a time, until the buffer closes.
 
+    A Python thread cannot be stopped: when its handler hangs past the task's timeout, the watchdog
+    (:meth:`Executor._watch`) gives the slot up — the job gets its timeout outcome, the slot's permit
+    goes back and a new slot takes its place — and the thread ends whenever the call returns, its
+    result dropped. The lock orders that against the handler returning at the same moment."""
 
-class HandlerThreads(_PoolExecutor):
-    """A thread pool for ``def`` handlers whose threads are daemons and can be abandoned.
+    def __init__(self, executor: Executor, number: int) -> None:
+        self.executor = executor
+        self.lock = threading.Lock()
+        #: The job running now, its task and when it must be given up (None: no timeout).
+        self.job: tuple[Delivery, Task[Any, Any]] | None = None
+        self.deadline: float | None = None
+        self.abandoned = False
+        #: The outcome the watchdog gave the job when it gave the slot up.
+        self.timed_out: Outcome | None = None
+        self.thread = threading.Thread(target=self.run, name=f"conveyor-handler-{number}", daemon=True)
 
-    ``ThreadPoolExecutor`` joins its threads when the interpreter exits, so a handler still running
-    after the graceful timeout would keep the worker process alive until it returned (for ever, if
-    it hangs), although the worker had given it up. And a Python thread cannot be stopped: a handler
-    that hangs past its task's timeout keeps its thread. :meth:`abandon` gives such a thread up: it no
-    longer counts towards ``max_workers`` (a new thread takes its place, so the worker keeps its
-    concurrency) and it ends when its call finally returns. Threads start on demand and are reused."""
-
-    def __init__(self, max_workers: int, name: str = "conveyor-handler") -> None:
-        self._max_workers = max_workers
-        self._name = name
-        self._work: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]] | None] = queue.SimpleQueue()
-        self._idle = threading.Semaphore(0)
-        self._lock = threading.Lock()
-        self._threads: list[threading.Thread] = []
-        self._running: dict[Future[Any], threading.Thread] = {}
-        self._abandoned: set[threading.Thread] = set()
-        self._started = 0
-        self._shut = False
-
-    @property
-    def abandoned(self) -> int:
-        """Threads given up on whose calls are still running."""
-        with self._lock:
-            return len(self._abandoned)
-
-    def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Future[T]:
-        with self._lock:
-            if self._shut:
-                raise RuntimeError("cannot run handlers after shutdown")
-            future: Future[T] = Future()
-            self._work.put((future, functools.partial(fn, *args, **kwargs)))
-            if not self._idle.acquire(blocking=False):
-                self._grow()
-            return future
-
-    def _grow(self) -> None:
-        # Called with the lock held: start a thread if the pool is below its size.
-        if len(self._threads) < self._max_workers:
-            thread = threading.Thread(target=self._run, name=f"{self._name}-{self._started}", daemon=True)
-            self._started += 1
-            thread.start()
-            self._threads.append(thread)
-
-    def abandon(self, future: Future[Any]) -> None:
-        """Give up the thread running ``future`` (its handler hung past its timeout).
-
-        A call not yet started is cancelled instead."""
-        if future.cancel():
-            return
-        with self._lock:
-            thread = self._running.get(future)
-            if thread is None or thread in self._abandoned:
-                return
-            self._abandoned.add(thread)
-            self._threads.remove(thread)
-            self._grow()
-
-    def _run(self) -> None:
-        me = threading.current_thread()
-        while (item := self._work.get()) is not None:
-            future, call = item
-            if future.set_running_or_notify_cancel():
-                with self._lock:
-                    self._running[future] = me
+    def run(self) -> None:
+        executor, buffer = self.executor, self.executor.buffer
+        try:
+            release = False
+            while (delivery := buffer.take_blocking(release)) is not None:
+                release = True
                 try:
-                    result = call()
-                except Exception as exc:
-                    future.set_exception(exc)
-                except BaseException as exc:
-                    future.set_exception(_Raised(exc))
-                else:
-                    future.set_result(result)
-                with self._lock:
-                    del self._running[future]
-                    if me in self._abandoned:
-                        # Given up while it ran: a replacement has taken its place in the pool.
-                        self._abandoned.discard(me)
-                        return
-            del item, future, call
-            self._idle.release()
-
-    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
-        with self._lock:
-            self._shut = True
-            if cancel_futures:
-                while True:
-                    try:
-                        item = self._work.get_nowait()
-                    except queue.Empty:
-                        break
-                    if item is not None:
-                        item[0].cancel()
-            threads = list(self._threads)
-            for _ in threads:
-                self._work.put(None)
-        if wait:
-            for thread in threads:
-                thread.join()
+                    executor.process_blocking(delivery, self)
+                except Exception:
+                    log.exception("internal error processing job %s", delivery.id)
+                    executor.registry.drop(delivery.id)
+                if self.abandoned:
+                    return  # the watchdog gave this slot's permit back already
+        finally:
+            executor.slot_ended(self)
 
 
 class Starts:
@@ -188,13 +116,16 @@ class Starts:
 class Executor(Service):
     """Runs deliveries from the buffer through their task's handler and hands outcomes to the completer.
 
-    ``run()`` runs ``concurrency`` slots until :meth:`stop`, after which each slot ends once its
-    handler returns (the worker cancels the run past its graceful timeout). ``on_stuck`` is called
-    once when as many handler threads hang past their timeout as there are slots: a thread cannot be
-    stopped, so only a new process gets them back."""
+    ``run()`` runs ``concurrency`` coroutine slots, and as many thread slots if a task is a plain
+    ``def`` (they share the buffer's ``concurrency`` permits), until :meth:`stop`, after which each
+    slot ends once its handler returns (the worker cancels the run past its graceful timeout).
+    ``on_stuck`` is called once when as many handler threads hang past their timeout as there are
+    slots: a thread cannot be stopped, so only a new process gets them back."""
 
     name = "executor"
     observer: Observer = NO_OBSERVER
+    #: How often the watchdog looks for ``def`` handlers past their timeout (its precision).
+    watch_interval = 0.02
 
     def __init__(
         self,
@@ -202,11 +133,10 @@ class Executor(Service):
         calls: BackendCalls,
         registry: Registry,
         counters: Counters,
-        buffer: asyncio.Queue[Delivery | None],
+        buffer: Buffer,
         completer: Completer,
         concurrency: int,
         clock: Callable[[], datetime],
-        on_take: Callable[[], None] = lambda: None,
         on_stuck: Callable[[int], None] = lambda stuck: None,
     ) -> None:
         super().__init__()
@@ -218,12 +148,26 @@ class Executor(Service):
         self.completer = completer
         self.concurrency = concurrency
         self.clock = clock
-        self.on_take = on_take
         self.on_stuck = on_stuck
-        self.running = 0
         self.starts = Starts(calls, clock)
-        self._threads = HandlerThreads(concurrency)
+        # Thread slots share the counters with the event loop: their increments take this lock.
+        self._tally = threading.Lock()
+        self._slots: set[_ThreadSlot] = set()
+        self._slots_started = 0
+        self._stuck = 0
         self._stuck_reported = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._slots_ended = asyncio.Event()
+
+    @property
+    def running(self) -> int:
+        """Handlers running now (slots holding a permit)."""
+        return self.buffer.running
+
+    @property
+    def abandoned(self) -> int:
+        """Handler threads given up on (past their timeout) whose calls are still running."""
+        return self._stuck
 
     # The worker passes itself as the lease keeper so that ``ctx.extend`` reaches the database.
     def extend(self, delivery: Delivery, seconds: float) -> bool:
@@ -238,8 +182,9 @@ class Executor(Service):
         held.lost = True
         return False
 
-    async def process(self, delivery: Delivery) -> Outcome | None:
-        """Run one delivery and queue its outcome; None when its lease was lost before it started."""
+    def _admit(self, delivery: Delivery) -> tuple[Held, Task[Any, Any] | None, Outcome | None] | None:
+        """The job's entry, its task and the outcome that ends it unrun (poison, TTL, unknown task);
+        None when its lease was lost before it started."""
         held = self.registry.held.get(delivery.id)
         if held is None or held.lost:
             self.registry.drop(delivery.id)
@@ -247,46 +192,91 @@ class Executor(Service):
         task = self.catalogue.tasks.get(delivery.task)
         options = task.options if task else None
         on_expire = self.catalogue.queue_options(delivery.queue).on_expire
-        outcome: Outcome | None = before_run(delivery, options, self.clock(), on_expire)
+        return held, task, before_run(delivery, options, self.clock(), on_expire)
+
+    def _started(self, held: Held, started: bool) -> bool:
+        """Mark a job started (``started``: its suspect start was counted), or its lease lost."""
+        if not started:
+            held.lost = True
+            with self._tally:
+                self.counters.lost_leases += 1
+            self.registry.drop(held.delivery.id)
+            return False
+        held.state = "running"
+        with self._tally:
+            self.counters.started += 1
+        return True
+
+    async def process(self, delivery: Delivery) -> Outcome | None:
+        """Run one delivery and queue its outcome; None when its lease was lost before it started."""
+        admitted = self._admit(delivery)
+        if admitted is None:
+            return None
+        held, task, outcome = admitted
         if outcome is None:
             assert task is not None
+            counted = True
             if delivery.rescues and not held.counted:
                 # A suspect: its lease expired before, maybe because it killed its worker. Count this
                 # start before it runs, so that it is counted even if it kills this worker too.
-                if not await self.starts.start(delivery):
-                    held.lost = True
-                    self.counters.lost_leases += 1
-                    self.registry.drop(delivery.id)
-                    return None
-                held.counted = True
-            held.state = "running"
-            self.counters.started += 1
+                counted = held.counted = await self.starts.start(delivery)
+            if not self._started(held, counted):
+                return None
             token = self.observer.before_run(delivery, self.clock())
             began = time.perf_counter()
-            outcome = None
             try:
-                outcome = await self._run(task, delivery)
+                if task.is_async:
+                    outcome = await self._run_async(task, delivery)
+                else:
+                    outcome = await self._run_sync(task, delivery)
             finally:
                 self.observer.after_run(delivery, outcome, time.perf_counter() - began, token)
         self.completer.add(outcome)
         return outcome
 
-    async def _run(self, task: Task[Any, Any], delivery: Delivery) -> Outcome:
+    def process_blocking(self, delivery: Delivery, slot: _ThreadSlot) -> None:
+        """Run one delivery of a ``def`` task in the calling thread slot and queue its outcome."""
+        admitted = self._admit(delivery)
+        if admitted is None:
+            return
+        held, task, outcome = admitted
+        if outcome is None:
+            assert task is not None and self._loop is not None
+            counted = True
+            if delivery.rescues and not held.counted:
+                # As in process(): the start is counted before the handler runs, on the event loop
+                # (batched with the other slots' suspects); this thread waits for it.
+                start = asyncio.run_coroutine_threadsafe(self.starts.start(delivery), self._loop)
+                counted = held.counted = start.result()
+            if not self._started(held, counted):
+                return
+            timeout = task.options.timeout
+            with slot.lock:
+                slot.job = (delivery, task)
+                slot.deadline = None if timeout is None else time.monotonic() + timeout
+            token = self.observer.before_run(delivery, self.clock())
+            began = time.perf_counter()
+            outcome = self._call(task, delivery)
+            with slot.lock:
+                slot.job = slot.deadline = None
+                abandoned = slot.abandoned
+            if abandoned:
+                # The watchdog gave the job its outcome (a timeout) and this slot up.
+                self.observer.after_run(delivery, slot.timed_out, time.perf_counter() - began, token)
+                self._unstick()
+                return
+            self.observer.after_run(delivery, outcome, time.perf_counter() - began, token)
+        self.completer.add(outcome)
+
+    def _call(self, task: Task[Any, Any], delivery: Delivery) -> Outcome:
+        """Call a ``def`` handler with the job's arguments; its outcome, whatever it raises."""
         options = task.options
         ctx = JobContext(delivery, keeper=self, backend=self.backend)
         try:
             kwargs: dict[str, Any] = json.loads(delivery.payload)
             if task.wants_context:
                 kwargs["ctx"] = ctx
-            if task.is_async:
-                result = await self._run_async(task, kwargs, options.timeout)
-            else:
-                result = await self._run_sync(task, kwargs, options.timeout)
-        except asyncio.CancelledError as exc:
-            current = asyncio.current_task()
-            if current is not None and current.cancelling():
-                raise  # this slot is being stopped: not the handler's outcome
-            return on_failure(delivery, options, exc, self.clock())
+            result = task.fn(**kwargs)
         except BaseException as exc:
             # Anything a handler raises, SystemExit and KeyboardInterrupt from library code included,
             # is a failed attempt of its job, never the end of the worker. (A real Ctrl-C or SIGTERM
@@ -296,12 +286,33 @@ class Executor(Service):
             return on_manual(delivery, options, ctx, self.clock())
         return on_success(delivery, options, result)
 
-    async def _run_async(self, task: Task[Any, Any], kwargs: dict[str, Any], timeout: float | None) -> Any:
-        if timeout is None:
-            return await task.fn(**kwargs)
+    async def _run_async(self, task: Task[Any, Any], delivery: Delivery) -> Outcome:
+        options = task.options
+        ctx = JobContext(delivery, keeper=self, backend=self.backend)
+        try:
+            kwargs: dict[str, Any] = json.loads(delivery.payload)
+            if task.wants_context:
+                kwargs["ctx"] = ctx
+            if options.timeout is None:
+                result = await task.fn(**kwargs)
+            else:
+                result = await self._within(task.fn(**kwargs), options.timeout)
+        except asyncio.CancelledError as exc:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise  # this slot is being stopped: not the handler's outcome
+            return on_failure(delivery, options, exc, self.clock())
+        except BaseException as exc:
+            return on_failure(delivery, options, exc, self.clock())
+        if options.ack_policy == "manual":
+            return on_manual(delivery, options, ctx, self.clock())
+        return on_success(delivery, options, result)
+
+    @staticmethod
+    async def _within(call: Any, timeout: float) -> Any:
         # Not asyncio.wait_for: it waits for the cancelled handler to finish, and a handler that
         # swallows the cancellation would then hold this slot for ever.
-        running = asyncio.ensure_future(task.fn(**kwargs))
+        running = asyncio.ensure_future(call)
         done, _ = await asyncio.wait({running}, timeout=timeout)
         if not done:
             running.cancel()
@@ -309,43 +320,36 @@ class Executor(Service):
             raise HandlerTimeout(f"handler ran longer than {timeout}s")
         return running.result()
 
-    async def _run_sync(self, task: Task[Any, Any], kwargs: dict[str, Any], timeout: float | None) -> Any:
-        # The handler runs in the slot's context (copied), so that what the slot set for it (the
-        # job's trace span) is current in the handler's thread too.
-        future = self._threads.submit(contextvars.copy_context().run, functools.partial(task.fn, **kwargs))
-        waiting = asyncio.wrap_future(future)
-        if timeout is None:
-            try:
-                return await waiting
-            except _Raised as raised:
-                raise raised.exception from None
-        done, _ = await asyncio.wait({waiting}, timeout=timeout)
-        if not done:
-            # The thread cannot be stopped: give it up so that a new one takes its slot.
-            self._threads.abandon(future)
-            waiting.add_done_callback(_consume)
-            stuck = self._threads.abandoned
-            log.warning(
-                "handler of %s ran past its %ss timeout; its thread is abandoned (%d stuck)",
-                task.name, timeout,
-                stuck,
-            )
-            if stuck >= self.concurrency and not self._stuck_reported:
-                self._stuck_reported = True
-                self.on_stuck(stuck)
-            raise HandlerTimeout(f"handler ran longer than {timeout}s")
-        try:
-            return waiting.result()
-        except _Raised as raised:
-            raise raised.exception from None
+    async def _run_sync(self, task: Task[Any, Any], delivery: Delivery) -> Outcome:
+        """A ``def`` handler run from the event loop (the testing kit drives the executor that way;
+        the worker's thread slots call it in their own thread): in a daemon thread of its own, in the
+        slot's context, so that what the slot set for it (the job's span) is current there too."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[Outcome] = loop.create_future()
+        context = contextvars.copy_context()
+
+        def call() -> None:
+            outcome = context.run(self._call, task, delivery)
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
+                loop.call_soon_threadsafe(_settle, done, outcome)
+
+        threading.Thread(target=call, name="conveyor-handler", daemon=True).start()
+        timeout = task.options.timeout
+        finished, _ = await asyncio.wait({done}, timeout=timeout)
+        if not finished:
+            done.cancel()
+            return self._timed_out(task, delivery)
+        return done.result()
+
+    def _timed_out(self, task: Task[Any, Any], delivery: Delivery) -> Outcome:
+        timeout = task.options.timeout
+        log.warning("handler of %s ran past its %ss timeout; its thread is abandoned", task.name, timeout)
+        return on_failure(delivery, task.options, HandlerTimeout(f"handler ran longer than {timeout}s"), self.clock())
 
     async def _slot(self) -> None:
-        while True:
-            delivery = await self.buffer.get()
-            self.on_take()
-            if delivery is None:
-                return
-            self.running += 1
+        release = False
+        while (delivery := await self.buffer.take(release)) is not None:
+            release = True
             try:
                 await self.process(delivery)
             except asyncio.CancelledError:
@@ -355,39 +359,91 @@ class Executor(Service):
                 # that its lease is no longer extended; it expires and rescue hands the job out again.
                 log.exception("internal error processing job %s", delivery.id)
                 self.registry.drop(delivery.id)
-            finally:
-                self.running -= 1
+
+    def _start_slot(self) -> None:
+        slot = _ThreadSlot(self, self._slots_started)
+        self._slots_started += 1
+        self._slots.add(slot)
+        slot.thread.start()
+
+    def slot_ended(self, slot: _ThreadSlot) -> None:
+        """A thread slot's thread ends (called in it)."""
+        if slot.abandoned or self._loop is None:
+            return
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
+            self._loop.call_soon_threadsafe(self._forget, slot)
+
+    def _forget(self, slot: _ThreadSlot) -> None:
+        self._slots.discard(slot)
+        if not self._slots:
+            self._slots_ended.set()
+
+    async def _threads_ended(self) -> None:
+        await self._slots_ended.wait()
+
+    def _unstick(self) -> None:
+        with self._tally:
+            self._stuck -= 1
+
+    async def _watch(self) -> None:
+        """Give up thread slots whose handler ran past its task's timeout (see :class:`_ThreadSlot`)."""
+        while True:
+            await asyncio.sleep(self.watch_interval)
+            now = time.monotonic()
+            for slot in list(self._slots):
+                with slot.lock:
+                    if slot.job is None or slot.deadline is None or now < slot.deadline:
+                        continue
+                    delivery, task = slot.job
+                    slot.timed_out = outcome = self._timed_out(task, delivery)
+                    slot.abandoned = True
+                    with self._tally:
+                        self._stuck += 1
+                self._slots.discard(slot)
+                self.completer.add(outcome)
+                self.buffer.release()
+                if self.stopping:
+                    if not self._slots:
+                        self._slots_ended.set()
+                else:
+                    self._start_slot()
+                if self._stuck >= self.concurrency and not self._stuck_reported:
+                    self._stuck_reported = True
+                    self.on_stuck(self._stuck)
 
     async def run(self) -> None:
         """Run the slots until stopped (and their handlers returned) or cancelled."""
-        slots = [asyncio.create_task(self._slot(), name=f"slot-{i}") for i in range(self.concurrency)]
+        self._loop = asyncio.get_running_loop()
+        self.buffer.loop.bind()
+        tasks = [asyncio.create_task(self._slot(), name=f"slot-{i}") for i in range(self.concurrency)]
+        plain = [t for t in self.catalogue.tasks.values() if not t.is_async]
+        watch: asyncio.Task[None] | None = None
+        if plain:
+            for _ in range(self.concurrency):
+                self._start_slot()
+            tasks.append(asyncio.create_task(self._threads_ended(), name="thread-slots"))
+            if any(t.options.timeout is not None for t in plain):
+                watch = asyncio.create_task(self._watch(), name="watchdog")
         try:
-            await asyncio.gather(*slots)
+            await asyncio.gather(*tasks)
         finally:
-            for slot in slots:
-                slot.cancel()
-            await asyncio.wait(slots, timeout=1.0)
-            # Threads still running a handler are abandoned (daemons: they do not hold the process's
-            # exit); their leases expire and rescue returns the jobs.
-            self._threads.shutdown(wait=False, cancel_futures=True)
+            if watch is not None:
+                watch.cancel()
+            for task in tasks:
+                task.cancel()
+            await asyncio.wait(tasks, timeout=1.0)
+            # Thread slots still running a handler are abandoned (daemons: they do not hold the
+            # process's exit); their leases expire and rescue returns the jobs.
 
     def stop(self) -> None:
         """Let each slot end once its handler returns (buffered jobs are the worker's to hand back)."""
         super().stop()
-        for _ in range(self.concurrency):
-            self.buffer.put_nowait(None)
+        self.buffer.close()
 
 
-class _Raised(Exception):
-    """Carries a handler's BaseException (SystemExit, GeneratorExit, ...) from its thread to its slot.
-
-    A future's exception reaches an awaiting task by being *thrown* into its coroutines, and a thrown
-    GeneratorExit closes every coroutine it passes instead of being caught; carried in an Exception
-    and raised again in the slot, it is an ordinary failed attempt."""
-
-    def __init__(self, exception: BaseException) -> None:
-        super().__init__(repr(exception))
-        self.exception = exception
+def _settle(future: asyncio.Future[Outcome], outcome: Outcome) -> None:
+    if not future.done():
+        future.set_result(outcome)
 
 
 def _consume(future: asyncio.Future[Any]) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 
 from conveyor._catalogue import Catalogue
 from conveyor.backends.base import Delivery, JobsAcquireParams, Listener
+from conveyor.worker._buffer import Buffer
 from conveyor.worker._calls import BackendCalls
 from conveyor.worker._config import WorkerConfig
 from conveyor.worker._observe import NO_OBSERVER, Observer
@@ -43,7 +44,7 @@ class Fetcher(Service):
         calls: BackendCalls,
         registry: Registry,
         counters: Counters,
-        buffer: asyncio.Queue[Delivery | None],
+        buffer: Buffer,
         config: WorkerConfig,
         queues: Sequence[str],
         clock: Callable[[], datetime],
@@ -68,7 +69,6 @@ class Fetcher(Service):
         self.poll_interval = (
             config.poll_interval if config.poll_interval is not None else (1.0 if backend.notifies else 0.25)
         )
-        self.space = asyncio.Event()
         self._listener: Listener | None = None
         self._listen_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="conveyor-listen")
         self.idle = False
@@ -142,7 +142,7 @@ class Fetcher(Service):
             options = self.catalogue.task_options(delivery.task)
             vt = options.visibility_timeout if options else self.visibility_timeout
             self.registry.add(delivery, vt)
-            self.buffer.put_nowait(delivery)
+            self.buffer.put(delivery)
         return len(deliveries)
 
     async def run(self) -> None:
@@ -154,9 +154,8 @@ class Fetcher(Service):
         try:
             while not self.stopping:
                 self._adapt()
-                if self.buffer.qsize() > self.capacity // 2:
-                    self.space.clear()
-                    await self._wait_for(self.space, None)
+                if self.buffer.arm_low(self.capacity // 2):
+                    await self._wait_for(self.buffer.low, None)
                     continue
                 try:
                     got = await self.run_once()

@@ -1,0 +1,157 @@
+"""The prefetch buffer: leased jobs waiting for a slot, and the permits that bound how many run.
+
+The fetch loop puts deliveries in; two kinds of slots take them out: coroutines on the event loop
+for ``async def`` handlers (and for jobs whose task is unknown), threads for plain ``def`` handlers.
+A ``def`` job's slot is a thread that loops by itself — take, run, hand the outcome to the
+completer — so that such a job never waits for the event loop: with the handler in a pool thread
+and its slot on the loop, every job crossed threads twice and the loop, contended by ten handler
+threads for the GIL, was the bottleneck (a Redis-bound drain ran at a third of the same body in ten
+plain threads; see docs/benchmarks.md). Both kinds share ``concurrency`` permits: at most that many
+handlers run at once, whatever their kind.
+
+Thread-safe: the fetcher and the coroutine slots use it from the event loop's thread, thread slots
+from theirs. A slot gives its permit back and takes its next job in one step, so that a busy slot
+goes on with the next job without waking anyone."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import deque
+from collections.abc import Callable
+
+from conveyor.backends.base import Delivery
+from conveyor.worker._threads import LoopRef
+
+
+class Buffer:
+    """Deliveries leased by this worker and not started yet, and ``concurrency`` run permits.
+
+    ``threaded(delivery)`` says which deliveries the thread slots run; the others go to the
+    coroutine slots. A free permit goes to the oldest buffered delivery, whatever its kind, so that
+    neither kind starves the other. After :meth:`close` every take returns None (what is still
+    buffered is the worker's to hand back, with :meth:`drain`)."""
+
+    def __init__(self, concurrency: int, threaded: Callable[[Delivery], bool] = lambda d: False) -> None:
+        self.concurrency = concurrency
+        self._threaded = threaded
+        self._lock = threading.Lock()
+        # (sequence, delivery): the sequence says which kind's head is older.
+        self._for_threads: deque[tuple[int, Delivery]] = deque()
+        self._for_loop: deque[tuple[int, Delivery]] = deque()
+        self._sequence = 0
+        self._thread_ready = threading.Condition(self._lock)
+        self._loop_ready = asyncio.Event()
+        self._permits = concurrency
+        self._closed = False
+        #: Set when the buffer falls to the level the fetcher waits for (see :meth:`arm_low`).
+        self.low = asyncio.Event()
+        self._low_level: int | None = None
+        #: The loop whose coroutines wait on this buffer (thread slots wake them through it).
+        self.loop = LoopRef()
+
+    def qsize(self) -> int:
+        return len(self._for_threads) + len(self._for_loop)
+
+    def empty(self) -> bool:
+        return self.qsize() == 0
+
+    @property
+    def running(self) -> int:
+        """How many permits are taken: handlers running (or about to) in either kind of slot."""
+        return self.concurrency - self._permits
+
+    def put(self, delivery: Delivery) -> None:
+        """Buffer one leased delivery."""
+        threaded = self._threaded(delivery)
+        with self._lock:
+            self._sequence += 1
+            (self._for_threads if threaded else self._for_loop).append((self._sequence, delivery))
+            self._signal()
+
+    def take_blocking(self, release: bool = False) -> Delivery | None:
+        """A thread slot's next delivery (blocking); None once closed. ``release``: first give back
+        the permit of the job this slot just finished (one step: a busy slot goes on without waking
+        anyone)."""
+        with self._lock:
+            if release:
+                self._permits += 1
+            while not self._closed and self._turn() != "threads":
+                if release:
+                    release = False
+                    self._signal()  # the permit this slot gave back may serve a coroutine slot
+                self._thread_ready.wait()
+            if self._closed:
+                return None
+            return self._take(self._for_threads)
+
+    async def take(self, release: bool = False) -> Delivery | None:
+        """A coroutine slot's next delivery; None once closed. ``release`` as in :meth:`take_blocking`."""
+        if release:
+            self.release()
+        while True:
+            with self._lock:
+                if self._closed:
+                    return None
+                if self._turn() == "loop":
+                    return self._take(self._for_loop)
+                self._loop_ready.clear()
+            await self._loop_ready.wait()
+
+    def release(self) -> None:
+        """Give back one permit (a handler ended, or its thread was given up)."""
+        with self._lock:
+            self._permits += 1
+            self._signal()
+
+    def _turn(self) -> str | None:
+        """Which kind of slot the next permit goes to (the lock is held): the older head's."""
+        if not self._permits:
+            return None
+        if self._for_threads and (not self._for_loop or self._for_threads[0][0] < self._for_loop[0][0]):
+            return "threads"
+        return "loop" if self._for_loop else None
+
+    def _take(self, items: deque[tuple[int, Delivery]]) -> Delivery:
+        # The lock is held.
+        self._permits -= 1
+        _, delivery = items.popleft()
+        if self._low_level is not None and self.qsize() <= self._low_level:
+            self._low_level = None
+            self.loop.call(self.low.set)
+        self._signal()
+        return delivery
+
+    def _signal(self) -> None:
+        """Wake a slot of the kind whose turn it is, if a permit is free (the lock is held)."""
+        turn = self._turn()
+        if turn == "threads":
+            self._thread_ready.notify()
+        elif turn == "loop":
+            self.loop.call(self._loop_ready.set)
+
+    def arm_low(self, level: int) -> bool:
+        """Have :attr:`low` set once at most ``level`` deliveries are buffered; False (nothing to
+        wait for) if there are no more than that already."""
+        with self._lock:
+            if self.qsize() <= level:
+                return False
+            self._low_level = level
+            self.low.clear()
+            return True
+
+    def close(self) -> None:
+        """Every take from now on returns None."""
+        with self._lock:
+            self._closed = True
+            self._thread_ready.notify_all()
+            self.loop.call(self._loop_ready.set)
+
+    def drain(self) -> list[Delivery]:
+        """Take every buffered delivery out, oldest first (the worker hands them back; the testing
+        kit runs them)."""
+        with self._lock:
+            taken = sorted([*self._for_loop, *self._for_threads], key=lambda item: item[0])
+            self._for_loop.clear()
+            self._for_threads.clear()
+        return [delivery for _, delivery in taken]
