@@ -69,6 +69,10 @@ MAX_BATCH = 1000
 #: this work comes after that wait, so a budget of its own kept a stop under 30 s.
 SHUTDOWN_SECONDS = 6.0
 MAX_IDS = 10_000
+#: Most seconds a replay over HTTP may spend waiting between chunks to keep to its ``rate``: the
+#: request and a server thread are held until the replay ends, and a stopping service gives the
+#: requests under way 24 s (``_serve``). A slower replay is the CLI's (``conveyor dlq replay --rate``).
+MAX_REPLAY_SECONDS = 20.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -578,9 +582,19 @@ class Service:
         rate = fields.get("rate")
         if rate is not None and (isinstance(rate, bool) or not isinstance(rate, int | float)):
             raise BadRequest("rate must be a number of jobs per second", "rate")
-        result = await self.run(
-            self.app.admin.replay, **selection, reason=fields["reason"], actor=self.actor(token), rate=rate
-        )
+        try:
+            result = await self.run(
+                self.app.admin.replay,
+                **selection,
+                reason=fields["reason"],
+                actor=self.actor(token),
+                rate=rate,
+                max_seconds=MAX_REPLAY_SECONDS,
+            )
+        except ConfigurationError as exc:
+            if str(exc).startswith("rate "):
+                raise BadRequest(str(exc), "rate") from None
+            raise
         return json_response(
             {
                 "replayed": [{"dead_id": str(d), "new_id": str(n)} for d, n in result.replayed],
