@@ -4,6 +4,7 @@ reach of a token limited to queues when it names dead letters by id: in the oper
 from __future__ import annotations
 
 import math
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -87,3 +88,28 @@ def test_http_refuses_a_rate_out_of_range_or_whose_pacing_would_hold_the_request
         assert done.status_code == 200, done.text
         assert sorted(p["dead_id"] for p in done.json()["replayed"]) == sorted(dead)
 
+
+def test_a_token_limited_to_queues_learns_nothing_from_replaying_another_queues_ids(served: Server) -> None:
+    # Replaying a dead letter of another queue by id answered 403 naming that queue, while GET of the
+    # same id answered 404: the token learnt that the id exists and where.
+    mine = dead_letters(served.db, 1, queue="emails")
+    other = dead_letters(served.db, 2, queue="billing")
+    unknown = str(uuid.uuid4())
+    with served.client("emails_ops") as scoped:
+        assert scoped.get(f"/v1/dead-letters/{other[0]}").status_code == 404
+        for ids in ([other[0]], [unknown]):
+            answer = scoped.post("/v1/dead-letters:replay", json={"ids": ids, "reason": "r"})
+            assert (answer.status_code, answer.json()) == (200, {"replayed": [], "skipped": ids}), answer.text
+        mixed = scoped.post("/v1/dead-letters:replay", json={"ids": [other[1], mine[0], unknown], "reason": "r"})
+        assert mixed.status_code == 200, mixed.text
+        assert [p["dead_id"] for p in mixed.json()["replayed"]] == mine
+        assert mixed.json()["skipped"] == [other[1], unknown]
+    with served.client("emails_admin") as scoped_admin:
+        for ids in ([other[0]], [unknown]):
+            answer = scoped_admin.post("/v1/dead-letters:purge", json={"ids": ids, "reason": "r"})
+            assert (answer.status_code, answer.json()) == (200, {"purged": 0, "selected": 1}), answer.text
+    assert unreplayed(served.db, "billing") == set(other), "another queue's dead letters were not touched"
+    with served.client("operator") as ops:
+        # A token of every queue still replays them.
+        everyone = ops.post("/v1/dead-letters:replay", json={"ids": other, "reason": "r"})
+        assert len(everyone.json()["replayed"]) == 2, everyone.text
