@@ -263,7 +263,7 @@ class Service:
         scheme, _, bearer = authorization.partition(" ")
         bearer = bearer.strip()
         if scheme.lower() != "bearer" or not bearer:
-            raise Unauthenticated("a bearer token is required (Authorization: Bearer cvy_...)")
+            raise Unauthenticated("a bearer token is required (Authorization: Bearer cvy_...)", "missing")
         admin = self.app.admin
         cached = admin.authenticate_cached(bearer, max_age=self.config.token_cache)
         if cached is not None:
