@@ -16,7 +16,7 @@ from uuid import UUID
 import httpx
 from playwright.sync_api import BrowserContext, expect
 from tests.dashboard.conftest import APP_PATH, log_in, shot, stop_worker, worker
-from tests.http.conftest import Server, start, stop
+from tests.http.conftest import Server, make_tokens, start, stop
 
 from conveyor import App, JobError, JobStatus
 from conveyor.backends import open_backend
@@ -343,5 +343,42 @@ def test_pages_answer_503_when_the_database_is_unreachable(tmp_path: Path) -> No
                     page = c.get(path)
                     assert page.status_code == 503, (path, page.text[:300])
                     assert "<h1>The database is unavailable</h1>" in page.text
+        finally:
+            stop(server)
+
+
+def test_behind_a_tls_proxy_the_session_cookie_is_secure_once_the_proxy_is_believed(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    # The cookie got Secure only when the request's own scheme was https, and uvicorn ran with
+    # proxy_headers off: behind a proxy that ends TLS it never had it (and the forms' Origin check, which
+    # compares with the request's scheme, refused every form posted from https://).
+    token = make_tokens(sqlite_url)["operator"]
+    for believed in (False, True):
+        server = start(sqlite_url, tmp_path, *(("--forwarded-allow-ips", "127.0.0.1") if believed else ()))
+        origin = "https://" + server.url.removeprefix("http://")
+        proxied = {"X-Forwarded-Proto": "https", "Origin": origin}
+        try:
+            with httpx.Client(base_url=server.url) as c:
+                done = c.post("/login", data={"token": token, "next": "/"}, headers=proxied)
+                if not believed:
+                    # Anyone may send X-Forwarded-Proto: it is ignored unless the proxy is named.
+                    assert done.status_code == 403, done.text
+                    plain = c.post("/login", data={"token": token, "next": "/"})
+                    assert plain.status_code == 303 and "secure" not in plain.headers["set-cookie"].lower()
+                    continue
+                assert done.status_code == 303, done.text
+                assert "; secure" in done.headers["set-cookie"].lower()
+                # httpx keeps a Secure cookie for https only: send it by hand, as the browser would.
+                session = {"Cookie": f"conveyor_session={token}"}
+                page = c.get("/schedules", headers={**proxied, **session})
+                assert page.status_code == 200, page.text
+                csrf = re.search(r'name="csrf" value="([0-9a-f]+)"', page.text)
+                assert csrf is not None
+                out = c.post("/logout", data={"csrf": csrf.group(1)}, headers={**proxied, **session})
+                assert out.status_code == 303 and "; secure" in out.headers["set-cookie"].lower()
+                # A request the proxy did not mark https is plain HTTP: no Secure.
+                direct = c.post("/login", data={"token": token, "next": "/"})
+                assert direct.status_code == 303 and "secure" not in direct.headers["set-cookie"].lower()
         finally:
             stop(server)

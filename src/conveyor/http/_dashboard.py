@@ -187,6 +187,8 @@ class Dashboard:
             value,
             httponly=True,
             samesite="strict",
+            # The scheme the browser used: https behind a TLS-terminating proxy only when conveyor serve
+            # believes the proxy's X-Forwarded-Proto (--forwarded-allow-ips).
             secure=request.url.scheme == "https",
             path="/",
         )
@@ -269,7 +271,9 @@ class Dashboard:
         """POST /logout: forget the session cookie."""
         await self.form(request)
         response = RedirectResponse("/login", 303)
-        response.delete_cookie(SESSION_COOKIE, path="/", httponly=True, samesite="strict")
+        response.delete_cookie(
+            SESSION_COOKIE, path="/", httponly=True, samesite="strict", secure=request.url.scheme == "https"
+        )
         return response
 
     # -- pages -------------------------------------------------------------------------------------
