@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
@@ -189,6 +190,14 @@ def _stalled_request(server: Server) -> socket.socket:
     return sock
 
 
+def _read_all(sock: socket.socket) -> bytes:
+    received = b""
+    with sock:
+        while chunk := sock.recv(65536):
+            received += chunk
+    return received
+
+
 def test_sigterm_ends_the_service_within_its_30_seconds(sqlite_url: str, tmp_path: Path) -> None:
     # A request still running at SIGTERM (a slow replay) used all of uvicorn's 30 s graceful wait;
     # the service's own shutdown (the alert loop, then the hanging webhook's delivery) came after it,
@@ -215,8 +224,12 @@ def test_sigterm_ends_the_service_within_its_30_seconds(sqlite_url: str, tmp_pat
             running.proc.terminate()
             running.proc.wait(timeout=60)
             took = time.monotonic() - began
-            stalled.close()
+            answer = _read_all(stalled)
         assert took < 30, f"SIGTERM took {took:.1f} s"
+        # The request cut off at the end of the graceful wait is told so in JSON (it got uvicorn's plain-text 500).
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 503"), answer
+        assert json.loads(body)["error"]["code"] == "stopping", answer
     finally:
         stop(running)
         hanging.close()

@@ -25,6 +25,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import Message as ASGIMessage
 
 from conveyor import _tokens
 from conveyor._alerting import AlertLoop, Webhooks
@@ -831,15 +832,46 @@ def create_app(app: App, config: ServiceConfig | None = None) -> ASGIApp:
     starlette = Starlette(routes=[*routes(service), *dashboard.routes()], lifespan=lifespan)
 
     async def asgi(scope: Scope, receive: Receive, send: Send) -> None:
-        # Single-job sends skip Starlette (see Service.send); everything else is routed by it.
-        if scope["type"] == "http" and scope["method"] == "POST":
+        if scope["type"] != "http":
+            await starlette(scope, receive, send)
+            return
+        started = False
+
+        async def sending(message: ASGIMessage) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            # Single-job sends skip Starlette (see Service.send); everything else is routed by it.
             path: str = scope["path"]
-            if path.startswith("/v1/queues/") and path.endswith("/jobs") and path.count("/") == 4 and len(path) > 16:
-                await service.send(scope, receive, send)
-                return
-        await starlette(scope, receive, send)
+            if (
+                scope["method"] == "POST"
+                and path.startswith("/v1/queues/")
+                and path.endswith("/jobs")
+                and path.count("/") == 4
+                and len(path) > 16
+            ):
+                await service.send(scope, receive, sending)
+            else:
+                await starlette(scope, receive, sending)
+        except asyncio.CancelledError:
+            # uvicorn cancels a request still running when a stop's graceful wait ends, and answers it
+            # with a plain-text 500. Say what happened instead, in JSON as every error of this service.
+            if not started:
+                await _stopped(scope, receive, send)
+            raise
 
     return asgi
+
+
+async def _stopped(scope: Scope, receive: Receive, send: Send) -> None:
+    """The answer to a request that the service stopped before it finished (503)."""
+    message = (
+        "the service stopped before this request finished; it may or may not have taken effect: retry "
+        "(a send with an Idempotency-Key is safe to retry)"
+    )
+    await _error(503, "stopping", message, retry_after=str(UNAVAILABLE_RETRY_AFTER))(scope, receive, send)
 
 
 def _alert_loop(app: App, config: ServiceConfig) -> AlertLoop | None:
