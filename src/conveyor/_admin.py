@@ -9,6 +9,7 @@ rate-limited and chunked, what a schedule's next tick is). Every action that cha
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -74,6 +75,11 @@ __all__ = [
 
 #: A replay without a rate writes this many dead letters per transaction.
 REPLAY_CHUNK = 500
+#: The slowest a paced replay may go, in jobs per second: one job every 100 s. Slower is a typo more
+#: often than a plan (1e-6 waited 11 days between two jobs), and a schedule does it better.
+MIN_REPLAY_RATE = 0.01
+#: The fastest a paced replay may go, in jobs per second.
+MAX_REPLAY_RATE = 1_000_000
 #: Rows read per page when a filter selects dead letters.
 _PAGE = 1000
 #: A worker that has not reported for this long is listed as not alive (three default heartbeats).
@@ -266,20 +272,35 @@ class Admin:
         reason: str,
         actor: str,
         rate: float | None = None,
+        max_seconds: float | None = None,
         on_progress: Callable[[int, int], None] | None = None,
     ) -> ReplayResult:
         """Re-enqueue dead letters to their source queue with fresh attempts and ``replay_of`` set;
         audited (who, when, which jobs, why).
 
         Selects as :meth:`select` does. ``rate`` caps it at that many jobs per second (in chunks of
-        ``rate`` jobs, a second apart), so that a big replay cannot flood the workers; without it,
-        chunks of 500 go as fast as the database takes them. ``on_progress(done, total)`` is called
-        after each chunk."""
+        ``rate`` jobs, a second apart; below 1, one job every ``1 / rate`` seconds), so that a big
+        replay cannot flood the workers; without it, chunks of 500 go as fast as the database takes
+        them. ``max_seconds`` refuses a paced replay whose waits between chunks would add up to more
+        than that (the HTTP service passes one: the replay holds its request and a server thread
+        until it ends). ``on_progress(done, total)`` is called after each chunk.
+
+        Raises ConfigurationError, before anything is written, for a rate that is not a finite
+        number from 0.01 (one job every 100 s) to 1000000, or whose pacing is over ``max_seconds``."""
         _check_reason(reason, actor)
-        if rate is not None and not (0 < rate <= 1_000_000):
-            raise ConfigurationError(f"rate must be more than 0 and at most 1000000 jobs per second, got {rate}")
+        if rate is not None:
+            _check_rate(rate)
         selected = self.select(ids, queue=queue, task=task, error_type=error_type)
         chunk = max(1, int(rate)) if rate else REPLAY_CHUNK
+        if rate and max_seconds is not None:
+            # The waits come between chunks: none after the last one.
+            waiting = max(0, (len(selected) - 1) // chunk) * chunk / rate
+            if waiting > max_seconds:
+                raise ConfigurationError(
+                    f"rate {rate:g} per second would spread this replay of {len(selected)} dead letter(s) over "
+                    f"{waiting:,.0f} s, more than the {max_seconds:g} s allowed here: give a higher rate or fewer "
+                    "dead letters (the CLI's conveyor dlq replay has no such limit)"
+                )
         replayed: list[tuple[UUID, UUID]] = []
         for start in range(0, len(selected), chunk):
             began = time.monotonic()
@@ -478,6 +499,17 @@ def _uuid(value: UUID | str) -> UUID:
         return UUID(str(value))
     except ValueError:
         raise ConfigurationError(f"not a job id: {value!r}") from None
+
+
+def _check_rate(rate: float) -> None:
+    """A replay's rate is a finite number of jobs per second from MIN_REPLAY_RATE to MAX_REPLAY_RATE."""
+    # bool is an int to Python, and NaN fails every comparison: both are refused by name.
+    if isinstance(rate, bool) or not isinstance(rate, int | float) or not math.isfinite(rate):
+        raise ConfigurationError(f"rate must be a finite number of jobs per second, got {rate!r}")
+    if not MIN_REPLAY_RATE <= rate <= MAX_REPLAY_RATE:
+        raise ConfigurationError(
+            f"rate must be from {MIN_REPLAY_RATE:g} to {MAX_REPLAY_RATE} jobs per second, got {rate:g}"
+        )
 
 
 def _check_reason(reason: str, actor: str) -> None:

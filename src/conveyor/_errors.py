@@ -71,7 +71,14 @@ class AuthError(ConveyorError):
 
 
 class Unauthenticated(AuthError):
-    """No bearer token, a malformed one, or one that is unknown, revoked or expired."""
+    """No bearer token, a malformed one, or one that is unknown, revoked or expired.
+
+    ``kind`` says which, as a fixed word a page may show a fixed text for: ``missing``, ``invalid``
+    (malformed, unknown, or a wrong secret), ``revoked`` or ``expired``."""
+
+    def __init__(self, message: str, kind: str = "invalid") -> None:
+        super().__init__(message)
+        self.kind = kind
 
 
 class Forbidden(AuthError):

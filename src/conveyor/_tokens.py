@@ -53,7 +53,7 @@ def parse_bearer(bearer: str | None) -> tuple[str, str]:
     """``(id, secret)`` of a bearer string; raise Unauthenticated for anything else. The message
     never quotes what was presented (it may be a secret pasted in the wrong place)."""
     if not bearer:
-        raise Unauthenticated("a bearer token is required (Authorization: Bearer cvy_...)")
+        raise Unauthenticated("a bearer token is required (Authorization: Bearer cvy_...)", "missing")
     prefix, _, rest = bearer.partition("_")
     token_id, _, secret = rest.partition("_")
     if prefix != _PREFIX or len(token_id) != _ID_CHARS or not secret or not _is_hex(token_id):
@@ -73,9 +73,9 @@ def verify(token: Token | None, token_id: str, secret: str, now: datetime) -> To
     if token is None or not matches:
         raise Unauthenticated(f"unknown token {token_id} (or a wrong secret)")
     if token.revoked_at is not None:
-        raise Unauthenticated(f"token {token.name!r} was revoked")
+        raise Unauthenticated(f"token {token.name!r} was revoked", "revoked")
     if token.expires_at is not None and token.expires_at <= now:
-        raise Unauthenticated(f"token {token.name!r} expired at {token.expires_at.isoformat()}")
+        raise Unauthenticated(f"token {token.name!r} expired at {token.expires_at.isoformat()}", "expired")
     return token
 
 

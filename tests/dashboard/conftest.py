@@ -101,7 +101,8 @@ def worker(server: Server, tmp_path: Path, *args: str) -> subprocess.Popen[bytes
     """``conveyor worker`` for the dashboard app, in its own process, logging to a file."""
     log = open(tmp_path / f"worker-{len(list(tmp_path.glob('worker-*')))}.log", "wb")  # noqa: SIM115
     argv = [sys.executable, "-m", "conveyor", "--db", server.db, "worker", APP_PATH, *args]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+    # src/ first: the checkout under test, not whichever one the environment's editable install names.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)]), "PYTHONUNBUFFERED": "1"}
     try:
         return subprocess.Popen(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
     finally:

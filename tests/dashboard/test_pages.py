@@ -6,21 +6,22 @@ from __future__ import annotations
 
 import re
 import socket
+import time
 import uuid
 from contextlib import closing
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from uuid import UUID
 
 import httpx
 from playwright.sync_api import BrowserContext, expect
 from tests.dashboard.conftest import APP_PATH, log_in, shot, stop_worker, worker
-from tests.http.conftest import Server, start, stop
+from tests.http.conftest import Server, make_tokens, start, stop
 
 from conveyor import App, JobError, JobStatus
 from conveyor.backends import open_backend
 from conveyor.backends.base import AlertsSetParams, AlertState, WorkerInfo, WorkersBeatParams
-from conveyor.http._dashboard import MAX_TEXT, environment, render_html
+from conveyor.http._dashboard import LOGIN_REASONS, MAX_TEXT, environment, render_html
 
 HOSTILE_QUEUE = 'q"><script>window.__pwned = 4</script>'
 HOSTILE_TASK = '<img src=x onerror="window.__pwned = 3">'
@@ -196,7 +197,33 @@ def test_login_refuses_bad_tokens_and_goes_nowhere_but_this_site(served: Server)
         with App(served.db) as app:
             app.admin.revoke_token("ops", actor="test")
         back = c.get("/dead-letters")
-        assert back.status_code == 303 and "revoked" in httpx.URL(back.headers["location"]).params["why"]
+        assert back.status_code == 303 and httpx.URL(back.headers["location"]).params["why"] == "revoked"
+        form = c.get(back.headers["location"])
+        assert form.status_code == 200 and LOGIN_REASONS["revoked"] in form.text
+
+
+def test_login_says_why_in_this_sites_own_words_only(served: Server) -> None:
+    # /login?why= showed whatever text the link carried (escaped, but on this site's login form: a phishing
+    # line such as "Session expired: call +1 555 0100"). It now takes a code from a fixed set.
+    with App(served.db) as app:
+        expiring = app.admin.create_token(
+            "brief", "operator", expires_at=datetime.now(UTC) + timedelta(seconds=1), actor="test"
+        )[1]
+    with httpx.Client(base_url=served.url) as c:
+        assert c.post("/login", data={"token": expiring, "next": "/"}).status_code == 303
+        time.sleep(1.2)
+        back = c.get("/schedules")
+        assert back.status_code == 303
+        assert dict(httpx.URL(back.headers["location"]).params) == {"next": "/schedules", "why": "expired"}
+        assert LOGIN_REASONS["expired"] in c.get(back.headers["location"]).text
+        # No session at all: no reason given.
+        c.cookies.clear()
+        assert "why" not in httpx.URL(c.get("/schedules").headers["location"]).params
+        phishing = "Your session expired. Call +1 555 0100 to restore access"
+        for why in (phishing, "Revoked", "", "expired "):
+            page = c.get("/login", params={"why": why})
+            assert page.status_code == 200
+            assert "Call +1" not in page.text and 'class="error"' not in page.text, why
 
 
 def test_schedules_pause_and_resume_with_their_buttons(served: Server, context: BrowserContext) -> None:
@@ -280,9 +307,7 @@ def test_workers_and_alerts_panels_follow_the_registry_live(
         backend.close()
 
 
-def test_a_running_job_names_the_worker_that_holds_it(
-    served: Server, context: BrowserContext, tmp_path: Path
-) -> None:
+def test_a_running_job_names_the_worker_that_holds_it(served: Server, context: BrowserContext, tmp_path: Path) -> None:
     with App(served.db) as app:
         job_id = app.send("dash.hold", {"seconds": 30}, queue="slow").id
     proc = worker(served, tmp_path, "--queues", "slow", "--graceful-timeout", "0")
@@ -318,5 +343,42 @@ def test_pages_answer_503_when_the_database_is_unreachable(tmp_path: Path) -> No
                     page = c.get(path)
                     assert page.status_code == 503, (path, page.text[:300])
                     assert "<h1>The database is unavailable</h1>" in page.text
+        finally:
+            stop(server)
+
+
+def test_behind_a_tls_proxy_the_session_cookie_is_secure_once_the_proxy_is_believed(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    # The cookie got Secure only when the request's own scheme was https, and uvicorn ran with
+    # proxy_headers off: behind a proxy that ends TLS it never had it (and the forms' Origin check, which
+    # compares with the request's scheme, refused every form posted from https://).
+    token = make_tokens(sqlite_url)["operator"]
+    for believed in (False, True):
+        server = start(sqlite_url, tmp_path, *(("--forwarded-allow-ips", "127.0.0.1") if believed else ()))
+        origin = "https://" + server.url.removeprefix("http://")
+        proxied = {"X-Forwarded-Proto": "https", "Origin": origin}
+        try:
+            with httpx.Client(base_url=server.url) as c:
+                done = c.post("/login", data={"token": token, "next": "/"}, headers=proxied)
+                if not believed:
+                    # Anyone may send X-Forwarded-Proto: it is ignored unless the proxy is named.
+                    assert done.status_code == 403, done.text
+                    plain = c.post("/login", data={"token": token, "next": "/"})
+                    assert plain.status_code == 303 and "secure" not in plain.headers["set-cookie"].lower()
+                    continue
+                assert done.status_code == 303, done.text
+                assert "; secure" in done.headers["set-cookie"].lower()
+                # httpx keeps a Secure cookie for https only: send it by hand, as the browser would.
+                session = {"Cookie": f"conveyor_session={token}"}
+                page = c.get("/schedules", headers={**proxied, **session})
+                assert page.status_code == 200, page.text
+                csrf = re.search(r'name="csrf" value="([0-9a-f]+)"', page.text)
+                assert csrf is not None
+                out = c.post("/logout", data={"csrf": csrf.group(1)}, headers={**proxied, **session})
+                assert out.status_code == 303 and "; secure" in out.headers["set-cookie"].lower()
+                # A request the proxy did not mark https is plain HTTP: no Secure.
+                direct = c.post("/login", data={"token": token, "next": "/"})
+                assert direct.status_code == 303 and "secure" not in direct.headers["set-cookie"].lower()
         finally:
             stop(server)

@@ -53,7 +53,8 @@ def start(db: str, tmp: Path, *args: str, app_path: str | None = APP_PATH, wait_
     if app_path:
         argv += ["--app", app_path]
     argv += ["serve", "--port", str(port), "--token-cache", "0", *args]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+    # src/ first: the checkout under test, not whichever one the environment's editable install names.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)]), "PYTHONUNBUFFERED": "1"}
     with log.open("wb") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env=env)
     server = Server(f"http://127.0.0.1:{port}", db, proc, log)

@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from conveyor._admin import MAX_REPLAY_RATE, MIN_REPLAY_RATE
 from conveyor.cli._common import FiniteFloat, actor, app_of, cell, console, dump, fail
 from conveyor.cli.jobs import print_status
 
@@ -85,8 +86,8 @@ def _selection(ids: tuple[str, ...], all_: bool, queue: str | None, task: str | 
 @click.option(
     "--rate",
     default=None,
-    type=FiniteFloat(0, 1_000_000, min_open=True),
-    help="At most N jobs per second, so that a big replay cannot flood the workers.",
+    type=FiniteFloat(MIN_REPLAY_RATE, MAX_REPLAY_RATE),
+    help="At most N jobs per second (0.01 to 1000000), so that a big replay cannot flood the workers.",
 )
 @click.option("--actor", "who", default=None, help="Who (default: the OS user).")
 @click.option("--json", "as_json", is_flag=True, help="Print the (dead id, new id) pairs as JSON.")

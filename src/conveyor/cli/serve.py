@@ -46,6 +46,13 @@ from conveyor.cli._common import FiniteFloat, app_of, fail, printable, settings
 )
 @click.option("--access-log", is_flag=True, help="Log every request (method, path, status; never headers).")
 @click.option(
+    "--forwarded-allow-ips",
+    default="",
+    metavar="IPS",
+    help="Believe X-Forwarded-Proto/-For from these proxies (comma-separated addresses or networks; '*': any). "
+    "Behind a TLS-terminating proxy the dashboard then sees https: its session cookie gets Secure. Default: none.",
+)
+@click.option(
     "--alert-interval",
     default=15.0,
     show_default=True,
@@ -71,6 +78,7 @@ def serve(
     token_cache: float,
     max_body_bytes: int,
     access_log: bool,
+    forwarded_allow_ips: str,
     alert_interval: float,
     alerts: tuple[str, ...],
     webhooks: tuple[str, ...],
@@ -129,4 +137,5 @@ def serve(
     click.echo(f"conveyor serve: http://{host}:{port} ({workers} worker(s); OpenAPI at /openapi.json)", err=True)
     if workers > 1 and port == 0:
         fail("--workers above 1 needs a --port (every process listens on the same one)")
-    ctx.exit(run_service(host, port, workers, "info" if found.get("verbose") else "warning", access_log))
+    level = "info" if found.get("verbose") else "warning"
+    ctx.exit(run_service(host, port, workers, level, access_log, forwarded_allow_ips.strip()))

@@ -25,6 +25,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import Message as ASGIMessage
 
 from conveyor import _tokens
 from conveyor._alerting import AlertLoop, Webhooks
@@ -69,6 +70,10 @@ MAX_BATCH = 1000
 #: this work comes after that wait, so a budget of its own kept a stop under 30 s.
 SHUTDOWN_SECONDS = 6.0
 MAX_IDS = 10_000
+#: Most seconds a replay over HTTP may spend waiting between chunks to keep to its ``rate``: the
+#: request and a server thread are held until the replay ends, and a stopping service gives the
+#: requests under way 24 s (``_serve``). A slower replay is the CLI's (``conveyor dlq replay --rate``).
+MAX_REPLAY_SECONDS = 20.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,7 +264,7 @@ class Service:
         scheme, _, bearer = authorization.partition(" ")
         bearer = bearer.strip()
         if scheme.lower() != "bearer" or not bearer:
-            raise Unauthenticated("a bearer token is required (Authorization: Bearer cvy_...)")
+            raise Unauthenticated("a bearer token is required (Authorization: Bearer cvy_...)", "missing")
         admin = self.app.admin
         cached = admin.authenticate_cached(bearer, max_age=self.config.token_cache)
         if cached is not None:
@@ -534,9 +539,13 @@ class Service:
             raise NotFoundError(f"no dead letter {job_id}")
         return json_response(_status_json(status))
 
-    async def _selection(self, token: Token, fields: Mapping[str, Any], role: _tokens.Role) -> dict[str, Any]:
+    async def _selection(self, token: Token, fields: Mapping[str, Any], role: _tokens.Role) -> _Selection:
         """The selection of a replay or purge body: ``ids``, or ``queue`` (with ``task`` and
-        ``error_type``); checked against the token's role and queues."""
+        ``error_type``); checked against the token's role and queues.
+
+        An id of a dead letter outside the token's queues is left out of the action and answered as
+        an unknown id is (skipped, or counted as selected and not purged): a 403 naming its queue
+        told the token that the id exists, which ``GET`` of that id (404) does not."""
         allowed = ("ids", "queue", "task", "error_type", "reason", "rate")
         for name in fields:
             if name not in allowed or (name == "rate" and role == "admin"):
@@ -554,37 +563,55 @@ class Service:
             parsed = [_parse.uuid_of(i, f"ids[{n}]") if isinstance(i, str) else _bad_id(n) for n, i in enumerate(ids)]
             if any(v is not None for v in filters.values()):
                 raise BadRequest("give ids or a filter (queue, task, error_type), not both", "ids")
+            hidden: set[UUID] = set()
             if token.queues is not None:
-                for job_id in parsed:
+                _tokens.require_role(token, role)
+                for job_id in dict.fromkeys(parsed):
                     try:
                         status = await self.run(self.app.admin.dead_letter, job_id)
                     except NotFoundError:
                         continue
-                    _tokens.require(token, role, status.queue)
+                    if not _tokens.allows(token, role, status.queue):
+                        hidden.add(job_id)
             else:
                 _tokens.require(token, role, None)
-            return {"ids": parsed}
+            return _Selection({"ids": [i for i in parsed if i not in hidden]}, parsed, hidden)
         if filters["queue"] is None:
             raise BadRequest("give ids, or a queue (with task and error_type to narrow it)", "queue")
         _tokens.require(token, role, filters["queue"])
-        return {"ids": None, **filters}
+        return _Selection({"ids": None, **filters}, [], set())
 
     async def replay(self, request: Request) -> Response:
         """POST /v1/dead-letters:replay: re-enqueue dead letters (audited with the token's name)."""
         token = await self.token(request)
         _tokens.require_role(token, "operator")
         fields = _parse.obj(await self.body(request))
-        selection = await self._selection(token, fields, "operator")
+        selected = await self._selection(token, fields, "operator")
         rate = fields.get("rate")
         if rate is not None and (isinstance(rate, bool) or not isinstance(rate, int | float)):
             raise BadRequest("rate must be a number of jobs per second", "rate")
-        result = await self.run(
-            self.app.admin.replay, **selection, reason=fields["reason"], actor=self.actor(token), rate=rate
-        )
+        try:
+            result = await self.run(
+                self.app.admin.replay,
+                **selected.kwargs,
+                reason=fields["reason"],
+                actor=self.actor(token),
+                rate=rate,
+                max_seconds=MAX_REPLAY_SECONDS,
+            )
+        except ConfigurationError as exc:
+            if str(exc).startswith("rate "):
+                raise BadRequest(str(exc), "rate") from None
+            raise
+        skipped = result.skipped
+        if selected.hidden:
+            # In the order asked, as the operator API orders its own skipped ids.
+            left_out = selected.hidden.union(skipped)
+            skipped = [i for i in dict.fromkeys(selected.asked) if i in left_out]
         return json_response(
             {
                 "replayed": [{"dead_id": str(d), "new_id": str(n)} for d, n in result.replayed],
-                "skipped": [str(s) for s in result.skipped],
+                "skipped": [str(s) for s in skipped],
             }
         )
 
@@ -593,9 +620,13 @@ class Service:
         token = await self.token(request)
         _tokens.require_role(token, "admin")
         fields = _parse.obj(await self.body(request))
-        selection = await self._selection(token, fields, "admin")
-        result = await self.run(self.app.admin.purge, **selection, reason=fields["reason"], actor=self.actor(token))
-        return json_response({"purged": result.purged, "selected": result.selected})
+        selected = await self._selection(token, fields, "admin")
+        result = await self.run(
+            self.app.admin.purge, **selected.kwargs, reason=fields["reason"], actor=self.actor(token)
+        )
+        # An id left out as outside the token's queues counts as selected, as an unknown id does.
+        hidden = sum(1 for i in selected.asked if i in selected.hidden)
+        return json_response({"purged": result.purged, "selected": result.selected + hidden})
 
     async def audit(self, request: Request) -> Response:
         """GET /v1/audit: operator actions, newest first."""
@@ -684,6 +715,16 @@ async def _chunks(receive: Receive) -> AsyncIterator[bytes]:
         yield message.get("body", b"")
         if not message.get("more_body", False):
             return
+
+
+@dataclass(frozen=True, slots=True)
+class _Selection:
+    """What a replay or purge body selects: the operator API's arguments (``kwargs``), the ids asked
+    for in order (``asked``, empty for a filter), and those left out as outside the token's queues."""
+
+    kwargs: dict[str, Any]
+    asked: list[UUID]
+    hidden: set[UUID]
 
 
 class Conflict(ConveyorError):
@@ -791,15 +832,46 @@ def create_app(app: App, config: ServiceConfig | None = None) -> ASGIApp:
     starlette = Starlette(routes=[*routes(service), *dashboard.routes()], lifespan=lifespan)
 
     async def asgi(scope: Scope, receive: Receive, send: Send) -> None:
-        # Single-job sends skip Starlette (see Service.send); everything else is routed by it.
-        if scope["type"] == "http" and scope["method"] == "POST":
+        if scope["type"] != "http":
+            await starlette(scope, receive, send)
+            return
+        started = False
+
+        async def sending(message: ASGIMessage) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            # Single-job sends skip Starlette (see Service.send); everything else is routed by it.
             path: str = scope["path"]
-            if path.startswith("/v1/queues/") and path.endswith("/jobs") and path.count("/") == 4 and len(path) > 16:
-                await service.send(scope, receive, send)
-                return
-        await starlette(scope, receive, send)
+            if (
+                scope["method"] == "POST"
+                and path.startswith("/v1/queues/")
+                and path.endswith("/jobs")
+                and path.count("/") == 4
+                and len(path) > 16
+            ):
+                await service.send(scope, receive, sending)
+            else:
+                await starlette(scope, receive, sending)
+        except asyncio.CancelledError:
+            # uvicorn cancels a request still running when a stop's graceful wait ends, and answers it
+            # with a plain-text 500. Say what happened instead, in JSON as every error of this service.
+            if not started:
+                await _stopped(scope, receive, send)
+            raise
 
     return asgi
+
+
+async def _stopped(scope: Scope, receive: Receive, send: Send) -> None:
+    """The answer to a request that the service stopped before it finished (503)."""
+    message = (
+        "the service stopped before this request finished; it may or may not have taken effect: retry "
+        "(a send with an Idempotency-Key is safe to retry)"
+    )
+    await _error(503, "stopping", message, retry_after=str(UNAVAILABLE_RETRY_AFTER))(scope, receive, send)
 
 
 def _alert_loop(app: App, config: ServiceConfig) -> AlertLoop | None:

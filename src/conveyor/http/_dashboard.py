@@ -61,6 +61,12 @@ SESSION_COOKIE = "conveyor_session"
 MAX_TEXT = 100_000
 #: Dead letters per page of the browser.
 PAGE = 50
+#: Why a session was sent back to the login form: the codes of ``/login?why=`` and their texts.
+LOGIN_REASONS = {
+    "invalid": "The token of this session is not valid (unknown, or a wrong secret): log in again.",
+    "revoked": "The token of this session was revoked: log in with another one.",
+    "expired": "The token of this session has expired: log in with another one.",
+}
 #: Largest form body a dashboard POST may have.
 MAX_FORM_BYTES = 64 * 1024
 #: Headers of every dashboard page: scripts and styles from this origin only (no inline script can
@@ -181,6 +187,8 @@ class Dashboard:
             value,
             httponly=True,
             samesite="strict",
+            # The scheme the browser used: https behind a TLS-terminating proxy only when conveyor serve
+            # believes the proxy's X-Forwarded-Proto (--forwarded-allow-ips).
             secure=request.url.scheme == "https",
             path="/",
         )
@@ -193,12 +201,14 @@ class Dashboard:
             if not self.service.config.auth:
                 return await self.service.token_of("")
             if not bearer:
-                raise Unauthenticated("log in with a token")
+                raise Unauthenticated("log in with a token", "missing")
             return await self.service.token_of(f"Bearer {bearer}")
         except Unauthenticated as exc:
             target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
-            query = urlencode({"next": target, "why": str(exc).splitlines()[0] if bearer else ""})
-            raise Page(RedirectResponse(f"/login?{query}", 303)) from None
+            fields = {"next": target}
+            if bearer and exc.kind in LOGIN_REASONS:
+                fields["why"] = exc.kind
+            raise Page(RedirectResponse(f"/login?{urlencode(fields)}", 303)) from None
 
     async def form(self, request: Request) -> dict[str, str]:
         """A POST's form fields, after the CSRF and same-origin checks (403 page when they fail)."""
@@ -235,7 +245,9 @@ class Dashboard:
 
     async def login_page(self, request: Request) -> Response:
         """GET /login: the token form."""
-        why = request.query_params.get("why") or None
+        # The reason is a code, shown as this site's own text: a link to /login cannot put words of its
+        # author's choosing on this site's login page (an unknown code shows nothing).
+        why = LOGIN_REASONS.get(request.query_params.get("why") or "")
         return self.render(request, "login.html", error=why, next=_safe_next(request.query_params.get("next")))
 
     async def login(self, request: Request) -> Response:
@@ -259,7 +271,9 @@ class Dashboard:
         """POST /logout: forget the session cookie."""
         await self.form(request)
         response = RedirectResponse("/login", 303)
-        response.delete_cookie(SESSION_COOKIE, path="/", httponly=True, samesite="strict")
+        response.delete_cookie(
+            SESSION_COOKIE, path="/", httponly=True, samesite="strict", secure=request.url.scheme == "https"
+        )
         return response
 
     # -- pages -------------------------------------------------------------------------------------

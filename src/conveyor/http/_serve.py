@@ -44,8 +44,11 @@ def _listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve_one(host: str, port: int, log_level: str, access_log: bool) -> None:
-    """Run one service process on ``host:port`` until SIGTERM or SIGINT (reads $CONVEYOR_SERVE)."""
+def serve_one(host: str, port: int, log_level: str, access_log: bool, forwarded_allow_ips: str = "") -> None:
+    """Run one service process on ``host:port`` until SIGTERM or SIGINT (reads $CONVEYOR_SERVE).
+
+    ``forwarded_allow_ips`` (comma-separated addresses or networks, ``*``: any; empty: none) are the
+    proxies whose ``X-Forwarded-Proto`` and ``X-Forwarded-For`` are believed."""
     import uvicorn
 
     sys.setswitchinterval(SWITCH_INTERVAL)
@@ -55,8 +58,12 @@ def serve_one(host: str, port: int, log_level: str, access_log: bool) -> None:
         factory=True,
         log_level=log_level,
         access_log=access_log,
-        # Forwarded-for headers would only change the client address in the access log.
-        proxy_headers=False,
+        # Forwarded headers are believed only from the proxies the operator names: anyone else could
+        # claim https (a Secure cookie over plain HTTP) or another client address. Behind a TLS-terminating
+        # proxy they make the scheme https, which the dashboard's session cookie (Secure) and its forms'
+        # Origin check follow.
+        proxy_headers=bool(forwarded_allow_ips),
+        forwarded_allow_ips=forwarded_allow_ips or None,
         lifespan="on",
         # A stop takes at most 30 s: the wait for requests under way, then the service's own shutdown.
         timeout_graceful_shutdown=int(GRACEFUL_SECONDS - SHUTDOWN_SECONDS),
@@ -64,20 +71,21 @@ def serve_one(host: str, port: int, log_level: str, access_log: bool) -> None:
     uvicorn.Server(config).run(sockets=[sock])
 
 
-def serve(host: str, port: int, workers: int, log_level: str, access_log: bool) -> int:
+def serve(host: str, port: int, workers: int, log_level: str, access_log: bool, forwarded_allow_ips: str = "") -> int:
     """Run ``workers`` service processes on ``host:port``; return the exit code."""
     if workers == 1:
-        serve_one(host, port, log_level, access_log)
+        serve_one(host, port, log_level, access_log, forwarded_allow_ips)
         return 0
     command = [
         sys.executable,
         "-c",
         "import sys; from conveyor.http._serve import serve_one; "
-        "serve_one(sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4] == '1')",
+        "serve_one(sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4] == '1', sys.argv[5])",
         host,
         str(port),
         log_level,
         "1" if access_log else "0",
+        forwarded_allow_ips,
     ]
     stopping = False
 
