@@ -18,13 +18,19 @@ def available() -> bool:
     )
 
 
+_api: Any = None
+
+
 def configured() -> bool:
     """Whether a tracer provider was set (an SDK): without one no span records, and the producer and
-    the worker skip tracing altogether (reading a job's headers for nothing cost the hot path)."""
-    from opentelemetry import trace
-    from opentelemetry.trace import ProxyTracerProvider
+    the worker skip tracing altogether (reading a job's headers for nothing cost the hot path). Called
+    once per job: the API module is looked up once, not imported on every call."""
+    global _api
+    if _api is None:
+        from opentelemetry import trace
 
-    return not isinstance(trace.get_tracer_provider(), ProxyTracerProvider)
+        _api = trace
+    return not isinstance(_api.get_tracer_provider(), _api.ProxyTracerProvider)
 
 
 @contextmanager

@@ -1,0 +1,139 @@
+"""The two kinds of slots: coroutines for ``async def`` handlers, threads that loop by themselves for
+plain ``def`` ones, sharing the buffer's ``concurrency`` permits (conveyor.worker._buffer)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from uuid import uuid4
+
+import pytest
+
+from conveyor import App, Worker
+from conveyor.backends.base import Delivery
+from conveyor.worker._buffer import Buffer
+
+
+@pytest.fixture
+def app(database_url: str) -> Iterator[App]:
+    a = App(database_url, migrate=True)
+    yield a
+    a.close()
+
+
+def delivery(task: str) -> Delivery:
+    now = datetime.now(UTC)
+    return Delivery(
+        id=uuid4(), queue="q", task=task, payload="{}", headers="{}", priority=0, run_at=now, enqueued_at=now,
+        expires_at=None, attempts=0, deliveries=0, max_attempts=3, max_deliveries=5, idempotency_key=None,
+        ordering_key=None, receipt=str(uuid4()), lease_expires_at=now,
+    )  # fmt: skip
+
+
+def test_a_free_permit_goes_to_the_oldest_delivery_whatever_its_kind() -> None:
+    buffer = Buffer(1, threaded=lambda d: d.task == "def")
+    items = [delivery(kind) for kind in ("def", "async", "async", "def", "def", "async")]
+    for item in items:
+        buffer.put(item)
+    taken: list[Delivery | None] = []
+
+    async def take_all() -> None:
+        # The test plays both kinds of slot from one thread, always asking the kind whose turn it is.
+        release = False
+        for expected in items:
+            if expected.task == "def":
+                if release:
+                    buffer.release()
+                taken.append(buffer.take_blocking())
+            else:
+                taken.append(await buffer.take(release))
+            release = True
+            assert buffer.running == 1
+
+    asyncio.run(take_all())
+    assert taken == items
+    assert buffer.empty()
+
+
+def test_no_permit_no_take_and_close_ends_every_wait() -> None:
+    buffer = Buffer(1, threaded=lambda d: True)
+    first, second = delivery("def"), delivery("def")
+    buffer.put(first)
+    buffer.put(second)
+    assert buffer.take_blocking() is first
+    got: list[Delivery | None] = []
+    waiting = threading.Thread(target=lambda: got.append(buffer.take_blocking()))
+    waiting.start()
+    waiting.join(0.2)
+    assert waiting.is_alive()  # the one permit is taken: the second delivery waits
+    buffer.close()
+    waiting.join(5)
+    assert got == [None]
+    assert buffer.drain() == [second]  # closed, what is left is the worker's to hand back
+
+
+def test_arm_low_fires_once_the_buffer_falls_to_the_level() -> None:
+    buffer = Buffer(10, threaded=lambda d: True)
+    for _ in range(4):
+        buffer.put(delivery("def"))
+    assert buffer.arm_low(4) is False  # already there: nothing to wait for
+    assert buffer.arm_low(2) is True
+    buffer.take_blocking()
+    assert not buffer.low.is_set()
+    buffer.take_blocking()
+    assert buffer.low.is_set()
+
+
+def test_def_jobs_run_on_the_workers_own_slot_threads_not_one_thread_per_job(app: App) -> None:
+    threads: set[str] = set()
+
+    @app.task(queue="q")
+    def where() -> None:
+        threads.add(threading.current_thread().name)
+
+    for _ in range(60):
+        where.delay()
+    worker = Worker(app, burst=True, poll_interval=0.02, concurrency=3)
+    asyncio.run(asyncio.wait_for(worker.run(), timeout=60))
+    assert worker.counters.completed == 60
+    assert threads and threads <= {f"conveyor-handler-{i}" for i in range(3)}
+
+
+def test_async_and_def_handlers_share_the_concurrency(app: App) -> None:
+    lock = threading.Lock()
+    running = {"now": 0, "peak": 0}
+    kinds: list[str] = []
+
+    def enter(kind: str) -> None:
+        with lock:
+            running["now"] += 1
+            running["peak"] = max(running["peak"], running["now"])
+            kinds.append(kind)
+
+    def leave() -> None:
+        with lock:
+            running["now"] -= 1
+
+    @app.task(queue="q")
+    def plain() -> None:
+        enter("def")
+        time.sleep(0.05)
+        leave()
+
+    @app.task(queue="q")
+    async def coroutine() -> None:
+        enter("async")
+        await asyncio.sleep(0.05)
+        leave()
+
+    for i in range(24):
+        (plain if i % 2 else coroutine).delay()
+    worker = Worker(app, burst=True, poll_interval=0.02, concurrency=3)
+    asyncio.run(asyncio.wait_for(worker.run(), timeout=60))
+    assert worker.exit_code == 0
+    assert sorted(kinds) == ["async"] * 12 + ["def"] * 12
+    # Three slots of each kind exist; the permits keep the two kinds together at three.
+    assert running["peak"] == 3
