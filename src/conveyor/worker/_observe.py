@@ -25,8 +25,10 @@ def outcome_name(outcome: Outcome | None) -> str:
 
 
 class Observer:
-    """Hooks a worker calls; every one does nothing by default. They run on the worker's event loop
-    and must not block (no I/O): record, and let a scrape or an exporter thread do the rest."""
+    """Hooks a worker calls; every one does nothing by default. They must not block (no I/O): record,
+    and let a scrape or an exporter thread do the rest. They run on the worker's event loop, except
+    ``before_run``/``after_run`` of a plain ``def`` handler, which run in the handler's own thread
+    (so a span opened there is current in the handler): an observer must be thread-safe."""
 
     def fetched(self, queue: str, deliveries: int) -> None:
         """One acquire leased ``deliveries`` jobs of ``queue`` (0 too: the batch-size histogram needs it)."""
