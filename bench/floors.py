@@ -188,6 +188,8 @@ def pgbench_script(batch: int) -> str:
     }.items():
         finish = finish.replace(f"%({name})b", f"({value})")
     finish = finish.replace("%(now)s", "now()")
+    # psycopg's escaped percent sign (the queue counters' shard is pg_backend_pid() %% 8) is pgbench's plain one.
+    acquire, finish = acquire.replace("%%", "%"), finish.replace("%%", "%")
 
     # pgbench reads one statement per line: fold each onto one line, comments dropped.
     def one_line(sql: str) -> str:

@@ -57,3 +57,21 @@ def test_bench_smoke_writes_every_figure(tmp_path: Path, postgres_server_url: st
     assert "| (3) drain of 300, jobs/s" in table and "| target | measured | met |" in table
     # The smoke form is meant to take seconds (issue 4: under a minute).
     assert elapsed < 60, f"bench smoke took {elapsed:.0f}s"
+
+
+@pytest.mark.timeout(120)
+def test_the_pgbench_floor_runs_conveyors_own_acquire_and_finish(postgres_database: str) -> None:
+    # The floor's script is built from queries.sql: when the finish statement gained the queue
+    # counters (`pg_backend_pid() %% 8`, psycopg's escaped percent), pgbench failed on it and the
+    # independent harness lost its limit figure without a test noticing.
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.floors", "pgbench", "--db", postgres_database, "--n", "2000",
+         "--batch", "100", "--clients", "2"],
+        cwd=ROOT, capture_output=True, text=True, timeout=110,
+    )  # fmt: skip
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("BENCH-RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stdout[-2000:] + proc.stderr[-2000:]
+    result = json.loads(lines[-1].removeprefix("BENCH-RESULT "))
+    assert result["ok"], result["error"]
+    assert (result["left_in_jobs"], result["archived"], result["failed"]) == (0, 2000, 0)
+    assert result["rate"] > 0
