@@ -30,6 +30,7 @@ text: they are encoded once by the producer and decoded once by the worker.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -258,6 +259,20 @@ class WorkerInfo:
     in_flight: tuple[UUID, ...] = ()
     alive: bool = True
 
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict (the CLI's ``workers --json`` and the HTTP worker list)."""
+        return {
+            "id": self.id,
+            "host": self.host,
+            "pid": self.pid,
+            "queues": list(self.queues),
+            "concurrency": self.concurrency,
+            "started_at": self.started_at.isoformat(),
+            "last_seen": self.last_seen.isoformat(),
+            "alive": self.alive,
+            "in_flight": [str(i) for i in self.in_flight],
+        }
+
 
 AlertStateName = Literal["firing", "resolved"]
 
@@ -275,6 +290,20 @@ class AlertState:
     value: float
     threshold: float
     message: str
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict (the CLI's ``alerts --json`` and the HTTP alert list). A value or
+        threshold that is not finite (never stored by an evaluator, but a row written by hand must
+        not break a listing) is null."""
+        return {
+            "rule": self.rule,
+            "queue": self.queue,
+            "state": self.state,
+            "since": self.since.isoformat(),
+            "value": self.value if math.isfinite(self.value) else None,
+            "threshold": self.threshold if math.isfinite(self.threshold) else None,
+            "message": self.message,
+        }
 
 
 @dataclass(frozen=True, slots=True)

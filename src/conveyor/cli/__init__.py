@@ -14,6 +14,7 @@ from conveyor._errors import ConveyorError
 from conveyor.cli._common import configure_logging, printable, settings
 from conveyor.cli.dlq import audit, dlq
 from conveyor.cli.jobs import contract, job, migrate, publish, send, stats
+from conveyor.cli.monitor import alerts, workers
 from conveyor.cli.schedules import schedules
 from conveyor.cli.serve import serve
 from conveyor.cli.tokens import tokens
@@ -101,7 +102,9 @@ def _accept_global_options(group: click.Group) -> None:
             _accept_global_options(command)
 
 
-for _command in (migrate, worker, serve, tokens, send, stats, job, dlq, audit, schedules, topics, publish, contract):
+for _command in (
+    migrate, worker, serve, tokens, send, stats, job, dlq, audit, schedules, topics, publish, contract, workers, alerts
+):
     cli.add_command(_command)
 
 

@@ -46,7 +46,7 @@ from conveyor._errors import (
 from conveyor._job import JobStatus
 from conveyor._limits import check_name, check_seconds
 from conveyor._message import Message
-from conveyor.admin import AlertState, QueueStats, Schedule, Token, WorkerInfo
+from conveyor.admin import QueueStats, Schedule, Token, WorkerInfo
 from conveyor.http import _parse
 from conveyor.http._dashboard import SESSION_COOKIE, Dashboard, register_convertors
 from conveyor.http._group import GroupCommit
@@ -149,37 +149,6 @@ def _status_json(status: JobStatus) -> dict[str, Any]:
 
 def _queue_json(q: QueueStats) -> dict[str, Any]:
     return {name: getattr(q, name) for name in q.__slots__}
-
-
-def _worker_json(w: WorkerInfo) -> dict[str, Any]:
-    return {
-        "id": w.id,
-        "host": w.host,
-        "pid": w.pid,
-        "queues": list(w.queues),
-        "concurrency": w.concurrency,
-        "started_at": w.started_at.isoformat(),
-        "last_seen": w.last_seen.isoformat(),
-        "alive": w.alive,
-        "in_flight": [str(i) for i in w.in_flight],
-    }
-
-
-def _alert_json(a: AlertState) -> dict[str, Any]:
-    # A threshold or value that is not finite cannot be JSON; evaluators never store one, but a
-    # row written by hand must not turn the listing into a 500.
-    def number(x: float) -> float | None:
-        return x if math.isfinite(x) else None
-
-    return {
-        "rule": a.rule,
-        "queue": a.queue,
-        "state": a.state,
-        "since": a.since.isoformat(),
-        "value": number(a.value),
-        "threshold": number(a.threshold),
-        "message": a.message,
-    }
 
 
 def _schedule_json(s: Schedule) -> dict[str, Any]:
@@ -460,7 +429,7 @@ class Service:
         token limited to queues sees the workers that drain one of them)."""
         token = await self.token(request)
         _tokens.require_role(token, "operator")
-        return json_response({"workers": [_worker_json(w) for w in await self.visible_workers(token)]})
+        return json_response({"workers": [w.to_json() for w in await self.visible_workers(token)]})
 
     async def visible_workers(self, token: Token) -> list[WorkerInfo]:
         """The workers ``token`` may see: every one for a token of all queues; for a token limited to
@@ -493,7 +462,7 @@ class Service:
         _tokens.require_role(token, "operator")
         rows = await self.run(self.app.admin.alerts)
         visible = [a for a in rows if a.queue is None or _tokens.allows(token, "operator", a.queue)]
-        return json_response({"alerts": [_alert_json(a) for a in visible]})
+        return json_response({"alerts": [a.to_json() for a in visible]})
 
     async def metrics(self, request: Request) -> Response:
         """GET /metrics: Prometheus text format, read from the database at each scrape (operator)."""
