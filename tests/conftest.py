@@ -71,3 +71,21 @@ settings.register_profile(
 )
 settings.register_profile("soak", settings.get_profile("ci"), max_examples=1000, derandomize=False)
 settings.load_profile("ci")
+
+
+def make_dead_letters(db: str, n: int = 1, queue: str = "doomed") -> list[str]:
+    """``n`` dead letters on ``queue`` (task of the same name), made by the real worker policy: a
+    handler that rejects, drained by the testing kit."""
+    from conveyor import App, Reject
+    from conveyor.testing import drain
+
+    with App(db, migrate=True) as app:
+
+        @app.task(name=queue, queue=queue, max_attempts=1)
+        def reject(n: int = 0) -> None:
+            raise Reject("always")
+
+        jobs = [reject.delay(n=i) for i in range(n)]
+        assert drain(app, [queue]).dead == n
+        return [str(j.id) for j in jobs]
+

@@ -4,29 +4,17 @@ a non-zero exit otherwise."""
 from __future__ import annotations
 
 import pytest
+from tests.conftest import make_dead_letters
 
-from conveyor import App, Reject
+from conveyor import App
 from conveyor.cli import main
-from conveyor.testing import drain
-
-
-def _dead_letter(db: str) -> str:
-    with App(db, migrate=True) as app:
-
-        @app.task(name="doomed", queue="doomed", max_attempts=1)
-        def doomed() -> None:
-            raise Reject("always")
-
-        job = doomed.delay()
-        assert drain(app, ["doomed"]).dead == 1
-        return str(job.id)
 
 
 @pytest.mark.parametrize("rate", ["nan", "inf", "-1", "0", "1e-6", "0.009", "1e7"])
 def test_a_rate_out_of_range_is_one_line_and_exit_2(
     sqlite_url: str, rate: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    dead = _dead_letter(sqlite_url)
+    dead = make_dead_letters(sqlite_url)[0]
     code = main(["--db", sqlite_url, "dlq", "replay", dead, "--reason", "r", f"--rate={rate}"])
     err = capsys.readouterr().err
     assert code == 2, err
@@ -37,7 +25,7 @@ def test_a_rate_out_of_range_is_one_line_and_exit_2(
 
 
 def test_the_slowest_rate_is_accepted(sqlite_url: str, capsys: pytest.CaptureFixture[str]) -> None:
-    dead = _dead_letter(sqlite_url)
+    dead = make_dead_letters(sqlite_url)[0]
     # One job: no wait between chunks, however slow the rate.
     assert main(["--db", sqlite_url, "dlq", "replay", dead, "--reason", "r", "--rate", "0.01"]) == 0
     assert "replayed 1 of 1" in capsys.readouterr().out

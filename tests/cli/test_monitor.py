@@ -13,11 +13,11 @@ import time
 from pathlib import Path
 
 import pytest
+from tests.conftest import make_dead_letters
 
-from conveyor import App, Reject
+from conveyor import App
 from conveyor._alerts import AlertRules
 from conveyor.cli import main
-from conveyor.testing import drain
 
 
 def _json(capsys: pytest.CaptureFixture[str], argv: list[str]) -> object:
@@ -76,14 +76,8 @@ def test_alerts_shows_what_the_evaluator_stored_and_firing_filters(
     sqlite_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert _json(capsys, ["--db", sqlite_url, "alerts", "--json"]) == []  # nothing evaluated yet
-    with App(sqlite_url, migrate=True) as app:
-
-        @app.task(name="doomed", queue="doomed", max_attempts=1)
-        def doomed() -> None:
-            raise Reject("always")
-
-        doomed.delay()
-        assert drain(app, ["doomed"]).dead == 1
+    make_dead_letters(sqlite_url)
+    with App(sqlite_url) as app:
         changed = app.admin.evaluate_alerts(AlertRules())
     firing = [a.to_json() for a in changed if a.state == "firing"]
     assert any(a["rule"] == "dlq_depth" and a["queue"] == "doomed" for a in firing), firing

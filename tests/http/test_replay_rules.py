@@ -10,23 +10,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+from tests.conftest import make_dead_letters
 from tests.http.conftest import Server, make_tokens, start, stop
 
-from conveyor import App, ConfigurationError, Reject
-from conveyor.testing import drain
-
-
-def dead_letters(db: str, n: int, queue: str = "doomed") -> list[str]:
-    """``n`` dead letters on ``queue``, made by the real worker policy (a handler that rejects)."""
-    with App(db, migrate=True) as app:
-
-        @app.task(name=f"{queue}.fail", queue=queue, max_attempts=1)
-        def fail(n: int = 0) -> None:
-            raise Reject("always")
-
-        jobs = [fail.delay(n=i) for i in range(n)]
-        assert drain(app, [queue]).dead == n
-        return [str(j.id) for j in jobs]
+from conveyor import App, ConfigurationError
 
 
 def unreplayed(db: str, queue: str) -> set[str]:
@@ -35,7 +22,7 @@ def unreplayed(db: str, queue: str) -> set[str]:
 
 
 def test_the_operator_api_refuses_a_rate_that_is_not_finite_or_out_of_range(sqlite_url: str) -> None:
-    dead = dead_letters(sqlite_url, 2)
+    dead = make_dead_letters(sqlite_url, 2)
     with App(sqlite_url) as app:
         # 1e-6 waited 11 days between the two jobs; NaN fails every comparison; True is an int to Python.
         for rate in (math.nan, math.inf, -math.inf, -1.0, 0.0, 1e-6, 0.009, 1_000_001.0, True):
@@ -72,7 +59,7 @@ def _bad_rate(response: httpx.Response) -> str:
 
 
 def test_http_refuses_a_rate_out_of_range_or_whose_pacing_would_hold_the_request(served: Server) -> None:
-    dead = dead_letters(served.db, 2)
+    dead = make_dead_letters(served.db, 2)
     with served.client("operator") as ops:
 
         def replay(rate: object) -> httpx.Response:
@@ -92,8 +79,8 @@ def test_http_refuses_a_rate_out_of_range_or_whose_pacing_would_hold_the_request
 def test_a_token_limited_to_queues_learns_nothing_from_replaying_another_queues_ids(served: Server) -> None:
     # Replaying a dead letter of another queue by id answered 403 naming that queue, while GET of the
     # same id answered 404: the token learnt that the id exists and where.
-    mine = dead_letters(served.db, 1, queue="emails")
-    other = dead_letters(served.db, 2, queue="billing")
+    mine = make_dead_letters(served.db, 1, queue="emails")
+    other = make_dead_letters(served.db, 2, queue="billing")
     unknown = str(uuid.uuid4())
     with served.client("emails_ops") as scoped:
         assert scoped.get(f"/v1/dead-letters/{other[0]}").status_code == 404

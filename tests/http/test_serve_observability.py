@@ -14,13 +14,13 @@ from pathlib import Path
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from tests.conftest import make_dead_letters
 from tests.http.conftest import REPO, Server, make_tokens, start, stop
 from tests.observability._receiver import Receiver
 
-from conveyor import App, Reject
+from conveyor import App
 from conveyor._message import utcnow
 from conveyor.backends.base import WorkerInfo, WorkersBeatParams
-from conveyor.testing import drain
 
 
 @pytest.fixture
@@ -41,18 +41,6 @@ def watched(database_url: str, tmp_path: Path, receiver: Receiver) -> Iterator[S
         stop(running)
 
 
-def _dead_letter(db: str) -> str:
-    with App(db) as app:
-
-        @app.task(name="doomed", queue="doomed", max_attempts=1)
-        def doomed() -> None:
-            raise Reject("always")
-
-        job = doomed.delay()
-        assert drain(app, ["doomed"]).dead == 1
-        return str(job.id)
-
-
 def _samples(text: str) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
     out: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
     for family in text_string_to_metric_families(text):
@@ -62,7 +50,7 @@ def _samples(text: str) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
 
 
 def test_alerts_fire_and_resolve_through_the_webhook_and_the_api(watched: Server, receiver: Receiver) -> None:
-    dead = _dead_letter(watched.db)
+    dead = make_dead_letters(watched.db)[0]
     receiver.wait_for(lambda got: any(m["rule"] == "dlq_depth" and m["state"] == "firing" for m in got))
     with watched.client("operator") as ops, watched.client("admin") as root, watched.client("producer") as shop:
         for path in ("/api/alerts", "/v1/alerts"):
@@ -80,7 +68,7 @@ def test_alerts_fire_and_resolve_through_the_webhook_and_the_api(watched: Server
 
 
 def test_metrics_and_workers_read_the_database(watched: Server) -> None:
-    _dead_letter(watched.db)
+    make_dead_letters(watched.db)
     with App(watched.db) as app:
         app.send("later", {}, queue="mixed", delay=3600)
         held = app.send("now", {}, queue="mixed")
@@ -160,7 +148,7 @@ def test_a_webhook_that_hangs_does_not_wedge_the_service(sqlite_url: str, tmp_pa
     running = start(sqlite_url, tmp_path, *hooks, "--alert-interval", "0.2")
     running.tokens = tokens
     try:
-        _dead_letter(sqlite_url)
+        make_dead_letters(sqlite_url)
         good.wait_for(lambda got: any(m["rule"] == "dlq_depth" for m in got))
         began = time.monotonic()
         with running.client("operator") as ops:
@@ -208,8 +196,8 @@ def test_sigterm_ends_the_service_within_its_30_seconds(sqlite_url: str, tmp_pat
     running = start(sqlite_url, tmp_path, "--webhook", hanging.url, "--alert-interval", "0.2", "--workers", "2")
     running.tokens = tokens
     try:
-        _dead_letter(sqlite_url)
-        _dead_letter(sqlite_url)
+        make_dead_letters(sqlite_url)
+        make_dead_letters(sqlite_url)
         deadline = time.monotonic() + 20
         while hanging.hits < 1:
             assert time.monotonic() < deadline, "the webhook was never called"

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+from tests.conftest import make_dead_letters
 from tests.http.conftest import Server, start, stop
 
-from conveyor import App, Reject
-from conveyor.testing import drain
+from conveyor import App
 
 JOB = {"task": "emails.send", "payload": {"to": "ada@example.com"}}
 
@@ -188,21 +188,8 @@ def test_roles_and_queue_scopes(server: Server) -> None:
         _error(mail_ops.get("/v1/audit"), 403)
 
 
-def _dead_letters(db: str, n: int) -> list[str]:
-    """``n`` dead letters on queue 'doomed', made by the real worker policy (a handler that rejects)."""
-    with App(db) as app:
-
-        @app.task(name="doomed", queue="doomed", max_attempts=1)
-        def doomed(n: int = 0) -> None:
-            raise Reject("always")
-
-        jobs = [doomed.delay(n=i) for i in range(n)]
-        assert drain(app, ["doomed"]).dead == n
-        return [str(j.id) for j in jobs]
-
-
 def test_dead_letters_page_replay_and_purge_are_audited_with_the_token_name(server: Server) -> None:
-    dead = _dead_letters(server.db, 5)
+    dead = make_dead_letters(server.db, 5)
     with server.client("operator") as ops, server.client("admin") as root:
         first = ops.get("/v1/dead-letters", params={"queue": "doomed", "limit": 2}).json()
         assert len(first["dead_letters"]) == 2 and first["next_before"]

@@ -270,43 +270,45 @@ class Executor(Service):
 
     def _call(self, task: Task[Any, Any], delivery: Delivery) -> Outcome:
         """Call a ``def`` handler with the job's arguments; its outcome, whatever it raises."""
-        options = task.options
-        ctx = JobContext(delivery, keeper=self, backend=self.backend)
         try:
-            kwargs: dict[str, Any] = json.loads(delivery.payload)
-            if task.wants_context:
-                kwargs["ctx"] = ctx
+            ctx, kwargs = self._arguments(task, delivery)
             result = task.fn(**kwargs)
         except BaseException as exc:
             # Anything a handler raises, SystemExit and KeyboardInterrupt from library code included,
             # is a failed attempt of its job, never the end of the worker. (A real Ctrl-C or SIGTERM
             # reaches the worker's signal handlers, not the handler.)
-            return on_failure(delivery, options, exc, self.clock())
-        if options.ack_policy == "manual":
-            return on_manual(delivery, options, ctx, self.clock())
-        return on_success(delivery, options, result)
+            return on_failure(delivery, task.options, exc, self.clock())
+        return self._returned(task, delivery, ctx, result)
 
     async def _run_async(self, task: Task[Any, Any], delivery: Delivery) -> Outcome:
-        options = task.options
-        ctx = JobContext(delivery, keeper=self, backend=self.backend)
         try:
-            kwargs: dict[str, Any] = json.loads(delivery.payload)
-            if task.wants_context:
-                kwargs["ctx"] = ctx
-            if options.timeout is None:
+            ctx, kwargs = self._arguments(task, delivery)
+            if task.options.timeout is None:
                 result = await task.fn(**kwargs)
             else:
-                result = await self._within(task.fn(**kwargs), options.timeout)
+                result = await self._within(task.fn(**kwargs), task.options.timeout)
         except asyncio.CancelledError as exc:
             current = asyncio.current_task()
             if current is not None and current.cancelling():
                 raise  # this slot is being stopped: not the handler's outcome
-            return on_failure(delivery, options, exc, self.clock())
+            return on_failure(delivery, task.options, exc, self.clock())
         except BaseException as exc:
-            return on_failure(delivery, options, exc, self.clock())
-        if options.ack_policy == "manual":
-            return on_manual(delivery, options, ctx, self.clock())
-        return on_success(delivery, options, result)
+            return on_failure(delivery, task.options, exc, self.clock())
+        return self._returned(task, delivery, ctx, result)
+
+    def _arguments(self, task: Task[Any, Any], delivery: Delivery) -> tuple[JobContext, dict[str, Any]]:
+        """The job's context and the handler's keyword arguments (raises on a payload that is not JSON)."""
+        ctx = JobContext(delivery, keeper=self, backend=self.backend)
+        kwargs: dict[str, Any] = json.loads(delivery.payload)
+        if task.wants_context:
+            kwargs["ctx"] = ctx
+        return ctx, kwargs
+
+    def _returned(self, task: Task[Any, Any], delivery: Delivery, ctx: JobContext, result: Any) -> Outcome:
+        """The outcome of a handler that returned: completed, or its manual decision."""
+        if task.options.ack_policy == "manual":
+            return on_manual(delivery, task.options, ctx, self.clock())
+        return on_success(delivery, task.options, result)
 
     @staticmethod
     async def _within(call: Any, timeout: float) -> Any:
