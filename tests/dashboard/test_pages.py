@@ -171,7 +171,7 @@ def test_posts_need_the_csrf_token_and_this_origin(served: Server, tmp_path: Pat
         # A GET of the API does take the cookie (the charts poll /v1/queues with it).
         assert c.get("/v1/queues").status_code == 200
         done = c.post(replay, data={"reason": "fixed", "csrf": csrf}, headers={"Origin": served.url})
-        assert done.status_code == 303 and "replayed+as+job" in done.headers["location"]
+        assert done.status_code == 303 and "notice=replayed-as&job=" in done.headers["location"]
         with App(served.db) as app:
             assert app.job(dead).replayed_by is not None
 
@@ -224,6 +224,34 @@ def test_login_says_why_in_this_sites_own_words_only(served: Server) -> None:
             page = c.get("/login", params={"why": why})
             assert page.status_code == 200
             assert "Call +1" not in page.text and 'class="error"' not in page.text, why
+
+
+def test_notices_are_this_sites_own_words_with_checked_parameters(served: Server) -> None:
+    # ?notice= showed whatever text the link carried on every page (the redirect after an action
+    # wrote its sentence into the URL). It now takes a code and parameters that must check.
+    phishing = "Your session expired. Call +1 555 0100 to restore access"
+    job = "0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b"
+    cases = {
+        (("notice", "replayed"), ("n", "3")): "replayed 3 dead letters",
+        (("notice", "replayed-as"), ("job", job)): f"replayed as job {job}",
+        (("notice", "paused"), ("name", "nightly-report")): "paused nightly-report",
+        (("notice", phishing),): None,
+        (("notice", "replayed"), ("n", phishing)): None,
+        (("notice", "replayed"), ("n", "-1")): None,
+        (("notice", "replayed-as"), ("job", phishing)): None,
+        (("notice", "paused"), ("name", phishing)): None,
+        (("notice", "paused"),): None,
+    }
+    with httpx.Client(base_url=served.url) as c:
+        assert c.post("/login", data={"token": served.tokens["operator"], "next": "/"}).status_code == 303
+        for params, shown in cases.items():
+            page = c.get("/schedules", params=dict(params))
+            assert page.status_code == 200, params
+            assert "Call +1" not in page.text, params
+            if shown is None:
+                assert 'class="notice"' not in page.text, params
+            else:
+                assert f'<p class="notice" role="status">{shown}</p>' in page.text, params
 
 
 def test_schedules_pause_and_resume_with_their_buttons(served: Server, context: BrowserContext) -> None:

@@ -20,6 +20,7 @@ import hashlib
 import hmac
 import json
 import math
+import re
 import secrets
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
@@ -67,6 +68,21 @@ LOGIN_REASONS = {
     "revoked": "The token of this session was revoked: log in with another one.",
     "expired": "The token of this session has expired: log in with another one.",
 }
+#: What a page may say after an action, by code: the redirect after a POST carries ``notice=CODE`` and
+#: the parameters below, never text, so that a link cannot make a page say what an attacker wrote.
+#: ``n`` must be digits, ``job`` a UUID, ``name`` a word (letters, digits, ``._:-``: a schedule name
+#: with spaces gets no notice, rather than any sentence being writable); a notice whose code is
+#: unknown or whose parameter does not check shows nothing.
+NOTICES = {
+    "already-replayed": "it was already replayed",
+    "replayed-as": "replayed as job {job}",
+    "replayed": "replayed {n} dead letters",
+    "purged": "purged {n} dead letters",
+    "purged-one": "purged {n} dead letter",
+    "paused": "paused {name}",
+    "resumed": "resumed {name}",
+}
+_NOTICE_NAME = re.compile(r"[\w.:-]{1,200}", re.ASCII)
 #: Largest form body a dashboard POST may have.
 MAX_FORM_BYTES = 64 * 1024
 #: Headers of every dashboard page: scripts and styles from this origin only (no inline script can
@@ -165,7 +181,7 @@ class Dashboard:
         session = request.cookies.get(SESSION_COOKIE) or ""
         context.setdefault("token", None)
         context.setdefault("error", None)
-        context.setdefault("notice", request.query_params.get("notice"))
+        context.setdefault("notice", _notice(request.query_params))
         html = render_html(
             self.env,
             name,
@@ -443,11 +459,11 @@ class Dashboard:
         if action == "replay":
             result = await self.service.run(self.app.admin.replay, [job_id], reason=reason, actor=actor)
             if not result.replayed:
-                return _redirect(f"/dead-letters/{job_id}", "it was already replayed")
+                return _redirect(f"/dead-letters/{job_id}", "already-replayed")
             new_id = result.replayed[0][1]
-            return _redirect("/dead-letters?" + urlencode({"queue": status.queue}), f"replayed as job {new_id}")
+            return _redirect("/dead-letters?" + urlencode({"queue": status.queue}), "replayed-as", job=str(new_id))
         purged = await self.service.run(self.app.admin.purge, [job_id], reason=reason, actor=actor)
-        return _redirect("/dead-letters?" + urlencode({"queue": status.queue}), f"purged {purged.purged} dead letter")
+        return _redirect("/dead-letters?" + urlencode({"queue": status.queue}), "purged-one", n=str(purged.purged))
 
     async def dead_letters_action(self, request: Request) -> Response:
         """POST /dead-letters/replay and /purge: every dead letter of a filter (a queue, narrowed by
@@ -468,11 +484,11 @@ class Dashboard:
             result = await self.service.run(
                 self.app.admin.replay, queue=queue, task=task, error_type=error_type, reason=reason, actor=actor
             )
-            return _redirect(back, f"replayed {len(result.replayed)} dead letters")
+            return _redirect(back, "replayed", n=str(len(result.replayed)))
         purged = await self.service.run(
             self.app.admin.purge, queue=queue, task=task, error_type=error_type, reason=reason, actor=actor
         )
-        return _redirect(back, f"purged {purged.purged} dead letters")
+        return _redirect(back, "purged", n=str(purged.purged))
 
     async def schedules(self, request: Request) -> Response:
         """GET /schedules: every schedule with pause/resume."""
@@ -494,9 +510,9 @@ class Dashboard:
         actor = self.service.actor(token)
         if request.path_params["action"] == "pause":
             await self.service.run(self.app.admin.pause_schedule, name, actor=actor)
-            return _redirect("/schedules", f"paused {name}")
+            return _redirect("/schedules", "paused", name=name)
         await self.service.run(self.app.admin.resume_schedule, name, actor=actor)
-        return _redirect("/schedules", f"resumed {name}")
+        return _redirect("/schedules", "resumed", name=name)
 
     # -- routes ------------------------------------------------------------------------------------
 
@@ -554,9 +570,32 @@ def _status_of(exc: ConveyorError) -> tuple[int, str]:
     return 400, "Refused"
 
 
-def _redirect(target: str, notice: str) -> Response:
+def _redirect(target: str, notice: str, **params: str) -> Response:
     joiner = "&" if "?" in target else "?"
-    return RedirectResponse(f"{target}{joiner}{urlencode({'notice': notice})}", 303)
+    return RedirectResponse(f"{target}{joiner}{urlencode({'notice': notice, **params})}", 303)
+
+
+def _notice(query: Mapping[str, str]) -> str | None:
+    """The sentence of a ``notice`` code (see :data:`NOTICES`), or None."""
+    template = NOTICES.get(query.get("notice") or "")
+    if template is None:
+        return None
+    values: dict[str, str] = {}
+    for name in ("n", "job", "name"):
+        if "{" + name + "}" not in template:
+            continue
+        value = query.get(name) or ""
+        try:
+            if name == "n" and not (value.isascii() and value.isdigit() and len(value) <= 12):
+                return None
+            if name == "job":
+                value = str(UUID(value))
+        except ValueError:
+            return None
+        if name == "name" and not _NOTICE_NAME.fullmatch(value):
+            return None
+        values[name] = value
+    return template.format(**values)
 
 
 def _safe_next(target: str | None) -> str:
