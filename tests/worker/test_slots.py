@@ -34,7 +34,8 @@ def delivery(task: str) -> Delivery:
 
 
 def test_a_free_permit_goes_to_the_oldest_delivery_whatever_its_kind() -> None:
-    buffer = Buffer(1, threaded=lambda d: d.task == "def")
+    buffer = Buffer(1)
+    buffer.threaded = frozenset({"def"})
     items = [delivery(kind) for kind in ("def", "async", "async", "def", "def", "async")]
     for item in items:
         buffer.put(item)
@@ -59,7 +60,8 @@ def test_a_free_permit_goes_to_the_oldest_delivery_whatever_its_kind() -> None:
 
 
 def test_no_permit_no_take_and_close_ends_every_wait() -> None:
-    buffer = Buffer(1, threaded=lambda d: True)
+    buffer = Buffer(1)
+    buffer.threaded = frozenset({"def"})
     first, second = delivery("def"), delivery("def")
     buffer.put(first)
     buffer.put(second)
@@ -76,7 +78,8 @@ def test_no_permit_no_take_and_close_ends_every_wait() -> None:
 
 
 def test_arm_low_fires_once_the_buffer_falls_to_the_level() -> None:
-    buffer = Buffer(10, threaded=lambda d: True)
+    buffer = Buffer(10)
+    buffer.threaded = frozenset({"def"})
     for _ in range(4):
         buffer.put(delivery("def"))
     assert buffer.arm_low(4) is False  # already there: nothing to wait for
@@ -137,3 +140,31 @@ def test_async_and_def_handlers_share_the_concurrency(app: App) -> None:
     assert sorted(kinds) == ["async"] * 12 + ["def"] * 12
     # Three slots of each kind exist; the permits keep the two kinds together at three.
     assert running["peak"] == 3
+
+
+def test_a_def_task_registered_after_the_worker_started_still_runs(app: App) -> None:
+    @app.task(queue="q")
+    async def early() -> None: ...
+
+    async def scenario() -> list[str]:
+        worker = Worker(app, queues=["q"], poll_interval=0.02, concurrency=2)
+        running = asyncio.create_task(worker.run())
+        await asyncio.sleep(0.3)
+        ran: list[str] = []
+
+        @app.task(queue="q")
+        def late(i: int) -> None:
+            ran.append(threading.current_thread().name)
+
+        for i in range(5):
+            late.delay(i=i)
+        deadline = time.monotonic() + 20
+        while len(ran) < 5 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        worker.stop()
+        await asyncio.wait_for(running, 30)
+        return ran
+
+    ran = asyncio.run(scenario())
+    # No thread slot was started for it: each job ran in a handler thread of its own.
+    assert ran == ["conveyor-handler"] * 5

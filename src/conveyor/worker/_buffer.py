@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import deque
-from collections.abc import Callable
 
 from conveyor.backends.base import Delivery
 from conveyor.worker._threads import LoopRef
@@ -27,14 +26,15 @@ from conveyor.worker._threads import LoopRef
 class Buffer:
     """Deliveries leased by this worker and not started yet, and ``concurrency`` run permits.
 
-    ``threaded(delivery)`` says which deliveries the thread slots run; the others go to the
-    coroutine slots. A free permit goes to the oldest buffered delivery, whatever its kind, so that
-    neither kind starves the other. After :meth:`close` every take returns None (what is still
-    buffered is the worker's to hand back, with :meth:`drain`)."""
+    :attr:`threaded` names the tasks the thread slots run (set by the executor when it starts them;
+    empty, everything goes to the coroutine slots). A free permit goes to the oldest buffered
+    delivery, whatever its kind, so that neither kind starves the other. After :meth:`close` every
+    take returns None (what is still buffered is the worker's to hand back, with :meth:`drain`)."""
 
-    def __init__(self, concurrency: int, threaded: Callable[[Delivery], bool] = lambda d: False) -> None:
+    def __init__(self, concurrency: int) -> None:
         self.concurrency = concurrency
-        self._threaded = threaded
+        #: Tasks whose deliveries go to the thread slots.
+        self.threaded: frozenset[str] = frozenset()
         self._lock = threading.Lock()
         # (sequence, delivery): the sequence says which kind's head is older.
         self._for_threads: deque[tuple[int, Delivery]] = deque()
@@ -63,7 +63,7 @@ class Buffer:
 
     def put(self, delivery: Delivery) -> None:
         """Buffer one leased delivery."""
-        threaded = self._threaded(delivery)
+        threaded = delivery.task in self.threaded
         with self._lock:
             self._sequence += 1
             (self._for_threads if threaded else self._for_loop).append((self._sequence, delivery))

@@ -76,9 +76,7 @@ def build_loops(
     counters = counters if counters is not None else Counters()
     registry = Registry()
     calls = BackendCalls(backend, counters, threads=db_threads)
-    # Deliveries of plain ``def`` tasks go to the executor's thread slots, the others to its coroutines.
-    tasks = catalogue.tasks
-    buffer = Buffer(config.concurrency, lambda d: (task := tasks.get(d.task)) is not None and not task.is_async)
+    buffer = Buffer(config.concurrency)
     completer = Completer(calls, registry, counters, clock, config.flush_interval)
     fetcher = Fetcher(catalogue, calls, registry, counters, buffer, config, queues, clock)
     executor = Executor(

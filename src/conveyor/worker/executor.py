@@ -323,9 +323,10 @@ class Executor(Service):
         return running.result()
 
     async def _run_sync(self, task: Task[Any, Any], delivery: Delivery) -> Outcome:
-        """A ``def`` handler run from the event loop (the testing kit drives the executor that way;
-        the worker's thread slots call it in their own thread): in a daemon thread of its own, in the
-        slot's context, so that what the slot set for it (the job's span) is current there too."""
+        """A ``def`` handler run from the event loop (the testing kit drives the executor that way, and
+        a task registered after the worker started has no thread slots; the worker's thread slots call
+        ``_call`` in their own thread): in a daemon thread of its own, in the slot's context, so that
+        what the slot set for it (the job's span) is current there too."""
         loop = asyncio.get_running_loop()
         done: asyncio.Future[Outcome] = loop.create_future()
         context = contextvars.copy_context()
@@ -421,6 +422,9 @@ class Executor(Service):
         plain = [t for t in self.catalogue.tasks.values() if not t.is_async]
         watch: asyncio.Task[None] | None = None
         if plain:
+            # From now on deliveries of these tasks go to the thread slots (a task registered later
+            # runs in a coroutine slot, its handler in a thread of its own: see _run_sync).
+            self.buffer.threaded = frozenset(t.name for t in plain)
             for _ in range(self.concurrency):
                 self._start_slot()
             tasks.append(asyncio.create_task(self._threads_ended(), name="thread-slots"))
