@@ -503,12 +503,14 @@ def _uuid(value: UUID | str) -> UUID:
 
 def _check_rate(rate: float) -> None:
     """A replay's rate is a finite number of jobs per second from MIN_REPLAY_RATE to MAX_REPLAY_RATE."""
-    # bool is an int to Python, and NaN fails every comparison: both are refused by name.
-    if isinstance(rate, bool) or not isinstance(rate, int | float) or not math.isfinite(rate):
-        raise ConfigurationError(f"rate must be a finite number of jobs per second, got {rate!r}")
+    # bool is an int to Python, and NaN fails every comparison: both are refused by name. (An int is
+    # never converted: a 400-digit one from JSON made math.isfinite raise OverflowError, a 500.)
+    number = isinstance(rate, int | float) and not isinstance(rate, bool)
+    if not number or (isinstance(rate, float) and not math.isfinite(rate)):
+        raise ConfigurationError(f"rate must be a finite number of jobs per second, got {repr(rate)[:40]}")
     if not MIN_REPLAY_RATE <= rate <= MAX_REPLAY_RATE:
         raise ConfigurationError(
-            f"rate must be from {MIN_REPLAY_RATE:g} to {MAX_REPLAY_RATE} jobs per second, got {rate:g}"
+            f"rate must be from {MIN_REPLAY_RATE:g} to {MAX_REPLAY_RATE} jobs per second, got {str(rate)[:40]}"
         )
 
 

@@ -3,6 +3,7 @@ reach of a token limited to queues when it names dead letters by id: in the oper
 
 from __future__ import annotations
 
+import json
 import math
 import uuid
 from collections.abc import Iterator
@@ -25,7 +26,7 @@ def test_the_operator_api_refuses_a_rate_that_is_not_finite_or_out_of_range(sqli
     dead = make_dead_letters(sqlite_url, 2)
     with App(sqlite_url) as app:
         # 1e-6 waited 11 days between the two jobs; NaN fails every comparison; True is an int to Python.
-        for rate in (math.nan, math.inf, -math.inf, -1.0, 0.0, 1e-6, 0.009, 1_000_001.0, True):
+        for rate in (math.nan, math.inf, -math.inf, -1.0, 0.0, 1e-6, 0.009, 1_000_001.0, True, 10**400, "fast"):
             with pytest.raises(ConfigurationError, match=r"^rate "):
                 app.admin.replay(dead, reason="r", actor="test", rate=rate)
         # The waits come between chunks: two jobs at 0.1 per second wait 10 s once.
@@ -67,6 +68,15 @@ def test_http_refuses_a_rate_out_of_range_or_whose_pacing_would_hold_the_request
 
         for rate in (0, -5, 1e-6, 0.009, 2_000_000):
             assert "0.01 to 1000000" in _bad_rate(replay(rate))
+        for rate in ("fast", [1], True):  # refused by the operator API's own check, by name
+            assert "finite number" in _bad_rate(replay(rate))
+        # A 400-digit integer is valid JSON; converting it to a float raised OverflowError (a 500).
+        huge = ops.post(
+            "/v1/dead-letters:replay",
+            content='{"ids": ' + json.dumps(dead) + ', "reason": "r", "rate": ' + "9" * 400 + "}",
+            headers={"content-type": "application/json"},
+        )
+        assert "0.01 to 1000000" in _bad_rate(huge)
         # Two jobs at 0.04 per second wait 25 s between them: past the 20 s a request may be held.
         message = _bad_rate(replay(0.04))
         assert "25 s" in message and "20 s" in message and "conveyor dlq replay" in message

@@ -156,18 +156,12 @@ class Executor(Service):
         self._slots_started = 0
         self._stuck = 0
         self._stuck_reported = False
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._slots_ended = asyncio.Event()
 
     @property
     def running(self) -> int:
         """Handlers running now (slots holding a permit)."""
         return self.buffer.running
-
-    @property
-    def abandoned(self) -> int:
-        """Handler threads given up on (past their timeout) whose calls are still running."""
-        return self._stuck
 
     # The worker passes itself as the lease keeper so that ``ctx.extend`` reaches the database.
     def extend(self, delivery: Delivery, seconds: float) -> bool:
@@ -241,12 +235,12 @@ class Executor(Service):
             return
         held, task, outcome = admitted
         if outcome is None:
-            assert task is not None and self._loop is not None
+            assert task is not None and self.buffer.loop.loop is not None
             counted = True
             if delivery.rescues and not held.counted:
                 # As in process(): the start is counted before the handler runs, on the event loop
                 # (batched with the other slots' suspects); this thread waits for it.
-                start = asyncio.run_coroutine_threadsafe(self.starts.start(delivery), self._loop)
+                start = asyncio.run_coroutine_threadsafe(self.starts.start(delivery), self.buffer.loop.loop)
                 counted = held.counted = start.result()
             if not self._started(held, counted):
                 return
@@ -371,10 +365,8 @@ class Executor(Service):
 
     def slot_ended(self, slot: _ThreadSlot) -> None:
         """A thread slot's thread ends (called in it)."""
-        if slot.abandoned or self._loop is None:
-            return
-        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
-            self._loop.call_soon_threadsafe(self._forget, slot)
+        if not slot.abandoned:
+            self.buffer.loop.call(lambda: self._forget(slot))
 
     def _forget(self, slot: _ThreadSlot) -> None:
         self._slots.discard(slot)
@@ -416,7 +408,6 @@ class Executor(Service):
 
     async def run(self) -> None:
         """Run the slots until stopped (and their handlers returned) or cancelled."""
-        self._loop = asyncio.get_running_loop()
         self.buffer.loop.bind()
         tasks = [asyncio.create_task(self._slot(), name=f"slot-{i}") for i in range(self.concurrency)]
         plain = [t for t in self.catalogue.tasks.values() if not t.is_async]
