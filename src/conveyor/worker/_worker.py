@@ -139,6 +139,10 @@ class Worker:
             self.exit_code = 1
         for loop in (loops.heartbeat, loops.rescuer, loops.scheduler, loops.pruner, loops.presence):
             loop.stop()
+        # The presence loop ends its round rather than being cancelled: a cancelled round's write runs
+        # on in its database thread and could store the worker's row again after leave() deleted it.
+        await asyncio.wait({tasks[loops.presence]}, timeout=10)
+        for loop in (loops.heartbeat, loops.rescuer, loops.scheduler, loops.pruner, loops.presence):
             tasks[loop].cancel()
         await asyncio.gather(*tasks.values(), return_exceptions=True)
         await loops.presence.leave()
