@@ -4,6 +4,11 @@ are children of its span, in its thread too. Recorded by the SDK's in-memory exp
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 from opentelemetry import trace
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
@@ -77,3 +82,41 @@ def test_a_caller_traceparent_is_kept_and_send_many_is_one_span(app: App, spans:
     assert batch.context is not None
     parents = {j.status().headers["traceparent"][:-3] for j in jobs}
     assert parents == {f"00-{batch.context.trace_id:032x}-{batch.context.span_id:016x}"}
+
+
+_LATE_PROVIDER = """
+import sys
+from conveyor import App
+
+app = App(sys.argv[1])
+app.backend.migrate()
+app.send("t", {})
+assert "opentelemetry.trace" not in sys.modules, "the first send imported the OpenTelemetry API"
+assert "opentelemetry.propagate" not in sys.modules, "the first send imported the propagators"
+
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+exporter = InMemorySpanExporter()
+provider = TracerProvider()
+provider.add_span_processor(SimpleSpanProcessor(exporter))
+trace.set_tracer_provider(provider)
+app.send("t", {})
+print([s.name for s in exporter.get_finished_spans()])
+"""
+
+
+def test_a_send_before_tracing_is_set_up_imports_no_api_and_a_later_provider_records(tmp_path: Path) -> None:
+    # No SDK yet and nobody imported the API: the first send must not pay its import (~10 ms of a
+    # first 1,000-job send_many); a provider set afterwards records the next send's span.
+    out = subprocess.run(
+        [sys.executable, "-c", _LATE_PROVIDER, f"sqlite:///{tmp_path / 'q.db'}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={k: v for k, v in os.environ.items() if k != "OTEL_PYTHON_TRACER_PROVIDER"},
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "['send t']"

@@ -433,6 +433,44 @@ def test_an_idle_worker_picks_up_by_notification_not_by_polling(pg_app: App) -> 
     assert worker.counters.acquired == worker.counters.completed == 1
 
 
+def test_a_job_picked_up_by_notification_starts_before_the_next_acquire(pg_app: App) -> None:
+    # The pickup path: the listener's thread acquires, the event loop buffers the job, and its slot
+    # starts it before the fetch loop's next acquire goes to a database thread (which would compete
+    # with the handler for the GIL, and did run first: ~0.15 ms of every pickup).
+    events: list[str] = []
+
+    @pg_app.task(queue="q")
+    async def ping() -> None:
+        events.append("handler")
+
+    backend = pg_app.backend
+    acquire = backend.jobs_acquire
+
+    def recording_acquire(params: JobsAcquireParams) -> list[Any]:
+        events.append("acquire")
+        got = acquire(params)
+        events.append(f"acquired {len(got)}")
+        return got
+
+    backend.jobs_acquire = recording_acquire  # type: ignore[method-assign]
+    worker = Worker(pg_app, concurrency=2, poll_interval=3600)
+
+    async def scenario() -> None:
+        task = asyncio.create_task(worker.run())
+        await asyncio.sleep(0.5)  # idle, waiting on the listener
+        del events[:]
+        await asyncio.to_thread(ping.delay)
+        for _ in range(500):
+            if "handler" in events and events[-1] == "acquired 0":
+                break
+            await asyncio.sleep(0.01)
+        worker.stop()
+        await task
+
+    asyncio.run(asyncio.wait_for(scenario(), 30))
+    assert events[:4] == ["acquire", "acquired 1", "handler", "acquire"], events
+
+
 def test_stopping_an_idle_worker_leaves_no_job_leased(pg_app: App) -> None:
     @pg_app.task(queue="q")
     def noop() -> None:

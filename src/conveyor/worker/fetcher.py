@@ -8,7 +8,6 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
-from typing import Any
 
 from conveyor._catalogue import Catalogue
 from conveyor.backends.base import Delivery, JobsAcquireParams, Listener
@@ -206,19 +205,15 @@ class Fetcher(Service):
                 log.debug("acquire on notification failed (%s); the fetch loop retries", exc)
                 return []
 
-        waited: asyncio.Future[list[Delivery]] = loop.run_in_executor(self._listen_pool, wait_then_acquire)
-        stop: asyncio.Future[bool] = asyncio.ensure_future(self._stopped.wait())
-        either: list[asyncio.Future[Any]] = [waited, stop]
-        try:
-            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            stop.cancel()
         # Even when stopping, wait for the thread (at most one bounded wait and one acquire): the
         # leases it may have taken must reach the buffer, which shutdown hands back to pending.
-        got = await waited
+        got = await loop.run_in_executor(self._listen_pool, wait_then_acquire)
         if got:
             self.observer.fetched(got[0].queue, len(got))
-        self._take(got)
+            self._take(got)
+            # Let the slots woken by these jobs start them before this loop's next acquire goes to a
+            # database thread (which would compete with them for the GIL): this is the pickup path.
+            await asyncio.sleep(0)
 
     async def _wait_for(self, event: asyncio.Event, timeout: float | None) -> None:
         waits = {asyncio.ensure_future(event.wait()), asyncio.ensure_future(self._stopped.wait())}
@@ -227,4 +222,3 @@ class Fetcher(Service):
         finally:
             for w in waits:
                 w.cancel()
-

@@ -248,7 +248,6 @@ class PostgresBackend:
             kwargs=kwargs,
             configure=self._configure,
             check=self._check,
-            reset=self._reset,
         )
         pool.open(wait=False)
         return pool
@@ -261,9 +260,6 @@ class PostgresBackend:
         idle = time.monotonic() - self._last_used.get(conn, 0.0)
         if idle > _CHECK_IDLE_AFTER or _has_input(conn):
             ConnectionPool.check_connection(conn)
-
-    def _reset(self, conn: Conn) -> None:
-        self._last_used[conn] = time.monotonic()
 
     @contextmanager
     def _errors(self, action: str) -> Iterator[None]:
@@ -296,7 +292,13 @@ class PostgresBackend:
     def _connection(self, action: str, ack: bool = False) -> Iterator[Conn]:
         """A pooled connection; ``ack`` picks the outcome pool (see ``durable_acks``)."""
         with self._errors(action), (self._acks if ack else self._pool).connection() as conn:
-            yield conn
+            try:
+                yield conn
+            finally:
+                # Stamped here rather than in a pool ``reset`` hook: with one, psycopg_pool hands
+                # every returned connection to its worker thread (a thread wake-up per statement,
+                # and the next caller, not finding it back yet, took a colder connection).
+                self._last_used[conn] = time.monotonic()
 
     def _fetchall(self, name: str, params: Mapping[str, Any], ack: bool = False) -> list[TupleRow]:
         with self._connection(name, ack) as conn:
