@@ -311,6 +311,12 @@ def test_openapi_and_health(server: Server) -> None:
         doc = c.get("/openapi.json").json()
         assert doc["openapi"].startswith("3.")
         assert "/v1/queues/{queue}/jobs" in doc["paths"] and "/v1/dead-letters:replay" in doc["paths"]
+        # A replay takes a rate, a purge does not: each body names what the service accepts.
+        schemas = doc["components"]["schemas"]
+        replay = doc["paths"]["/v1/dead-letters:replay"]["post"]["requestBody"]["content"]["application/json"]
+        purge = doc["paths"]["/v1/dead-letters:purge"]["post"]["requestBody"]["content"]["application/json"]
+        assert schemas[replay["schema"]["$ref"].rsplit("/", 1)[1]]["properties"]["rate"]["maximum"] == 1_000_000
+        assert "rate" not in schemas[purge["schema"]["$ref"].rsplit("/", 1)[1]]["properties"]
         assert c.get("/readyz").json() == {"status": "ready"}
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from conveyor import __version__
+from conveyor._admin import MAX_REPLAY_RATE, MIN_REPLAY_RATE
 from conveyor._limits import INT32_MAX, INT32_MIN, MAX_ATTEMPTS, MAX_KEY_BYTES, MAX_NAME_CHARS, MAX_SECONDS
 
 _NAME = {"type": "string", "minLength": 1, "maxLength": MAX_NAME_CHARS}
@@ -17,6 +18,13 @@ _KEY = {"type": "string", "minLength": 1, "maxLength": MAX_KEY_BYTES, "descripti
 _SECONDS = {"type": "number", "minimum": 0, "maximum": MAX_SECONDS}
 _TIME = {"type": "string", "format": "date-time"}
 _UUID = {"type": "string", "format": "uuid"}
+_SELECTION = {
+    "ids": {"type": "array", "items": _UUID, "minItems": 1, "maxItems": 10000},
+    "queue": _NAME,
+    "task": _NAME,
+    "error_type": {"type": "string"},
+    "reason": {"type": "string", "minLength": 1, "maxLength": 2000},
+}
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -146,12 +154,22 @@ _SCHEMAS: dict[str, Any] = {
         "type": "object",
         "required": ["reason"],
         "additionalProperties": False,
+        "properties": _SELECTION,
+        "description": "ids, or a queue (narrowed by task and error_type); never both",
+    },
+    "ReplaySelection": {
+        "type": "object",
+        "required": ["reason"],
+        "additionalProperties": False,
         "properties": {
-            "ids": {"type": "array", "items": _UUID, "minItems": 1, "maxItems": 10000},
-            "queue": _NAME,
-            "task": _NAME,
-            "error_type": {"type": "string"},
-            "reason": {"type": "string", "minLength": 1, "maxLength": 2000},
+            **_SELECTION,
+            "rate": {
+                "type": "number",
+                "minimum": MIN_REPLAY_RATE,
+                "maximum": MAX_REPLAY_RATE,
+                "description": "jobs per second (paced); a replay too slow for one request (over 20 s) is "
+                "refused (400): use `conveyor dlq replay --rate`",
+            },
         },
         "description": "ids, or a queue (narrowed by task and error_type); never both",
     },
@@ -290,7 +308,7 @@ def document(auth: bool = True) -> dict[str, Any]:
                 "summary": "Re-enqueue dead letters with fresh attempts (operator; audited)",
                 "operationId": "replay",
                 **sec,
-                "requestBody": body(_ref("Selection")),
+                "requestBody": body(_ref("ReplaySelection")),
                 "responses": {"200": _json({"type": "object"}), **_errors(400, *_AUTH, 413, 503)},
             }
         },
