@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -40,12 +41,30 @@ def configured() -> bool:
     return not isinstance(_api.get_tracer_provider(), _api.ProxyTracerProvider)
 
 
+_TRACEPARENT = re.compile(r"(?!ff)[0-9a-f]{2}-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}")
+
+
+def valid_traceparent(value: object) -> str | None:
+    """``value`` if it is a W3C ``traceparent`` (version, trace id, parent id, flags; lower-case hex,
+    ids not all zeros), else None: an invalid one is ignored and the trace starts afresh, as the W3C
+    Trace Context recommendation asks of a receiver."""
+    if isinstance(value, bytes):
+        value = value.decode("latin-1")
+    if isinstance(value, str) and len(value) == 55 and _TRACEPARENT.fullmatch(value):
+        return value
+    return None
+
+
 @contextmanager
-def send_span(task: str, queue: str | None, count: int) -> Iterator[str | None]:
-    """A ``PRODUCER`` span around one send of ``count`` jobs; yields the W3C ``traceparent`` of the
-    span to store in the jobs' headers (None when no span records: no SDK, or not sampled)."""
+def send_span(task: str, queue: str | None, count: int, parent: str | None = None) -> Iterator[str | None]:
+    """A ``PRODUCER`` span around one send of ``count`` jobs; yields the W3C ``traceparent`` to store
+    in the jobs' headers: the span's, else ``parent`` (None when neither: no SDK, or not sampled).
+
+    ``parent``, a valid ``traceparent`` (an HTTP request's), is the span's parent instead of the
+    current context; without an SDK it is what the jobs carry, so their handlers still continue the
+    caller's trace."""
     if not configured():
-        yield None
+        yield parent
         return
     from opentelemetry import propagate, trace
 
@@ -55,11 +74,14 @@ def send_span(task: str, queue: str | None, count: int) -> Iterator[str | None]:
         attributes["conveyor.queue"] = queue
     if count != 1:
         attributes["messaging.batch.message_count"] = count
-    with tracer.start_as_current_span(f"send {task}", kind=trace.SpanKind.PRODUCER, attributes=attributes) as span:
+    within = propagate.extract({"traceparent": parent}) if parent is not None else None
+    with tracer.start_as_current_span(
+        f"send {task}", context=within, kind=trace.SpanKind.PRODUCER, attributes=attributes
+    ) as span:
         carrier: dict[str, str] = {}
         if span.get_span_context().is_valid:
             propagate.inject(carrier)
-        yield carrier.get("traceparent")
+        yield carrier.get("traceparent", parent)
 
 
 def first_task(tasks: Sequence[str]) -> str:

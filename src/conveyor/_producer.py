@@ -61,12 +61,13 @@ class Producer:
             self.load.check(rows, now)
         return self._backend().jobs_insert_many(JobsInsertParams(rows, now, conn))
 
-    def prepare(self, message: Message, now: datetime | None = None) -> NewJob:
+    def prepare(self, message: Message, now: datetime | None = None, traceparent: str | None = None) -> NewJob:
         """Validate and encode one message as :meth:`insert` would, without sending it (the HTTP
-        group commit checks each request on its own before grouping them).
+        group commit checks each request on its own before grouping them); ``traceparent`` is the
+        send's trace context (:func:`conveyor._otel.send_span`) for a message whose headers give none.
 
         Raises PayloadError (PayloadTooLarge past the size limit) with nothing written."""
-        return self.new_job(message, now if now is not None else utcnow())
+        return self.new_job(message, now if now is not None else utcnow(), traceparent)
 
     def admit(self, job: NewJob, now: datetime | None = None) -> None:
         """The backpressure verdict for one prepared job: raise QueueFull if its queue is past its

@@ -306,6 +306,36 @@ def test_publish_copies_to_matching_subscriptions(server: Server) -> None:
         assert c.get(f"/v1/jobs/{us.json()['jobs'][0]}").json()["headers"]["sent_by"] == "shop"
 
 
+TRACE = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+def test_jobs_sent_over_http_continue_the_callers_trace(server: Server) -> None:
+    # A W3C traceparent on the request becomes the job's (the handler's span is then a child of the
+    # caller's); the job's own headers win; an invalid one is ignored, never a 400.
+    with App(server.db) as app:
+        app.subscribe("orders", "billing", "billing.charge")
+    with server.client("producer") as c:
+
+        def traceparents(response: httpx.Response) -> list[str]:
+            assert response.status_code == 202, response.text
+            body = response.json()
+            ids = [j["id"] for j in body["jobs"]] if "jobs" in body and isinstance(body["jobs"][0], dict) else None
+            ids = ids or body.get("jobs") or [body["id"]]
+            return [c.get(f"/v1/jobs/{i}").json()["headers"]["traceparent"] for i in ids]
+
+        given = {"traceparent": TRACE}
+        assert traceparents(c.post("/v1/queues/emails/jobs", json=JOB, headers=given)) == [TRACE]
+        batch = c.post("/v1/queues/emails/jobs:batch", json={"jobs": [JOB, JOB]}, headers=given)
+        assert traceparents(batch) == [TRACE, TRACE]
+        assert traceparents(c.post("/v1/topics/orders/messages", json={"payload": {}}, headers=given)) == [TRACE]
+        own = "00-11111111111111111111111111111111-2222222222222222-01"
+        mine = c.post("/v1/queues/emails/jobs", json={**JOB, "headers": {"traceparent": own}}, headers=given)
+        assert traceparents(mine) == [own]
+        for bad in (TRACE.upper(), "ff" + TRACE[2:], "00-" + "0" * 32 + TRACE[35:], TRACE + "-x", "nonsense", ""):
+            (fresh,) = traceparents(c.post("/v1/queues/emails/jobs", json=JOB, headers={"traceparent": bad}))
+            assert fresh != bad and fresh.split("-")[1] != TRACE.split("-")[1], bad
+
+
 def test_openapi_and_health(server: Server) -> None:
     with httpx.Client(base_url=server.url) as c:
         doc = c.get("/openapi.json").json()

@@ -120,3 +120,19 @@ def test_a_send_before_tracing_is_set_up_imports_no_api_and_a_later_provider_rec
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "['send t']"
+
+
+def test_a_send_span_given_a_parent_is_its_child_and_hands_its_own_context_on(spans: InMemorySpanExporter) -> None:
+    # What the HTTP service does with a request's traceparent: its producer span is a child of the
+    # caller's span, and the jobs carry the producer span's context (same trace, the span's own id).
+    from conveyor._otel import send_span, valid_traceparent
+
+    parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    assert valid_traceparent(parent.encode()) == parent
+    with send_span("t", "q", 3, valid_traceparent(parent)) as carried:
+        pass
+    (span,) = [s for s in spans.get_finished_spans() if s.name == "send t"]
+    assert span.parent is not None and span.parent.span_id == 0xB7AD6B7169203331
+    assert span.context is not None and span.context.trace_id == 0x0AF7651916CD43DD8448EB211C80319C
+    assert carried == f"00-{span.context.trace_id:032x}-{span.context.span_id:016x}-01"
+    assert (span.attributes or {})["messaging.batch.message_count"] == 3

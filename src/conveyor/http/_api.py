@@ -46,6 +46,7 @@ from conveyor._errors import (
 from conveyor._job import JobStatus
 from conveyor._limits import check_name, check_seconds
 from conveyor._message import Message
+from conveyor._otel import first_task, send_span, valid_traceparent
 from conveyor.admin import QueueStats, Schedule, Token, WorkerInfo
 from conveyor.http import _parse
 from conveyor.http._dashboard import SESSION_COOKIE, Dashboard, register_convertors
@@ -328,13 +329,14 @@ class Service:
             idempotency_key=key.decode("latin-1") if key is not None else None,
             headers=self._headers_of(fields, token),
         )
-        job = self.app.producer.prepare(message)
-        if self.app.queue_options(queue).max_depth is not None:
-            await self.run(self.app.producer.admit, job)
-        if self.group is not None:
-            stored = await self.group.submit(job)
-        else:
-            stored = (await self.run(self.app.producer.insert_prepared, [job]))[0]
+        with send_span(message.task, queue, 1, valid_traceparent(headers.get(b"traceparent"))) as traceparent:
+            job = self.app.producer.prepare(message, traceparent=traceparent)
+            if self.app.queue_options(queue).max_depth is not None:
+                await self.run(self.app.producer.admit, job)
+            if self.group is not None:
+                stored = await self.group.submit(job)
+            else:
+                stored = (await self.run(self.app.producer.insert_prepared, [job]))[0]
         duplicate = stored != message.id
         if duplicate:
             await self._check_same(stored, message, job.payload)
@@ -365,7 +367,6 @@ class Service:
         if not isinstance(items, list) or not items or len(items) > MAX_BATCH:
             raise BadRequest(f"jobs must be an array of 1 to {MAX_BATCH} jobs", "jobs")
         messages: list[Message] = []
-        jobs = []
         for i, item in enumerate(items):
             prefix = f"jobs[{i}]."
             try:
@@ -373,14 +374,21 @@ class Service:
                 message = _parse.message(
                     body, queue=queue, prefix=prefix, headers=self._headers_of(body, token, prefix)
                 )
-                jobs.append(self.app.producer.prepare(message))
             except (PayloadError, ConfigurationError) as exc:
                 return error_response(exc, prefix)
             messages.append(message)
-        if self.app.queue_options(queue).max_depth is not None:
-            for job in jobs:
-                await self.run(self.app.producer.admit, job)
-        stored = await self.run(self.app.producer.insert_prepared, jobs)
+        parent = valid_traceparent(request.headers.get("traceparent"))
+        with send_span(first_task([m.task for m in messages]), queue, len(messages), parent) as traceparent:
+            jobs = []
+            for i, message in enumerate(messages):
+                try:
+                    jobs.append(self.app.producer.prepare(message, traceparent=traceparent))
+                except (PayloadError, ConfigurationError) as exc:
+                    return error_response(exc, f"jobs[{i}].")
+            if self.app.queue_options(queue).max_depth is not None:
+                for job in jobs:
+                    await self.run(self.app.producer.admit, job)
+            stored = await self.run(self.app.producer.insert_prepared, jobs)
         for message, job, job_id in zip(messages, jobs, stored, strict=True):
             if job_id != message.id:
                 await self._check_same(job_id, message, job.payload)
@@ -412,6 +420,11 @@ class Service:
         )
         payload = envelope.pop("payload", {})
         headers = envelope.pop("headers", None) or {}
+        parent = valid_traceparent(request.headers.get("traceparent"))
+        if parent is not None:
+            # The jobs continue the caller's trace (App.publish opens its own span in a thread,
+            # which does not see this request's context).
+            headers = {"traceparent": parent, **headers}
         jobs = await self.run(self.app.publish, topic, payload, headers=headers, **envelope)
         return json_response({"jobs": [str(j.id) for j in jobs]}, 202)
 
@@ -669,7 +682,7 @@ class Service:
         return Response(status_code=204)
 
 
-_SEND_HEADERS = frozenset((b"authorization", b"content-length", b"idempotency-key"))
+_SEND_HEADERS = frozenset((b"authorization", b"content-length", b"idempotency-key", b"traceparent"))
 _JSON_TYPE = (b"content-type", b"application/json")
 
 
