@@ -41,6 +41,11 @@ class Events:
             return [e for e in self.items if e["kind"] == kind]
 
 
+#: Seconds a worker process is given to start (interpreter, imports, its signal handlers) before the
+#: final graceful stop is sent.
+_START_GRACE = 3.0
+
+
 @dataclass
 class Member:
     """One worker command line, run again whenever its process exits."""
@@ -51,6 +56,8 @@ class Member:
     concurrency: int
     log: Path
     proc: subprocess.Popen[bytes] | None = None
+    #: When ``proc`` was started (time.monotonic()).
+    started_at: float = 0.0
     generation: int = 0
     retired: bool = False
     #: Every process group this member ever started (killed at cleanup if still there).
@@ -129,6 +136,7 @@ class Fleet:
             member.proc = subprocess.Popen(
                 member.argv, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
             )
+        member.started_at = time.monotonic()
         member.groups.append(member.proc.pid)
         member.children = set()
         role = "supervisor" if member.prefork else "worker"
@@ -217,6 +225,11 @@ class Fleet:
             self._thread.join(timeout=10)
         codes: dict[str, int | None] = {}
         with self._lock:
+            # A member restarted a moment ago (after a kill near the end) may still be starting
+            # Python, before any signal handler of the worker's exists: a SIGTERM then ends it
+            # with -15, which says nothing about stopping cleanly. Give it its start first.
+            youngest = max((m.started_at for m in self.members if m.proc is not None), default=0.0)
+            time.sleep(max(0.0, youngest + _START_GRACE - time.monotonic()))
             for member in self.members:
                 member.retired = True
                 if member.proc is not None and member.proc.poll() is None:

@@ -433,6 +433,34 @@ def test_an_idle_worker_picks_up_by_notification_not_by_polling(pg_app: App) -> 
     assert worker.counters.acquired == worker.counters.completed == 1
 
 
+def test_acquire_and_finish_run_on_the_loop_unless_the_backend_replaces_them(pg_app: App) -> None:
+    # On PostgreSQL the worker's acquire and finish are coroutines on its loop (no database thread,
+    # whose wake-ups take the GIL from the handlers); a replaced or wrapped method is called as given,
+    # so fault injection still reaches the worker.
+    from conveyor.worker._calls import BackendCalls
+    from conveyor.worker._state import Counters
+
+    backend = pg_app.backend
+    calls = BackendCalls(backend, Counters())
+    try:
+        assert set(calls._on_loop) == {backend.jobs_acquire, backend.jobs_finish_many}
+    finally:
+        calls.shutdown()
+
+    def replaced(params: JobsAcquireParams) -> list[Any]:
+        return []
+
+    backend.jobs_acquire = replaced  # type: ignore[method-assign]
+    try:
+        calls = BackendCalls(backend, Counters())
+        assert set(calls._on_loop) == {backend.jobs_finish_many}
+        now = datetime.now(UTC)
+        assert asyncio.run(calls.once(backend.jobs_acquire, JobsAcquireParams("q", 5, 30.0, "w", now))) == []
+        calls.shutdown()
+    finally:
+        del backend.jobs_acquire  # type: ignore[method-assign]
+
+
 def test_a_job_picked_up_by_notification_starts_before_the_next_acquire(pg_app: App) -> None:
     # The pickup path: the listener's thread acquires, the event loop buffers the job, and its slot
     # starts it before the fetch loop's next acquire goes to a database thread (which would compete

@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from conveyor._errors import BackendUnavailable
 from conveyor.backends.base import Backend
@@ -30,9 +30,26 @@ class BackendCalls:
         self.backend = backend
         self.counters = counters
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="conveyor-db")
+        # Acquire and finish run on the event loop itself where the backend can (LoopStatements):
+        # on a thread, each wake-up took the GIL from the handlers. Only the backend's own methods
+        # are: one replaced or wrapped (a test's fault injection, a proxy) is called as it is.
+        self._statements = backend.loop_statements()
+        self._on_loop: dict[Callable[[Any], Any], Callable[[Any], Awaitable[Any]]] = {}
+        if self._statements is not None:
+            owner = getattr(backend.loop_statements, "__self__", None)
+            for name in ("jobs_acquire", "jobs_finish_many"):
+                method = getattr(backend, name)
+                if getattr(method, "__self__", None) is owner and getattr(method, "__func__", None) is getattr(
+                    type(owner), name, None
+                ):
+                    self._on_loop[method] = getattr(self._statements, name)
 
     async def once(self, fn: Callable[[P_], T], params: P_) -> T:
         """One call, errors propagate."""
+        on_loop = self._on_loop.get(fn)
+        if on_loop is not None:
+            result: T = await on_loop(params)
+            return result
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._pool, fn, params)
 
@@ -58,4 +75,7 @@ class BackendCalls:
                 delay = min(delay * 2, 5.0)
 
     def shutdown(self) -> None:
+        """Close the loop's connections, then wait for the database threads' calls to end."""
+        if self._statements is not None:
+            self._statements.close()
         self._pool.shutdown(wait=True)

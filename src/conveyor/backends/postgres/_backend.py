@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import select
 import threading
 import time
 import weakref
@@ -76,7 +75,9 @@ from conveyor.backends.base import (
     WorkersRemoveParams,
     one_outcome_per_job,
 )
+from conveyor.backends.postgres._args import acquire_args, finish_args, receipt_of
 from conveyor.backends.postgres._listener import PostgresListener
+from conveyor.backends.postgres._loop import PostgresLoopStatements, has_input
 
 _PACKAGE = "conveyor.backends.postgres"
 
@@ -157,28 +158,11 @@ class _Pool(ConnectionPool[Conn]):
         return conn
 
 
-def _receipt(value: str) -> UUID | None:
-    """A receipt as the database stores it; None for text that cannot be one (it is stale)."""
-    try:
-        return UUID(value)
-    except (ValueError, TypeError, AttributeError):
-        return None
-
-
 def _held(ids: Sequence[UUID], receipts: Sequence[UUID], rows: Sequence[TupleRow]) -> list[UUID]:
     """The ids of the deliveries (id, receipt) that ``rows`` name, in the caller's order (RETURNING
     promises none), one per item: an item naming the same job with a stale receipt is not held."""
     held = {(row[0], row[1]) for row in rows}
     return [job_id for job_id, receipt in zip(ids, receipts, strict=True) if (job_id, receipt) in held]
-
-
-def _has_input(conn: Conn) -> bool:
-    """Whether an idle connection's socket has something to read (a FATAL message, EOF)."""
-    try:
-        readable, _, _ = select.select([conn.fileno()], [], [], 0)
-    except (OSError, ValueError, psycopg.Error):
-        return True
-    return bool(readable)
 
 
 class PostgresBackend:
@@ -220,6 +204,7 @@ class PostgresBackend:
         # forget the last few hundred milliseconds of outcomes; those jobs come back as expired
         # leases and run again, which at-least-once allows. Inserts always wait for the flush, so an
         # accepted job is never lost. ``durable_acks=True`` makes outcomes wait too.
+        self._durable_acks = durable_acks
         self._acks = (
             self._pool
             if durable_acks
@@ -230,7 +215,8 @@ class PostgresBackend:
     # Connections
     # ---------------------------------------------------------------------------------------
 
-    def _new_pool(self, name: str, min_size: int, max_size: int, synchronous_commit: bool) -> _Pool:
+    def _connect_kwargs(self, synchronous_commit: bool) -> dict[str, Any]:
+        """psycopg's connection arguments (for the pools and for :meth:`loop_statements`)."""
         kwargs: dict[str, Any] = {
             "autocommit": True,
             # libpq wants whole seconds and at least 2.
@@ -238,6 +224,9 @@ class PostgresBackend:
         }
         if not synchronous_commit:
             kwargs["options"] = "-c synchronous_commit=off"
+        return kwargs
+
+    def _new_pool(self, name: str, min_size: int, max_size: int, synchronous_commit: bool) -> _Pool:
         pool = _Pool(
             self._url,
             min_size=min_size,
@@ -245,7 +234,7 @@ class PostgresBackend:
             timeout=self._connect_timeout,
             open=False,
             name=name,
-            kwargs=kwargs,
+            kwargs=self._connect_kwargs(synchronous_commit),
             configure=self._configure,
             check=self._check,
         )
@@ -258,7 +247,7 @@ class PostgresBackend:
 
     def _check(self, conn: Conn) -> None:
         idle = time.monotonic() - self._last_used.get(conn, 0.0)
-        if idle > _CHECK_IDLE_AFTER or _has_input(conn):
+        if idle > _CHECK_IDLE_AFTER or has_input(conn):
             ConnectionPool.check_connection(conn)
 
     @contextmanager
@@ -479,18 +468,7 @@ class PostgresBackend:
         """Lease up to ``limit`` ready jobs of one queue in one statement (FOR UPDATE SKIP LOCKED)."""
         if params.limit <= 0:
             return []
-        return self._records(
-            "jobs_acquire",
-            {
-                "queue": params.queue,
-                "limit": params.limit,
-                "visibility_timeout": float(params.visibility_timeout),
-                "worker_id": params.worker_id,
-                "now": params.now,
-            },
-            Delivery,
-            ack=True,
-        )
+        return self._records("jobs_acquire", acquire_args(params), Delivery, ack=True)
 
     def jobs_start_many(self, params: JobsStartParams) -> list[UUID]:
         """Count deliveries as started, in one statement; return the ids still held."""
@@ -502,33 +480,15 @@ class PostgresBackend:
 
     def jobs_finish_many(self, params: JobsFinishParams) -> int:
         """Archive deliveries in their terminal state in one statement; return how many applied."""
-        items = [(item, _receipt(item.receipt)) for item in one_outcome_per_job(params.items)]
-        items = [(item, receipt) for item, receipt in items if receipt is not None]
-        if not items:
+        args = finish_args(params)
+        if args is None:
             return 0
         with self._connection("jobs_finish_many", ack=True) as conn:
-            cur = conn.execute(
-                self._q["jobs_finish_many"],
-                {
-                    "ids": [item.id for item, _ in items],
-                    "receipts": [receipt for _, receipt in items],
-                    "states": [item.state for item, _ in items],
-                    "results": [item.result for item, _ in items],
-                    "reasons": [item.reason for item, _ in items],
-                    "error_types": [item.error.type if item.error else None for item, _ in items],
-                    "error_messages": [item.error.message if item.error else None for item, _ in items],
-                    "tracebacks": [item.error.traceback if item.error else None for item, _ in items],
-                    "ran": [item.ran for item, _ in items],
-                    "counted": [item.counted for item, _ in items],
-                    "now": params.now,
-                },
-                prepare=True,
-            )
-            return cur.rowcount
+            return conn.execute(self._q["jobs_finish_many"], args, prepare=True).rowcount
 
     def jobs_retry_many(self, params: JobsRetryParams) -> int:
         """Return deliveries to pending at their ``run_at`` in one statement; return how many applied."""
-        items = [(item, _receipt(item.receipt)) for item in one_outcome_per_job(params.items)]
+        items = [(item, receipt_of(item.receipt)) for item in one_outcome_per_job(params.items)]
         items = [(item, receipt) for item, receipt in items if receipt is not None]
         if not items:
             return 0
@@ -552,7 +512,7 @@ class PostgresBackend:
         ids: list[UUID] = []
         receipts: list[UUID] = []
         for item in items:
-            receipt = _receipt(item.receipt)
+            receipt = receipt_of(item.receipt)
             if receipt is not None:
                 ids.append(item.id)
                 receipts.append(receipt)
@@ -709,6 +669,15 @@ class PostgresBackend:
         )
         self._listeners.add(listener)
         return listener
+
+    def loop_statements(self) -> PostgresLoopStatements:
+        """Acquire and finish as coroutines for one worker run (see :class:`PostgresLoopStatements`)."""
+        return PostgresLoopStatements(
+            self._url,
+            self._connect_kwargs(synchronous_commit=self._durable_acks),
+            self._q,
+            self._errors,
+        )
 
     # ---------------------------------------------------------------------------------------
     # Delivery features: processed keys, schedules, topics, backpressure, retention

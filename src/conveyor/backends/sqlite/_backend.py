@@ -66,6 +66,10 @@ class SqliteBackend:
             return _CommitListener(self._commits)
         return base.PollingListener()
 
+    def loop_statements(self) -> None:
+        """None: SQLite's driver has no async mode (its calls are local and short)."""
+        return None
+
     def _caller_connection(self, conn: object) -> sqlite3.Connection:
         """The caller's own connection (``conn=``), whose transaction a call joins."""
         if isinstance(self._pool, MemoryConnection):

@@ -1,0 +1,48 @@
+"""The arguments of the worker's hot statements, built once for both ways of running them: on a
+pooled connection in a database thread (``_backend``) and on the worker's event loop (``_loop``)."""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID
+
+from conveyor.backends.base import JobsAcquireParams, JobsFinishParams, one_outcome_per_job
+
+
+def receipt_of(value: str) -> UUID | None:
+    """A receipt as the database stores it; None for text that cannot be one (it is stale)."""
+    try:
+        return UUID(value)
+    except (ValueError, TypeError, AttributeError):
+        return None
+
+
+def acquire_args(params: JobsAcquireParams) -> dict[str, Any]:
+    return {
+        "queue": params.queue,
+        "limit": params.limit,
+        "visibility_timeout": float(params.visibility_timeout),
+        "worker_id": params.worker_id,
+        "now": params.now,
+    }
+
+
+def finish_args(params: JobsFinishParams) -> dict[str, Any] | None:
+    """The finish statement's arguments; None when no item has a well-formed receipt."""
+    items = [(item, receipt_of(item.receipt)) for item in one_outcome_per_job(params.items)]
+    items = [(item, receipt) for item, receipt in items if receipt is not None]
+    if not items:
+        return None
+    return {
+        "ids": [item.id for item, _ in items],
+        "receipts": [receipt for _, receipt in items],
+        "states": [item.state for item, _ in items],
+        "results": [item.result for item, _ in items],
+        "reasons": [item.reason for item, _ in items],
+        "error_types": [item.error.type if item.error else None for item, _ in items],
+        "error_messages": [item.error.message if item.error else None for item, _ in items],
+        "tracebacks": [item.error.traceback if item.error else None for item, _ in items],
+        "ran": [item.ran for item, _ in items],
+        "counted": [item.counted for item, _ in items],
+        "now": params.now,
+    }
