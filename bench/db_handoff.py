@@ -36,18 +36,10 @@ def run(url: str, mode: str, n: int, rate: float) -> tuple[float, float]:
     """Bodies/s and CPU µs per body of ``n`` bodies with the database calls of ``mode``."""
     import psycopg
 
-    from bench._common import body_async as body
+    from bench.floors import bodies_async
 
     async def main() -> tuple[float, float]:
-        await body()  # connect before timing
-        left = n
         done = False
-
-        async def slot() -> None:
-            nonlocal left
-            while left > 0:
-                left -= 1
-                await body()
 
         async def on_threads() -> None:
             pool = ThreadPoolExecutor(3)
@@ -84,9 +76,9 @@ def run(url: str, mode: str, n: int, rate: float) -> tuple[float, float]:
         background = {"threads": on_threads, "async": on_loop}.get(mode)
         side = asyncio.ensure_future(background()) if background is not None else None
         await asyncio.sleep(0.2)
-        t0, c0 = time.perf_counter(), time.process_time()
-        await asyncio.gather(*(slot() for _ in range(10)))
-        seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
+        c0 = time.process_time()
+        seconds = await bodies_async(n)
+        cpu = time.process_time() - c0
         done = True
         if side is not None:
             await side
