@@ -66,9 +66,10 @@ class PostgresLoopStatements:
             return cur.rowcount
 
     def close(self) -> None:
-        """Close the connections (calls made afterwards open new ones)."""
+        """Close the connections (calls made afterwards open new ones, on any loop)."""
         for action in list(self._conns):
             self._drop(action)
+        self._locks.clear()
 
     def _using(self, action: str) -> _Using:
         lock = self._locks.get(action)
@@ -84,7 +85,11 @@ class PostgresLoopStatements:
         if conn is None:
             with self._errors(action):
                 conn = await psycopg.AsyncConnection.connect(self._url, **self._connect_kwargs)
-                await conn.execute(self._q["session_setup"])
+                try:
+                    await conn.execute(self._q["session_setup"])
+                except BaseException:
+                    conn.pgconn.finish()
+                    raise
             self._conns[action] = conn
         return conn
 
