@@ -45,11 +45,14 @@ def run(url: str, mode: str, n: int, rate: float) -> tuple[float, float]:
             pool = ThreadPoolExecutor(3)
             conns = [psycopg.connect(url, autocommit=True) for _ in range(3)]
             loop = asyncio.get_running_loop()
+
+            def one(conn: psycopg.Connection[Any]) -> None:
+                conn.execute(_ROWS, prepare=True).fetchall()
+
             i = 0
             while not done:
-                conn = conns[i % 3]
+                loop.run_in_executor(pool, one, conns[i % 3])
                 i += 1
-                loop.run_in_executor(pool, lambda c=conn: c.execute(_ROWS, prepare=True).fetchall())
                 await asyncio.sleep(1 / rate)
             pool.shutdown(wait=True)
             for conn in conns:
