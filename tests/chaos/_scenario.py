@@ -345,7 +345,10 @@ def run(
         log(f"faults done at {time.time() - t_start:.0f}s; draining")
         drained = wait_drained(url, scenario.drain_timeout)
         log(f"drained: {drained} at {time.time() - t_start:.0f}s")
-        # A worker killed by the last fault is back before the graceful stop that ends the run.
+        # A worker killed by the last fault is back before the graceful stop that ends the run. When
+        # the jobs drained before that fault, the kill may not have landed yet (a SIGKILLed process
+        # still looks alive for a moment): give it, and the fleet's restart, time first.
+        time.sleep(fleet.restart_delay + 1.0)
         fleet.wait_running(60)
         codes = fleet.stop_all()
         t_end = time.time()
