@@ -331,9 +331,16 @@ def test_jobs_sent_over_http_continue_the_callers_trace(server: Server) -> None:
         own = "00-11111111111111111111111111111111-2222222222222222-01"
         mine = c.post("/v1/queues/emails/jobs", json={**JOB, "headers": {"traceparent": own}}, headers=given)
         assert traceparents(mine) == [own]
-        for bad in (TRACE.upper(), "ff" + TRACE[2:], "00-" + "0" * 32 + TRACE[35:], TRACE + "-x", "nonsense", ""):
+        hostile: list[str | bytes] = [
+            TRACE.upper(), "ff" + TRACE[2:], "00-" + "0" * 32 + TRACE[35:], TRACE + "-x", "nonsense", "",
+            TRACE[:-1].encode() + "\u00e9".encode(), b"00-\xff\xfe" + TRACE[5:].encode(), "x" * 8000,
+        ]  # fmt: skip
+        for bad in hostile:
             (fresh,) = traceparents(c.post("/v1/queues/emails/jobs", json=JOB, headers={"traceparent": bad}))
             assert fresh != bad and fresh.split("-")[1] != TRACE.split("-")[1], bad
+        # Two traceparent headers (one of them is taken, as for any repeated header): the job goes in.
+        twice = c.post("/v1/queues/emails/jobs", json=JOB, headers=[("traceparent", TRACE), ("traceparent", own)])
+        assert twice.status_code == 202, twice.text
 
 
 def test_openapi_and_health(server: Server) -> None:

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import select
-from collections.abc import Callable, Mapping
-from contextlib import AbstractContextManager
+from collections import defaultdict
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import AbstractContextManager, asynccontextmanager
 from typing import Any
 
 import psycopg
@@ -45,7 +46,7 @@ class PostgresLoopStatements:
         self._q = queries
         self._errors = errors
         self._conns: dict[str, _AsyncConn] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
+        self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
 
     async def jobs_acquire(self, params: JobsAcquireParams) -> list[Delivery]:
         """As :meth:`PostgresBackend.jobs_acquire`."""
@@ -71,11 +72,20 @@ class PostgresLoopStatements:
             self._drop(action)
         self._locks.clear()
 
-    def _using(self, action: str) -> _Using:
-        lock = self._locks.get(action)
-        if lock is None:
-            lock = self._locks[action] = asyncio.Lock()
-        return _Using(self, action, lock)
+    @asynccontextmanager
+    async def _using(self, action: str) -> AsyncIterator[_AsyncConn]:
+        """One statement's connection, under its lock, with the backend's errors; a connection left
+        in an unknown state (a lost server, a statement cancelled or interrupted) is dropped."""
+        async with self._locks[action]:
+            conn = await self._connection(action)
+            with self._errors(action):
+                try:
+                    yield conn
+                except BaseException as exc:
+                    idle = not conn.closed and conn.info.transaction_status == TransactionStatus.IDLE
+                    if not (idle and isinstance(exc, psycopg.Error)):
+                        self._drop(action)
+                    raise
 
     async def _connection(self, action: str) -> _AsyncConn:
         conn = self._conns.get(action)
@@ -100,40 +110,6 @@ class PostgresLoopStatements:
             # does too, without needing the loop: this may run in a task being cancelled, or after
             # the loop that opened the connection has ended.
             conn.pgconn.finish()
-
-
-class _Using:
-    """``async with``: one statement's connection, under its lock; dropped after a failure."""
-
-    def __init__(self, owner: PostgresLoopStatements, action: str, lock: asyncio.Lock) -> None:
-        self._owner = owner
-        self._action = action
-        self._lock = lock
-        self._errors: AbstractContextManager[None] | None = None
-
-    async def __aenter__(self) -> _AsyncConn:
-        await self._lock.acquire()
-        try:
-            conn = await self._owner._connection(self._action)
-        except BaseException:
-            self._lock.release()
-            raise
-        self._errors = self._owner._errors(self._action)
-        self._errors.__enter__()
-        return conn
-
-    async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
-        try:
-            if kind is not None:
-                conn = self._owner._conns.get(self._action)
-                if conn is None or conn.closed or conn.info.transaction_status != TransactionStatus.IDLE:
-                    self._owner._drop(self._action)
-                elif not isinstance(exc, psycopg.Error):
-                    self._owner._drop(self._action)  # cancelled or interrupted mid-statement
-            assert self._errors is not None
-            self._errors.__exit__(kind, exc, tb)  # raises the backend's error for a psycopg one
-        finally:
-            self._lock.release()
 
 
 def has_input(conn: psycopg.Connection[Any] | _AsyncConn) -> bool:
