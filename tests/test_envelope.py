@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import pickle
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from uuid import UUID, SafeUUID
 
 import pytest
 
@@ -24,6 +28,61 @@ def test_uuid7_is_version_7_and_monotonic() -> None:
     assert all(i.version == 7 for i in ids)
     assert ids == sorted(ids)
     assert len(set(ids)) == len(ids)
+
+
+def test_uuid7_is_equal_to_the_uuid_of_its_text() -> None:
+    minted = uuid7()
+    plain = UUID(str(minted))
+    assert (minted == plain, hash(minted) == hash(plain), minted.is_safe) == (True, True, SafeUUID.unknown)
+    assert pickle.loads(pickle.dumps(minted)) == minted
+
+
+def test_a_forked_process_mints_ids_of_its_own() -> None:
+    """A prefork server imports the app, then forks: parent and child must not share the unread
+    randomness (nor the id clock), or both mint the same id in the same millisecond and the second
+    job is taken for a resend of the first (nothing enqueued)."""
+    uuid7()  # the parent's pool now holds unread randomness a child would inherit
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: mint, report, leave at once (no pytest teardown in a child)
+        try:
+            os.write(write, ",".join(str(uuid7()) for _ in range(200)).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    parent = [uuid7() for _ in range(200)]
+    with os.fdopen(read, "rb") as pipe:
+        child = [UUID(text) for text in pipe.read().decode().split(",")]
+    os.waitpid(pid, 0)
+    random_bits = 0x3FFF_FFFF_FFFF_FFFF
+    assert len(child) == 200
+    assert not {u.int & random_bits for u in parent} & {u.int & random_bits for u in child}
+
+
+def test_a_message_is_a_frozen_envelope_with_its_own_defaults() -> None:
+    first, second = Message("t"), Message("t")
+    assert first.payload == {} and first.payload is not second.payload  # a fresh dict each
+    assert (first.queue, first.priority, first.headers, first.max_attempts) == (None, None, None, None)
+    assert first.id != second.id and first.id.version == 7
+    given = uuid7()
+    positional = Message("t", {"a": 1}, "q", 5, None, None, None, None, "k", "o", {"h": 1}, 3, given)
+    assert positional == Message(
+        task="t", payload={"a": 1}, queue="q", priority=5, idempotency_key="k", ordering_key="o",
+        headers={"h": 1}, max_attempts=3, id=given,
+    )  # fmt: skip
+    assert dataclasses.replace(positional, priority=6).priority == 6
+    assert dataclasses.replace(positional) == positional
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        positional.task = "u"  # type: ignore[misc]
+    with pytest.raises(TypeError, match="unexpected keyword argument 'prio'"):
+        Message("t", prio=1)  # type: ignore[call-arg]
+    # An explicit None payload stays None, and the send refuses it (as it always did).
+    assert Message("t", None).payload is None  # type: ignore[arg-type]
+
+
+def test_a_message_whose_payload_is_none_is_refused(app: App) -> None:
+    with pytest.raises(PayloadError, match="payload must be a JSON object"):
+        app.send_many([Message("t", None)])  # type: ignore[arg-type]
 
 
 def test_non_json_payload_is_refused_with_a_clear_error(app: App) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import struct
 import threading
 import time
 from uuid import UUID, SafeUUID
@@ -16,10 +17,27 @@ _counter = 0
 _POOL_SIZE = 4096
 _pool = b""
 _pool_at = 0
+_unpack_u64 = struct.Struct(">Q").unpack_from
+
+
+def _forget_after_fork() -> None:
+    """In a forked child: drop the parent's unread randomness and its id clock. Otherwise parent
+    and child (or two children of one prefork server) would mint the same ids from the same pool
+    in the same millisecond, and the second job would be taken for a resend of the first."""
+    global _lock, _pool, _pool_at, _last_ms, _counter
+    _lock = threading.Lock()
+    _pool, _pool_at, _last_ms, _counter = b"", 0, 0, 0
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
 
 _VERSION_AND_VARIANT = (0x7 << 76) | (0b10 << 62)
 _new_uuid = object.__new__
 _set = object.__setattr__
+# UUID's slots, set through their descriptors (UUID.__setattr__ refuses every assignment).
+_set_int = vars(UUID)["int"].__set__
+_set_is_safe = vars(UUID)["is_safe"].__set__
+_UNKNOWN = SafeUUID.unknown
 
 
 def _take_random(n: int) -> bytes:
@@ -68,7 +86,7 @@ def uuid7() -> MintedId:
 
     Within one millisecond a 12-bit counter in ``rand_a`` keeps ids ordered, so that jobs sent
     one after another by the same producer sort in send order."""
-    global _last_ms, _counter
+    global _last_ms, _counter, _pool, _pool_at
     with _lock:
         ms = time.time_ns() // 1_000_000
         if ms <= _last_ms:
@@ -82,15 +100,13 @@ def uuid7() -> MintedId:
             _last_ms = ms
             _counter = 0
         counter = _counter
-        rand = _take_random(8)
-    value = (
-        ((ms & 0xFFFF_FFFF_FFFF) << 80)
-        | _VERSION_AND_VARIANT
-        | (counter << 64)
-        | (int.from_bytes(rand, "big") & 0x3FFF_FFFF_FFFF_FFFF)
-    )
+        if _pool_at + 8 > len(_pool):
+            _pool, _pool_at = os.urandom(_POOL_SIZE), 0
+        rand = _unpack_u64(_pool, _pool_at)[0]
+        _pool_at += 8
+    value = ((ms & 0xFFFF_FFFF_FFFF) << 80) | _VERSION_AND_VARIANT | (counter << 64) | (rand & 0x3FFF_FFFF_FFFF_FFFF)
     # UUID(int=value) re-checks the range and the arguments; the value is in range by construction.
     uid: MintedId = _new_uuid(MintedId)
-    _set(uid, "int", value)
-    _set(uid, "is_safe", SafeUUID.unknown)
+    _set_int(uid, value)
+    _set_is_safe(uid, _UNKNOWN)
     return uid

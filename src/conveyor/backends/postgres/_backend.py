@@ -13,6 +13,7 @@ from uuid import UUID
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
+from psycopg.copy import LibpqWriter
 from psycopg.pq import TransactionStatus
 from psycopg.rows import TupleRow, class_row, tuple_row
 from psycopg_pool import ConnectionPool, PoolTimeout
@@ -393,7 +394,11 @@ class PostgresBackend:
         try:
             with conn.transaction():
                 cur = conn.cursor()
-                with cur.copy(self._q["jobs_copy"]) as copy:
+                # Each 32 KiB block psycopg hands over is flushed to the server before the next is
+                # built: left to libpq's output buffer (psycopg's default on Linux, up to 1 MiB), the
+                # unsent rest is moved to the buffer's front at every partial send, which made
+                # building a 1,000-job batch ~2 ms (15 %) slower (docs/benchmarks.md, session 19).
+                with cur.copy(self._q["jobs_copy"], writer=LibpqWriter(cur, flush_threshold=0)) as copy:
                     copy.set_types(_COPY_TYPES)
                     write = copy.write_row
                     for j in jobs:
