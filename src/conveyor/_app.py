@@ -357,6 +357,12 @@ class App:
         """Like :meth:`send`, without blocking the event loop."""
         return await asyncio.to_thread(lambda: self.send(task, payload, **envelope))
 
+    def _send_payloads(self, task: str, payloads: Sequence[Mapping[str, Any]], conn: Any) -> list[Job]:
+        """Task.delay_many: one job of ``task`` per payload, in one round trip."""
+        ids = self.producer.insert_payloads(task, payloads, conn)
+        backend = self.backend
+        return [Job(backend, job_id) for job_id in ids]
+
     async def send_many_async(self, messages: Sequence[Message]) -> list[Job]:
         """Like :meth:`send_many`, without blocking the event loop."""
         return await asyncio.to_thread(self.send_many, messages)

@@ -5,18 +5,19 @@ refuse (``conveyor._limits``); a task's declared options fill what a message lea
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
-from typing import Any, overload
+from typing import Any
 from uuid import UUID
 
 from conveyor._catalogue import Catalogue
-from conveyor._ids import MintedId
+from conveyor._ids import MintedId, uuid7
+from conveyor._lazy import Lazy
 from conveyor._limits import GOOD_NAMES, INT32_MAX, INT32_MIN, MAX_ATTEMPTS, check_int, check_key, check_name
 from conveyor._load import LoadGauge
-from conveyor._message import Message, encode_headers, encode_json_object, resolve_times, utcnow
+from conveyor._message import Message, encode_headers, encode_json_object, new_traceparent, resolve_times, utcnow
 from conveyor._otel import available as tracing_available
+from conveyor._otel import configured as tracing_configured
 from conveyor._task import DEFAULT_MAX_ATTEMPTS, deliveries_limit
 from conveyor.backends.base import Backend, JobsInsertParams, NewJob
 
@@ -40,7 +41,9 @@ class Producer:
         when backpressure refuses it."""
         if not messages:
             return []
-        if self.tracing:
+        # The span's attributes read every message: only when a tracer provider records the span
+        # (with the API importable but no SDK, a 1,000-job send would read them all for nothing).
+        if self.tracing and tracing_configured():
             from conveyor._otel import first_task, send_span
 
             queues = {m.queue if m.queue is not None else self._queue_of(m.task) for m in messages}
@@ -53,10 +56,53 @@ class Producer:
         options = self.catalogue.task_options(task) if isinstance(task, str) else None
         return options.queue if options else "default"
 
+    def insert_payloads(self, task: str, payloads: Sequence[Mapping[str, Any]], conn: Any = None) -> list[UUID]:
+        """Insert one job of ``task`` per payload (``Task.delay_many``): what :meth:`insert` does with a
+        ``Message(task, payload)`` each, with the rows' shared fields worked out once for the batch.
+        Raises as :meth:`insert` does."""
+        if not payloads:
+            return []
+        if self.tracing and tracing_configured():
+            from conveyor._otel import send_span
+
+            with send_span(task, self._queue_of(task), len(payloads)) as traceparent:
+                return self._insert_payloads(task, payloads, conn, traceparent)
+        return self._insert_payloads(task, payloads, conn, None)
+
     def _insert(self, messages: Sequence[Message], conn: Any, traceparent: str | None) -> list[UUID]:
         now = utcnow()
-        build = self.new_job if traceparent is None else functools.partial(self.new_job, traceparent=traceparent)
-        rows = _NewJobs(build, messages, now)
+        # One send is one trace: without a tracer, the jobs of a batch share one fresh traceparent,
+        # as they share the send span's with one.
+        parent = traceparent or new_traceparent()
+        new_job = self.new_job
+        return self._insert_rows(Lazy(lambda message: new_job(message, now, parent), messages), now, conn)
+
+    def _insert_payloads(
+        self, task: str, payloads: Sequence[Mapping[str, Any]], conn: Any, traceparent: str | None
+    ) -> list[UUID]:
+        now = utcnow()
+        parent = traceparent or new_traceparent()
+        # Every row is the row of Message(task) (checked, defaulted once) with its own id and payload.
+        shared = self.new_job(Message(task), now, parent)
+        queue, priority, max_attempts, max_deliveries = (
+            shared.queue, shared.priority, shared.max_attempts, shared.max_deliveries
+        )  # fmt: skip
+        limit = self.max_payload_bytes
+
+        def row(payload: Mapping[str, Any]) -> NewJob:
+            job_id = uuid7()
+            return NewJob(
+                job_id, queue, task, encode_json_object(payload, "payload", limit),
+                encode_headers(None, job_id, limit, parent), priority, now, max_attempts, max_deliveries,
+                fresh=job_id.first_use(),
+            )  # fmt: skip
+
+        return self._insert_rows(Lazy(row, payloads), now, conn)
+
+    def _insert_rows(self, rows: Sequence[NewJob], now: datetime, conn: Any) -> list[UUID]:
+        # Each row is built (validated, encoded) when the backend reads it: PostgreSQL's COPY thus
+        # encodes one job while the server still inserts the ones before. A message that does not
+        # validate raises PayloadError as its row is read, and the backend's transaction rolls back.
         if self.catalogue.queues:
             self.load.check(rows, now)
         return self._backend().jobs_insert_many(JobsInsertParams(rows, now, conn))
@@ -135,48 +181,3 @@ class Producer:
             dedup_until,
             type(message.id) is MintedId and message.id.first_use(),
         )
-
-
-class _NewJobs(Sequence[NewJob]):
-    """The rows of one send_many, each built (validated and encoded) when it is first read.
-
-    A backend that streams the rows to its database (PostgreSQL's COPY) thus encodes one job while
-    the server is still inserting the previous ones, instead of encoding the whole batch first.
-    A message that does not validate raises PayloadError when its row is read, and the backend's
-    transaction rolls back."""
-
-    __slots__ = ("_build", "_messages", "_now", "_rows")
-
-    def __init__(
-        self, build: Callable[[Message, datetime], NewJob], messages: Sequence[Message], now: datetime
-    ) -> None:
-        self._build = build
-        self._messages = messages
-        self._now = now
-        self._rows: list[NewJob] = []
-
-    def __len__(self) -> int:
-        return len(self._messages)
-
-    def _build_to(self, stop: int) -> None:
-        rows, build, messages, now = self._rows, self._build, self._messages, self._now
-        for i in range(len(rows), min(stop, len(messages))):
-            rows.append(build(messages[i], now))
-
-    @overload
-    def __getitem__(self, index: int) -> NewJob: ...
-    @overload
-    def __getitem__(self, index: slice) -> Sequence[NewJob]: ...
-    def __getitem__(self, index: int | slice) -> NewJob | Sequence[NewJob]:
-        if isinstance(index, slice) or index < 0:
-            self._build_to(len(self._messages))
-        else:
-            self._build_to(index + 1)
-        return self._rows[index]
-
-    def __iter__(self) -> Iterator[NewJob]:
-        rows, build, messages, now = self._rows, self._build, self._messages, self._now
-        for i, message in enumerate(messages):
-            if i == len(rows):
-                rows.append(build(message, now))
-            yield rows[i]

@@ -327,6 +327,10 @@ def test_jobs_sent_over_http_continue_the_callers_trace(server: Server) -> None:
         assert traceparents(c.post("/v1/queues/emails/jobs", json=JOB, headers=given)) == [TRACE]
         batch = c.post("/v1/queues/emails/jobs:batch", json={"jobs": [JOB, JOB]}, headers=given)
         assert traceparents(batch) == [TRACE, TRACE]
+        # Without one, a request is still one trace: the jobs of a batch share a fresh context.
+        alone = traceparents(c.post("/v1/queues/emails/jobs:batch", json={"jobs": [JOB, JOB, JOB]}))
+        again = traceparents(c.post("/v1/queues/emails/jobs:batch", json={"jobs": [JOB, JOB]}))
+        assert len(set(alone)) == len(set(again)) == 1 and set(alone) != set(again) and TRACE not in alone
         assert traceparents(c.post("/v1/topics/orders/messages", json={"payload": {}}, headers=given)) == [TRACE]
         own = "00-11111111111111111111111111111111-2222222222222222-01"
         mine = c.post("/v1/queues/emails/jobs", json={**JOB, "headers": {"traceparent": own}}, headers=given)

@@ -84,6 +84,19 @@ def test_a_caller_traceparent_is_kept_and_send_many_is_one_span(app: App, spans:
     assert parents == {f"00-{batch.context.trace_id:032x}-{batch.context.span_id:016x}"}
 
 
+
+def test_delay_many_is_one_span_whose_context_every_job_carries(app: App, spans: InMemorySpanExporter) -> None:
+    @app.task(name="fan", queue="q")
+    def fan(n: int) -> None: ...
+
+    jobs = fan.delay_many([{"n": n} for n in range(100)])
+    (batch,) = [s for s in spans.get_finished_spans() if s.name == "send fan"]
+    assert (batch.attributes or {})["messaging.batch.message_count"] == 100
+    assert (batch.attributes or {})["conveyor.queue"] == "q"
+    assert batch.context is not None
+    parents = {j.status().headers["traceparent"][:-3] for j in jobs}
+    assert parents == {f"00-{batch.context.trace_id:032x}-{batch.context.span_id:016x}"}
+
 _LATE_PROVIDER = """
 import sys
 from conveyor import App

@@ -45,7 +45,7 @@ from conveyor._errors import (
 )
 from conveyor._job import JobStatus
 from conveyor._limits import check_name, check_seconds
-from conveyor._message import Message
+from conveyor._message import Message, new_traceparent
 from conveyor._otel import first_task, send_span, valid_traceparent
 from conveyor.admin import QueueStats, Schedule, Token, WorkerInfo
 from conveyor.http import _parse
@@ -379,10 +379,12 @@ class Service:
             messages.append(message)
         parent = valid_traceparent(request.headers.get("traceparent"))
         with send_span(first_task([m.task for m in messages]), queue, len(messages), parent) as traceparent:
+            # One request is one send: its jobs share one trace context, a fresh one if none came.
+            shared = traceparent or new_traceparent()
             jobs = []
             for i, message in enumerate(messages):
                 try:
-                    jobs.append(self.app.producer.prepare(message, traceparent=traceparent))
+                    jobs.append(self.app.producer.prepare(message, traceparent=shared))
                 except (PayloadError, ConfigurationError) as exc:
                     return error_response(exc, f"jobs[{i}].")
             if self.app.queue_options(queue).max_depth is not None:
