@@ -64,6 +64,20 @@ def test_a_copied_batch_notifies_each_of_its_queues(pg: PostgresBackend) -> None
         b.close()
 
 
+def test_a_copied_batch_notifies_queues_whose_names_need_quoting(pg: PostgresBackend) -> None:
+    # The notifications are NOTIFY statements with the queue as a literal: a quote, a backslash, a
+    # semicolon or non-ASCII text in a name is the name, never SQL.
+    names = ["it's", "back\\slash", "semi; COMMIT; --", "名前"]
+    listeners = [pg.listen([n]) for n in names]
+    try:
+        insert(pg, *[make_job(n) for n in names for _ in range(N // 4)])
+        assert [listener.wait(5) for listener in listeners] == [True] * len(names)
+        assert sorted({j.queue for j in pg.jobs_list(JobsListParams(limit=1000))}) == sorted(names)
+    finally:
+        for listener in listeners:
+            listener.close()
+
+
 def test_a_large_batch_resending_a_live_id_inserts_the_others_and_keeps_the_live_one(pg: PostgresBackend) -> None:
     live = make_job("bulk", payload=json.dumps({"v": 1}))
     insert(pg, live)

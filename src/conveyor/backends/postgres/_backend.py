@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 from uuid import UUID
 
 import psycopg
+from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.copy import LibpqWriter
 from psycopg.pq import TransactionStatus
@@ -374,44 +375,64 @@ class PostgresBackend:
                     # Outside a transaction, conn.transaction() in _copy would begin *and commit*
                     # one; start the caller's transaction first so that it becomes a savepoint.
                     conn.execute(self._q["transaction_begin"])
-                if copyable and self._copy(conn, jobs, params.now):
+                if copyable and self._copy(conn, jobs, params.now, pooled=False):
                     return [j.id for j in jobs]
                 return self._insert(psycopg.Cursor(conn, row_factory=tuple_row), jobs, params.now)
         with self._connection("jobs_insert_many") as pooled:
-            if copyable and self._copy(pooled, jobs, params.now):
+            if copyable and self._copy(pooled, jobs, params.now, pooled=True):
                 return [j.id for j in jobs]
             multi = len(jobs) > _INSERT_CHUNK
             with pooled.transaction() if multi else nullcontext():
                 return self._insert(pooled.cursor(), jobs, params.now)
 
-    def _copy(self, conn: Conn, jobs: Sequence[NewJob], now: datetime) -> bool:
-        """COPY ``jobs`` in a transaction (a savepoint inside the caller's) and notify their queues.
+    def _copy(self, conn: Conn, jobs: Sequence[NewJob], now: datetime, *, pooled: bool) -> bool:
+        """COPY ``jobs`` in a transaction and notify their queues: on a ``pooled`` connection
+        (autocommit) a transaction of its own, the notifications and the COMMIT sent as one query;
+        on the caller's connection a savepoint inside the caller's transaction.
 
         False, with nothing inserted, if a job id is already live (a producer's resend: the
         statement path then inserts the others and skips it), or if a job has an idempotency key,
         replays one or has an id that is not fresh (those need the statement's key claims or its
         archive probe)."""
         try:
-            with conn.transaction():
-                cur = conn.cursor()
-                # Each 32 KiB block psycopg hands over is flushed to the server before the next is
-                # built: left to libpq's output buffer (psycopg's default on Linux, up to 1 MiB), the
-                # unsent rest is moved to the buffer's front at every partial send, which made
-                # building a 1,000-job batch ~2 ms (15 %) slower (docs/benchmarks.md, session 19).
-                with cur.copy(self._q["jobs_copy"], writer=LibpqWriter(cur, flush_threshold=0)) as copy:
-                    copy.set_types(_COPY_TYPES)
-                    write = copy.write_row
-                    for j in jobs:
-                        if not _copyable(j):
-                            raise _NotCopyable
-                        write((
-                            j.id, j.queue, j.task, "\x01" + j.payload, "\x01" + j.headers, j.priority, j.run_at, now,
-                            j.expires_at, j.max_attempts, j.max_deliveries, j.ordering_key,
-                        ))  # fmt: skip
-                cur.execute(self._q["jobs_notify"], {"queues": list({j.queue for j in jobs})}, prepare=True)
+            if not pooled:
+                with conn.transaction():
+                    self._copy_rows(conn, jobs, now)
+                    conn.execute(self._notify(jobs), prepare=False)
+                return True
+            conn.execute(b"BEGIN")
+            try:
+                self._copy_rows(conn, jobs, now)
+                conn.execute(self._notify(jobs) + sql.SQL("; COMMIT"), prepare=False)
+            except BaseException:
+                with suppress(psycopg.Error):  # a broken connection: the pool discards it
+                    conn.rollback()
+                raise
         except (psycopg.errors.UniqueViolation, _NotCopyable):
             return False
         return True
+
+    def _copy_rows(self, conn: Conn, jobs: Sequence[NewJob], now: datetime) -> None:
+        cur = conn.cursor()
+        # Each 32 KiB block psycopg hands over is flushed to the server before the next is
+        # built: left to libpq's output buffer (psycopg's default on Linux, up to 1 MiB), the
+        # unsent rest is moved to the buffer's front at every partial send, which made
+        # building a 1,000-job batch ~2 ms (15 %) slower (docs/benchmarks.md, session 19).
+        with cur.copy(self._q["jobs_copy"], writer=LibpqWriter(cur, flush_threshold=0)) as copy:
+            copy.set_types(_COPY_TYPES)
+            write = copy.write_row
+            for j in jobs:
+                if not _copyable(j):
+                    raise _NotCopyable
+                write((
+                    j.id, j.queue, j.task, "\x01" + j.payload, "\x01" + j.headers, j.priority, j.run_at, now,
+                    j.expires_at, j.max_attempts, j.max_deliveries, j.ordering_key,
+                ))  # fmt: skip
+
+    def _notify(self, jobs: Sequence[NewJob]) -> sql.Composed:
+        """One NOTIFY per distinct queue of ``jobs``."""
+        one = sql.SQL(self._q["jobs_notify_queue"])
+        return sql.SQL("; ").join(one.format(queue=sql.Literal(q)) for q in {j.queue: None for j in jobs})
 
     def _insert(self, cur: psycopg.Cursor[TupleRow], jobs: Sequence[NewJob], now: datetime) -> list[UUID]:
         holders: dict[tuple[str, str], UUID] = {}

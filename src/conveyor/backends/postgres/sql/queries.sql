@@ -358,9 +358,11 @@ COPY jobs (
 -- BEGIN first); this one does nothing else.
 SELECT 1
 
--- name: jobs_notify
--- After a jobs_copy, in its transaction: one notification per distinct queue.
-SELECT count(pg_notify('conveyor_jobs', q)) FROM unnest(%(queues)s::text[]) AS q
+-- name: jobs_notify_queue
+-- After a jobs_copy, in its transaction: one per distinct queue ({queue}: the name as a quoted literal).
+-- A utility statement, nothing to plan; without parameters psycopg sends the batch's notifications
+-- (and, on a pooled connection, its COMMIT) as one simple query, that is in one round trip.
+NOTIFY conveyor_jobs, {queue}
 
 -- name: jobs_acquire
 -- One round trip. The MATERIALIZED CTE is a fence: it picks and locks at most `limit` rows, in
