@@ -33,7 +33,6 @@ os.register_at_fork(after_in_child=_forget_after_fork)
 
 _VERSION_AND_VARIANT = (0x7 << 76) | (0b10 << 62)
 _new_uuid = object.__new__
-_set = object.__setattr__
 # UUID's slots, set through their descriptors (UUID.__setattr__ refuses every assignment).
 _set_int = vars(UUID)["int"].__set__
 _set_is_safe = vars(UUID)["is_safe"].__set__
@@ -66,12 +65,16 @@ class MintedId(UUID):
     (pickle, ``copy``) is a plain UUID, so it is always looked up."""
 
     __slots__ = ("_used",)
+    _used: bool
 
     def first_use(self) -> bool:
         """True the first time a send uses this id (it is then fresh), False afterwards."""
-        if getattr(self, "_used", False):
-            return False
-        _set(self, "_used", True)
+        try:
+            if self._used:
+                return False
+        except AttributeError:  # built without uuid7()
+            pass
+        _set_used(self, True)
         return True
 
     def __reduce__(self) -> tuple[type[UUID], tuple[None, None, None, None, int]]:
@@ -79,6 +82,10 @@ class MintedId(UUID):
 
     def __repr__(self) -> str:
         return f"UUID('{self}')"
+
+
+# The slot's setter: object.__setattr__ (UUID refuses assignments) costs twice as much per id.
+_set_used = vars(MintedId)["_used"].__set__
 
 
 def uuid7() -> MintedId:
@@ -109,4 +116,5 @@ def uuid7() -> MintedId:
     uid: MintedId = _new_uuid(MintedId)
     _set_int(uid, value)
     _set_is_safe(uid, _UNKNOWN)
+    _set_used(uid, False)
     return uid

@@ -111,7 +111,7 @@ def encode_json_object(value: Mapping[str, Any], what: str, limit: int | None = 
     """Encode a JSON object compactly; raise PayloadError if it is not one, is over ``limit`` bytes,
     is nested deeper than ``MAX_JSON_DEPTH``, or holds a string no engine can store (NUL, a lone
     surrogate)."""
-    if not isinstance(value, Mapping):
+    if type(value) is not dict and not isinstance(value, Mapping):  # the ABC check costs 0.25 µs a row
         raise PayloadError(f"{what} must be a JSON object (a dict), got {type(value).__name__}")
     try:
         text = "".join(_C_ENCODE(value, 0)) if _C_ENCODE is not None else _ENCODER.encode(value)
