@@ -555,3 +555,41 @@ def test_the_default_buffer_grows_with_the_start_rate_and_shrinks_back(sqlite_ur
     assert adaptive.capacity == 40
     calls.shutdown()
     app.close()
+
+
+def test_outcomes_queued_during_a_flush_go_in_the_next_flush_together(sqlite_url: str) -> None:
+    # One statement per flush: outcomes that handlers queue while it runs wait for the next tick and
+    # share its statement. Flushing them at once instead chained statements that each carried the
+    # few outcomes that arrived during the one before (a drain averaged ~10 jobs per statement).
+    from uuid import uuid4
+
+    from conveyor._message import utcnow
+    from conveyor.backends.base import Finish, JobsFinishParams
+    from conveyor.worker._calls import BackendCalls
+    from conveyor.worker._state import Counters, Registry
+    from conveyor.worker.completer import Completer
+
+    app = App(sqlite_url, migrate=True)
+    batches: list[int] = []
+
+    def finish_many(params: JobsFinishParams) -> int:
+        batches.append(len(params.items))
+        if len(batches) == 1:
+            for _ in range(5):  # handlers finishing while this statement runs
+                completer.add(Finish(uuid4(), str(uuid4()), "completed"))
+        return 0  # stale: no such jobs
+
+    app.backend.jobs_finish_many = finish_many  # type: ignore[method-assign]
+    counters = Counters()
+    calls = BackendCalls(app.backend, counters)
+    completer = Completer(calls, Registry(), counters, utcnow)
+    completer.add(Finish(uuid4(), str(uuid4()), "completed"))
+    try:
+        assert asyncio.run(completer.run_once()) == 1
+        assert batches == [1] and completer.backlog == 5
+        assert asyncio.run(completer.run_once()) == 5
+        assert batches == [1, 5] and completer.backlog == 0
+        assert counters.stale_acks == 6
+    finally:
+        calls.shutdown()
+        app.close()

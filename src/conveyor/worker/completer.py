@@ -103,17 +103,25 @@ class Completer(Service):
     def backlog(self) -> int:
         return len(self._pending)
 
-    def _next_batch(self) -> list[Outcome]:
+    def _next_batch(self, most: int) -> list[Outcome]:
+        size = min(most, self.max_batch)
         with self._lock:
-            batch, self._pending = self._pending[: self.max_batch], self._pending[self.max_batch :]
+            batch, self._pending = self._pending[:size], self._pending[size:]
         return batch
 
     async def run_once(self) -> int:
-        """Flush everything queued now; return how many outcomes were written (applied or stale)."""
+        """Flush everything queued now; return how many outcomes were written (applied or stale).
+
+        Outcomes queued while these statements run wait for the next flush: flushing them at once
+        too, in a chain of statements each carrying what arrived during the one before, made a
+        drain's batches a third as big as the ticker's (~10 jobs per statement at 5,000 jobs/s)."""
         written = 0
         if self._starts:
             await self._count_starts()
-        while batch := self._next_batch():
+        with self._lock:
+            left = len(self._pending)
+        while left > 0 and (batch := self._next_batch(left)):
+            left -= len(batch)
             try:
                 await self._flush(batch)
             except BaseException:
@@ -260,7 +268,8 @@ class Completer(Service):
             await self.run_once()
         self._give_up_at = time.monotonic() + self.final_timeout
         try:
-            await self.run_once()
+            while self._pending or self._starts:
+                await self.run_once()
         except Exception as exc:  # the database stayed away past the timeout, or a bug
             log.error(
                 "could not flush %d outcome(s) before exit: %s; their leases will expire and the jobs will run again",
