@@ -127,7 +127,8 @@ class Buffer:
         turn = self._turn()
         if turn == "threads":
             self._thread_ready.notify()
-        elif turn == "loop":
+        elif turn == "loop" and not self._loop_ready.is_set():
+            # Cleared only by take(), under this lock: set already, the next take sees this change.
             self.loop.call(self._loop_ready.set)
 
     def arm_low(self, level: int) -> bool:

@@ -16,7 +16,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.copy import LibpqWriter
 from psycopg.pq import TransactionStatus
-from psycopg.rows import TupleRow, class_row, tuple_row
+from psycopg.rows import TupleRow, tuple_row
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from conveyor._errors import BackendError, BackendUnavailable, ConfigurationError
@@ -80,6 +80,7 @@ from conveyor.backends.base import (
 from conveyor.backends.postgres._args import acquire_args, finish_args, receipt_of
 from conveyor.backends.postgres._listener import PostgresListener
 from conveyor.backends.postgres._loop import PostgresLoopStatements, has_input
+from conveyor.backends.postgres._rows import record_row
 
 _PACKAGE = "conveyor.backends.postgres"
 
@@ -304,7 +305,7 @@ class PostgresBackend:
         select list names its columns as the record's fields, so that adding a field cannot shift
         the others)."""
         with self._connection(name, ack) as conn:
-            cur = conn.cursor(row_factory=class_row(record))
+            cur = conn.cursor(row_factory=record_row(record))
             return cur.execute(self._q[name], params, prepare=True).fetchall()
 
     def close(self) -> None:

@@ -17,10 +17,10 @@ from typing import Any
 
 import psycopg
 from psycopg.pq import TransactionStatus
-from psycopg.rows import class_row
 
 from conveyor.backends.base import Delivery, JobsAcquireParams, JobsFinishParams
 from conveyor.backends.postgres._args import acquire_args, finish_args
+from conveyor.backends.postgres._rows import record_row
 
 _AsyncConn = psycopg.AsyncConnection[Any]
 
@@ -53,7 +53,7 @@ class PostgresLoopStatements:
         if params.limit <= 0:
             return []
         async with self._using("jobs_acquire") as conn:
-            cur = conn.cursor(row_factory=class_row(Delivery))
+            cur = conn.cursor(row_factory=record_row(Delivery))
             await cur.execute(self._q["jobs_acquire"], acquire_args(params), prepare=True)
             return await cur.fetchall()
 
