@@ -61,9 +61,10 @@ def before_run(
 
 
 def _schema_version(headers: str) -> int | None:
-    if SCHEMA_VERSION not in headers and headers[:1] == "{" and headers[-1:] == "}":
+    if SCHEMA_VERSION not in headers and "\\u" not in headers and headers[:1] == "{" and headers[-1:] == "}":
         # The common case, a job of the first version: no need to decode its headers (the
-        # database or the producer's encoder wrote them as a JSON object).
+        # database or the producer's encoder wrote them as a JSON object; with no escape in
+        # them, no key can spell the version's name another way).
         return 1
     try:
         value = json.loads(headers).get(SCHEMA_VERSION, 1)

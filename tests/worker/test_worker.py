@@ -139,6 +139,28 @@ def test_newer_schema_version_dead_letters(app: App) -> None:
     assert job.status().reason == "unsupported_version"
 
 
+@pytest.mark.parametrize(
+    ("headers", "version"),
+    [
+        ("{}", 1),
+        ('{"traceparent":"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}', 1),
+        ('{"schema_version":3}', 3),
+        ('{"note":"schema_version"}', 1),
+        ('{"schema\\u005fversion":3}', 3),  # an escaped key is still the key
+        ('{"schema_version":"3"}', None),
+        ("[]", None),
+        ("{", None),
+        ("not json", None),
+    ],
+)
+def test_a_jobs_schema_version_is_read_from_its_headers(headers: str, version: int | None) -> None:
+    # Most jobs carry no version (the first); their headers are not decoded for it, and no header
+    # text may pass for a first version when it names another or is not a JSON object.
+    from conveyor._outcomes import _schema_version
+
+    assert _schema_version(headers) == version
+
+
 def test_async_handler_runs_on_the_loop(app: App) -> None:
     @app.task(queue="q")
     async def fetch(n: int) -> int:
