@@ -399,12 +399,12 @@ class PostgresBackend:
             if not pooled:
                 with conn.transaction():
                     self._copy_rows(conn, jobs, now)
-                    conn.execute(self._notify(jobs), prepare=False)
+                    conn.execute(self._notify(jobs, commit=False), prepare=False)
                 return True
-            conn.execute(b"BEGIN")
+            conn.execute(self._q["transaction_open"])
             try:
                 self._copy_rows(conn, jobs, now)
-                conn.execute(self._notify(jobs) + sql.SQL("; COMMIT"), prepare=False)
+                conn.execute(self._notify(jobs, commit=True), prepare=False)
             except BaseException:
                 with suppress(psycopg.Error):  # a broken connection: the pool discards it
                     conn.rollback()
@@ -430,10 +430,13 @@ class PostgresBackend:
                     j.expires_at, j.max_attempts, j.max_deliveries, j.ordering_key,
                 ))  # fmt: skip
 
-    def _notify(self, jobs: Sequence[NewJob]) -> sql.Composed:
-        """One NOTIFY per distinct queue of ``jobs``."""
+    def _notify(self, jobs: Sequence[NewJob], *, commit: bool) -> sql.Composed:
+        """One NOTIFY per distinct queue of ``jobs``, then the COMMIT if ``commit``: one query."""
         one = sql.SQL(self._q["jobs_notify_queue"])
-        return sql.SQL("; ").join(one.format(queue=sql.Literal(q)) for q in {j.queue: None for j in jobs})
+        statements: list[sql.Composable] = [one.format(queue=sql.Literal(q)) for q in {j.queue: None for j in jobs}]
+        if commit:
+            statements.append(sql.SQL(self._q["transaction_commit"]))
+        return sql.SQL("; ").join(statements)
 
     def _insert(self, cur: psycopg.Cursor[TupleRow], jobs: Sequence[NewJob], now: datetime) -> list[UUID]:
         holders: dict[tuple[str, str], UUID] = {}

@@ -16,19 +16,9 @@ from psycopg.rows import BaseRowFactory, RowMaker, class_row
 R = TypeVar("R")
 
 
-_factories: dict[type[Any], BaseRowFactory[Any]] = {}
-
-
 def record_row(record: type[R]) -> BaseRowFactory[R]:
     """A row factory building ``record``: positionally when the columns are its fields in order,
     else by name (as ``class_row``)."""
-    factory = _factories.get(record)
-    if factory is None:
-        factory = _factories[record] = _record_row(record)
-    return factory
-
-
-def _record_row(record: type[R]) -> BaseRowFactory[R]:
     names = tuple(f.name for f in fields(record))  # type: ignore[arg-type]
     by_name = class_row(record)
 

@@ -358,6 +358,15 @@ COPY jobs (
 -- BEGIN first); this one does nothing else.
 SELECT 1
 
+-- name: transaction_open
+-- On a pooled (autocommit) connection, the COPY path's transaction of its own: opened explicitly so
+-- that its COMMIT can go with the notifications (jobs_notify_queue) as one query.
+BEGIN
+
+-- name: transaction_commit
+-- Appended to the COPY path's notifications on a pooled connection (see transaction_open).
+COMMIT
+
 -- name: jobs_notify_queue
 -- After a jobs_copy, in its transaction: one per distinct queue ({queue}: the name as a quoted literal).
 -- A utility statement, nothing to plan; without parameters psycopg sends the batch's notifications
