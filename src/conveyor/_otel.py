@@ -22,22 +22,35 @@ def available() -> bool:
 
 
 _api: Any = None
+# Whether OTEL_PYTHON_TRACER_PROVIDER names a provider, read once like OpenTelemetry's other settings.
+_named: bool | None = None
 
 
 def configured() -> bool:
     """Whether a tracer provider was set (an SDK): without one no span records, and the producer and
     the worker skip tracing altogether (reading a job's headers for nothing cost the hot path). Called
     once per job: the API module is looked up once, not imported on every call."""
-    global _api
+    global _api, _named
+    if _named is None:
+        _named = "OTEL_PYTHON_TRACER_PROVIDER" in os.environ
     if _api is None:
         # A provider is set by code that imported the API, or named by OTEL_PYTHON_TRACER_PROVIDER:
         # with neither, none can be set yet, and the producer's first send does not pay the API's
         # import (~8 ms, and 3 ms more for the propagators).
-        if "opentelemetry.trace" not in sys.modules and "OTEL_PYTHON_TRACER_PROVIDER" not in os.environ:
+        if "opentelemetry.trace" not in sys.modules and not _named:
             return False
         from opentelemetry import trace
 
         _api = trace
+    if not _named:
+        # Set by code or not at all. Until it is, the API's get_tracer_provider() reads os.environ
+        # on every call (~5 us of each job's ~200 us in a worker whose handlers import the API, as
+        # redis-py does); its module's global says the same. Should it ever go, ask the API.
+        provider = getattr(_api, "_TRACER_PROVIDER", _api)
+        if provider is None:
+            return False
+        if provider is not _api:
+            return not isinstance(provider, _api.ProxyTracerProvider)
     return not isinstance(_api.get_tracer_provider(), _api.ProxyTracerProvider)
 
 

@@ -60,12 +60,24 @@ def before_run(
     return None
 
 
+# The version key, as JSON text spells it without escapes, and what follows it for the first version
+# (as the producer's encoder and PostgreSQL's jsonb write it; other spacing is decoded).
+_VERSION_KEY = f'"{SCHEMA_VERSION}"'
+_FIRST_VERSION = (":1,", ":1}", ": 1,", ": 1}")
+
+
 def _schema_version(headers: str) -> int | None:
-    if SCHEMA_VERSION not in headers and "\\u" not in headers and headers[:1] == "{" and headers[-1:] == "}":
-        # The common case, a job of the first version: no need to decode its headers (the
-        # database or the producer's encoder wrote them as a JSON object; with no escape in
-        # them, no key can spell the version's name another way).
-        return 1
+    if "\\" not in headers and headers[:1] == "{" and headers[-1:] == "}":
+        # The common case, a job of the first version (every producer names it): no need to decode
+        # its headers, which the producer's encoder or the database wrote as a JSON object. With no
+        # escape in them a quote only ever delimits a string and no key can be spelled another way:
+        # a key named once with the value 1, or not at all, is the first version.
+        at = headers.find(_VERSION_KEY)
+        if at < 0:
+            return 1
+        at += len(_VERSION_KEY)
+        if headers.startswith(_FIRST_VERSION, at) and headers.find(_VERSION_KEY, at) < 0:
+            return 1
     try:
         value = json.loads(headers).get(SCHEMA_VERSION, 1)
     except (ValueError, AttributeError):

@@ -111,7 +111,9 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from conveyor.tracing import configured
 
+assert not configured(), "the API imported but no provider set counts as configured"
 exporter = InMemorySpanExporter()
 provider = TracerProvider()
 provider.add_span_processor(SimpleSpanProcessor(exporter))
@@ -133,6 +135,16 @@ def test_a_send_before_tracing_is_set_up_imports_no_api_and_a_later_provider_rec
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "['send t']"
+
+
+def test_a_provider_named_by_the_environment_is_configured() -> None:
+    # OTEL_PYTHON_TRACER_PROVIDER names a provider that no code sets: the API loads it when asked.
+    script = "from conveyor.tracing import configured; print(configured())"
+    env = {**os.environ, "OTEL_PYTHON_TRACER_PROVIDER": "sdk_tracer_provider"}
+    named = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, env=env)
+    env.pop("OTEL_PYTHON_TRACER_PROVIDER")
+    unnamed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, env=env)
+    assert (named.stdout.strip(), unnamed.stdout.strip()) == ("True", "False"), named.stderr + unnamed.stderr
 
 
 def test_a_send_span_given_a_parent_is_its_child_and_hands_its_own_context_on(spans: InMemorySpanExporter) -> None:

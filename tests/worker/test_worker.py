@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -145,6 +147,17 @@ def test_newer_schema_version_dead_letters(app: App) -> None:
         ("{}", 1),
         ('{"traceparent":"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}', 1),
         ('{"schema_version":3}', 3),
+        # As the producer encodes them and as PostgreSQL's jsonb gives them back: the first version.
+        ('{"schema_version":1,"traceparent":"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}', 1),
+        ('{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "schema_version": 1}', 1),
+        ('{"schema_version": 1 }', 1),
+        ('{"schema_version": 10}', 10),
+        ('{"schema_version": 1.5}', None),
+        ('{"schema_version": 1e0}', None),
+        ('{"schema_version": 1, "schema_version": 2}', 2),
+        ('{"x": {"schema_version": 1}, "schema_version": 4}', 4),
+        ('{"x": {"schema_version": 7}}', 1),
+        ('{"note": "\\"schema_version\\": 1,", "schema_version": 5}', 5),
         ('{"note":"schema_version"}', 1),
         ('{"schema\\u005fversion":3}', 3),  # an escaped key is still the key
         ('{"schema_version":"3"}', None),
@@ -154,11 +167,30 @@ def test_newer_schema_version_dead_letters(app: App) -> None:
     ],
 )
 def test_a_jobs_schema_version_is_read_from_its_headers(headers: str, version: int | None) -> None:
-    # Most jobs carry no version (the first); their headers are not decoded for it, and no header
-    # text may pass for a first version when it names another or is not a JSON object.
+    # Most jobs are of the first version; their headers are not decoded for it, and no header text
+    # may pass for a first version when it names another or is not a JSON object.
     from conveyor._outcomes import _schema_version
 
     assert _schema_version(headers) == version
+
+
+def test_a_first_version_job_as_producers_write_it_is_read_without_decoding_its_headers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The fast path must fire for the headers real jobs carry (every producer names the version):
+    # it once only did for headers without the key, which no producer writes.
+    from conveyor import _outcomes
+    from conveyor._message import encode_headers
+
+    def refuse(text: str) -> Any:
+        raise AssertionError(f"decoded {text!r}")
+
+    traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    produced = encode_headers({"tenant": "acme"}, uuid.uuid4(), traceparent=traceparent)
+    stored = json.dumps(json.loads(produced))  # jsonb's text: a space after each colon and comma
+    assert json.loads(stored)["schema_version"] == 1
+    monkeypatch.setattr(_outcomes.json, "loads", refuse)
+    assert _outcomes._schema_version(produced) == _outcomes._schema_version(stored) == 1
 
 
 def test_async_handler_runs_on_the_loop(app: App) -> None:
