@@ -205,3 +205,20 @@ def test_a_fresh_id_is_inserted_without_looking_in_the_archive(backend: Backend)
     job = new_job(fresh=True)
     assert insert(backend, *[job, *(new_job(fresh=True) for _ in range(99))])[0] == job.id
     assert len(live_ids(backend)) == 100
+
+
+def test_a_vacuum_of_the_jobs_table_changes_no_job(backend: Backend) -> None:
+    # What an idle worker calls after a burst (PostgreSQL: VACUUM, elsewhere nothing): finished jobs
+    # stay archived, pending and leased ones stay as they are and are handed out as before.
+    insert(backend, *(new_job() for _ in range(5)))
+    first, second, *_ = acquire(backend, limit=3)
+    complete(backend, first)
+    before = {r.id: (r.state, r.lease_expires_at) for r in backend.jobs_list(JobsListParams())}
+
+    backend.jobs_vacuum()
+    backend.jobs_vacuum()  # and again, with nothing left to reclaim
+
+    assert {r.id: (r.state, r.lease_expires_at) for r in backend.jobs_list(JobsListParams())} == before
+    assert get(backend, first.id).state == "completed"
+    assert complete(backend, second) == 1
+    assert len(acquire(backend, limit=10)) == 2

@@ -487,6 +487,57 @@ def test_an_idle_worker_picks_up_by_notification_not_by_polling(pg_app: App) -> 
     assert worker.counters.acquired == worker.counters.completed == 1
 
 
+def _vacuums(url: str) -> int:
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute("SELECT vacuum_count FROM pg_stat_user_tables WHERE relname = 'jobs'").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_a_worker_going_idle_after_a_burst_vacuums_the_jobs_table(
+    pg_app: App, postgres_database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Until a vacuum, every acquire steps over the index entries of the jobs finished since the last
+    # one (autovacuum may come a minute later): a worker that goes idle having leased vacuum_after
+    # jobs has the table vacuumed; fewer, it does not; and not again within the minute.
+    from conveyor.worker.fetcher import Fetcher
+
+    monkeypatch.setattr(Fetcher, "vacuum_after", 20)
+    done: list[int] = []
+
+    @pg_app.task(queue="q")
+    async def job(i: int) -> None:
+        done.append(i)
+
+    worker = Worker(pg_app, concurrency=4)
+
+    async def until(count: int) -> None:
+        while len(done) < count:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.5)  # idle: the fetcher found nothing more (the vacuum takes ms)
+
+    async def scenario() -> list[int]:
+        await asyncio.to_thread(job.delay_many, [{"i": i} for i in range(10)])
+        counts = [_vacuums(postgres_database)]
+        task = asyncio.create_task(worker.run())
+        await until(10)
+        counts.append(_vacuums(postgres_database))  # 10 leased: below the threshold
+        await asyncio.to_thread(job.delay_many, [{"i": i} for i in range(30)])
+        await until(40)
+        counts.append(_vacuums(postgres_database))  # 40 leased: vacuumed
+        await asyncio.to_thread(job.delay_many, [{"i": i} for i in range(30)])
+        await until(70)
+        counts.append(_vacuums(postgres_database))  # 30 more, within the minute: not again
+        worker.stop()
+        await task
+        return counts
+
+    counts = asyncio.run(asyncio.wait_for(scenario(), 60))
+    assert counts[1] == counts[0] and counts[2] == counts[0] + 1 and counts[3] == counts[2], counts
+
+
 def test_acquire_and_finish_run_on_the_loop_unless_the_backend_replaces_them(pg_app: App) -> None:
     # On PostgreSQL the worker's acquire and finish are coroutines on its loop (no database thread,
     # whose wake-ups take the GIL from the handlers); a replaced or wrapped method is called as given,

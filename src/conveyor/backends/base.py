@@ -969,6 +969,13 @@ class Backend(Protocol):
         """Return how many archived rows were deleted (partitions dropped count their rows)."""
         ...
 
+    def jobs_vacuum(self) -> None:
+        """Reclaim now the row versions that finished jobs left in the jobs table, where the engine
+        leaves that to a background process that may come a minute later (PostgreSQL's autovacuum):
+        until then every acquire steps over their index entries. Skipped while another vacuum of the
+        table runs; a no-op where the engine leaves nothing behind (SQLite)."""
+        ...
+
     # -- schema and API tokens -----------------------------------------------------------------
 
     def migrations_pending(self) -> list[str]:

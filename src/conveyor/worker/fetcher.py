@@ -24,6 +24,9 @@ log = logging.getLogger("conveyor.worker")
 _BUFFER_SECONDS = 0.05
 # ... re-measured this often.
 _ADAPT_EVERY = 0.25
+# A worker that goes idle having leased at least Fetcher.vacuum_after jobs since its last vacuum has
+# the jobs table vacuumed, at most this often (see Fetcher._vacuum).
+_VACUUM_EVERY = 60.0
 
 
 class Fetcher(Service):
@@ -36,6 +39,8 @@ class Fetcher(Service):
 
     name = "fetcher"
     observer: Observer = NO_OBSERVER
+    #: Leased jobs after which going idle has the jobs table vacuumed (None: never; see _vacuum).
+    vacuum_after: int | None = 1_000
 
     def __init__(
         self,
@@ -72,6 +77,9 @@ class Fetcher(Service):
         self._listen_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="conveyor-listen")
         self.idle = False
         self.weights = dict(config.weights) if config.weights else None
+        self._leased_since_vacuum = 0
+        self._vacuum_next = 0.0
+        self._vacuuming: asyncio.Task[None] | None = None
 
     def _vt_for(self, queue: str) -> float:
         """The lease taken at acquire: the longest visibility timeout of the queue's tasks (the
@@ -137,6 +145,7 @@ class Fetcher(Service):
     def _take(self, deliveries: Sequence[Delivery]) -> int:
         """Hold leased deliveries, buffer them for the executor and count them."""
         self.counters.acquired += len(deliveries)
+        self._leased_since_vacuum += len(deliveries)
         for delivery in deliveries:
             options = self.catalogue.task_options(delivery.task)
             vt = options.visibility_timeout if options else self.visibility_timeout
@@ -163,6 +172,8 @@ class Fetcher(Service):
                         break
                     raise
                 self.idle = got == 0 and self.buffer.qsize() == 0
+                if self.idle:
+                    self._vacuum_when_due()
                 if got:
                     idle_wait = 0.01
                     continue
@@ -173,9 +184,43 @@ class Fetcher(Service):
                     await self._wait_for(self._stopped, idle_wait)
                     idle_wait = min(idle_wait * 2, self.poll_interval)
         finally:
+            if self._vacuuming is not None:
+                self._vacuuming.cancel()  # its statement ends on its database thread
             if self._listener is not None:
                 self._listener.close()
             self._listen_pool.shutdown(wait=False)
+
+    def _vacuum_when_due(self) -> None:
+        """Going idle: have the jobs table vacuumed if this worker leased ``vacuum_after`` jobs since
+        it last did, and not within the last minute.
+
+        Each job a worker finishes leaves a dead row version whose entry in the ready index every
+        acquire steps over until a vacuum removes it, and autovacuum looks at a database once a
+        minute at most: after a 20,000-job drain an acquire read 146 index pages for one job
+        (0.45 ms) instead of 4 (0.06 ms), the first pickups of a burst paying for the one before.
+        Done when idle, in the background on a database thread (the fetcher goes on listening),
+        rarely (a vacuum reads every page not known to be clean) and skipped where another
+        vacuum of the table is running (see :meth:`Backend.jobs_vacuum`)."""
+        now = time.monotonic()
+        if (
+            self.vacuum_after is None
+            or self._leased_since_vacuum < self.vacuum_after
+            or self._vacuuming is not None
+            or now < self._vacuum_next
+        ):
+            return
+        self._leased_since_vacuum = 0
+        self._vacuum_next = now + _VACUUM_EVERY
+        self._vacuuming = asyncio.get_running_loop().create_task(self._vacuum(), name="vacuum")
+
+    async def _vacuum(self) -> None:
+        backend = self.calls.backend
+        try:
+            await self.calls.once(lambda _: backend.jobs_vacuum(), None)
+        except Exception as exc:  # autovacuum does it later; the worker carries on
+            log.warning("vacuum of the jobs table failed (%s)", exc)
+        finally:
+            self._vacuuming = None
 
     async def _wait_notification(self, timeout: float) -> None:
         """Sleep until a notification (or ``timeout``, or a stop).

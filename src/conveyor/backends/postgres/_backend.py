@@ -978,6 +978,12 @@ class PostgresBackend:
             for id_, host, pid, queues, concurrency, started_at, last_seen, in_flight in rows
         ]
 
+    def jobs_vacuum(self) -> None:
+        """``VACUUM`` the jobs table (see :meth:`Backend.jobs_vacuum`); a role that does not own it
+        gets PostgreSQL's warning and nothing is done."""
+        with self._connection("jobs_vacuum") as conn:
+            conn.execute(self._q["jobs_vacuum"], prepare=False)
+
     def workers_prune(self, params: WorkersPruneParams) -> int:
         """Delete workers not seen since ``before``."""
         with self._connection("workers_prune") as conn:

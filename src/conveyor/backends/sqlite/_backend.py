@@ -673,6 +673,9 @@ class SqliteBackend:
             for row in rows
         ]
 
+    def jobs_vacuum(self) -> None:
+        """Nothing to do: SQLite updates rows in place and reuses a deleted row's space at once."""
+
     def workers_prune(self, params: base.WorkersPruneParams) -> int:
         """Delete workers not seen since ``before``."""
         with self._pool.write() as conn:

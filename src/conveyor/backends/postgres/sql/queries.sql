@@ -830,6 +830,11 @@ FROM workers AS w
 WHERE %(seen_after)s::timestamptz IS NULL OR w.last_seen >= %(seen_after)s::timestamptz
 ORDER BY w.id
 
+-- name: jobs_vacuum
+-- Not a transaction's statement (the pool's connections are in autocommit), never prepared. SKIP_LOCKED:
+-- when another worker (or autovacuum) is vacuuming the table already, this returns at once.
+VACUUM (SKIP_LOCKED) jobs
+
 -- name: workers_prune
 DELETE FROM workers WHERE last_seen < %(before)s
 
