@@ -538,6 +538,46 @@ def test_a_worker_going_idle_after_a_burst_vacuums_the_jobs_table(
     assert counts[1] == counts[0] and counts[2] == counts[0] + 1 and counts[3] == counts[2], counts
 
 
+def test_a_worker_whose_vacuum_fails_carries_on_and_leaves_it_to_autovacuum(
+    pg_app: App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A table too big to vacuum within the bound, or a role not allowed to: the failure is logged,
+    # the worker goes on running jobs and does not try again (even where it otherwise would).
+    from conveyor._errors import BackendUnavailable
+    from conveyor.worker import fetcher
+
+    monkeypatch.setattr(fetcher.Fetcher, "vacuum_after", 5)
+    monkeypatch.setattr(fetcher, "_VACUUM_EVERY", 0.0)
+    tries: list[float] = []
+
+    def refuse() -> None:
+        tries.append(time.monotonic())
+        raise BackendUnavailable("PostgreSQL unavailable (jobs_vacuum): canceling statement due to statement timeout")
+
+    monkeypatch.setattr(pg_app.backend, "jobs_vacuum", refuse)
+    done: list[int] = []
+
+    @pg_app.task(queue="q")
+    async def job(i: int) -> None:
+        done.append(i)
+
+    worker = Worker(pg_app, concurrency=4)
+
+    async def scenario() -> None:
+        task = asyncio.create_task(worker.run())
+        for burst in (1, 2, 3):
+            await asyncio.to_thread(job.delay_many, [{"i": i} for i in range(10)])
+            while len(done) < 10 * burst:
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.3)
+        worker.stop()
+        await task
+
+    asyncio.run(asyncio.wait_for(scenario(), 60))
+    assert len(done) == 30 and len(tries) == 1
+    assert worker.counters.completed == 30
+
+
 def test_acquire_and_finish_run_on_the_loop_unless_the_backend_replaces_them(pg_app: App) -> None:
     # On PostgreSQL the worker's acquire and finish are coroutines on its loop (no database thread,
     # whose wake-ups take the GIL from the handlers); a replaced or wrapped method is called as given,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -217,8 +218,10 @@ class Fetcher(Service):
         backend = self.calls.backend
         try:
             await self.calls.once(lambda _: backend.jobs_vacuum(), None)
-        except Exception as exc:  # autovacuum does it later; the worker carries on
-            log.warning("vacuum of the jobs table failed (%s)", exc)
+        except Exception as exc:
+            # Too big to vacuum within its bound, or refused: leave it to autovacuum from now on.
+            self._vacuum_next = math.inf
+            log.warning("vacuum of the jobs table failed (%s); this worker leaves it to autovacuum", exc)
         finally:
             self._vacuuming = None
 

@@ -979,10 +979,15 @@ class PostgresBackend:
         ]
 
     def jobs_vacuum(self) -> None:
-        """``VACUUM`` the jobs table (see :meth:`Backend.jobs_vacuum`); a role that does not own it
-        gets PostgreSQL's warning and nothing is done."""
+        """``VACUUM`` the jobs table (see :meth:`Backend.jobs_vacuum`) for 10 s at most (raises
+        BackendUnavailable past that); a role that does not own the table gets PostgreSQL's warning
+        and nothing is done."""
         with self._connection("jobs_vacuum") as conn:
-            conn.execute(self._q["jobs_vacuum"], prepare=False)
+            conn.execute(self._q["jobs_vacuum_bound"], prepare=False)
+            try:
+                conn.execute(self._q["jobs_vacuum"], prepare=False)
+            finally:
+                conn.execute(self._q["jobs_vacuum_unbound"], prepare=False)
 
     def workers_prune(self, params: WorkersPruneParams) -> int:
         """Delete workers not seen since ``before``."""

@@ -835,6 +835,14 @@ ORDER BY w.id
 -- when another worker (or autovacuum) is vacuuming the table already, this returns at once.
 VACUUM (SKIP_LOCKED) jobs
 
+-- name: jobs_vacuum_bound
+-- The longest a worker's vacuum may run (a table that takes longer is left to autovacuum): a worker
+-- stopping meanwhile waits for it.
+SET statement_timeout = '10s'
+
+-- name: jobs_vacuum_unbound
+RESET statement_timeout
+
 -- name: workers_prune
 DELETE FROM workers WHERE last_seen < %(before)s
 
