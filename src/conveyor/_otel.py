@@ -42,15 +42,12 @@ def configured() -> bool:
         from opentelemetry import trace
 
         _api = trace
-    if not _named:
+    if not _named and hasattr(_api, "_TRACER_PROVIDER"):
         # Set by code or not at all. Until it is, the API's get_tracer_provider() reads os.environ
         # on every call (~5 us of each job's ~200 us in a worker whose handlers import the API, as
         # redis-py does); its module's global says the same. Should it ever go, ask the API.
-        provider = getattr(_api, "_TRACER_PROVIDER", _api)
-        if provider is None:
-            return False
-        if provider is not _api:
-            return not isinstance(provider, _api.ProxyTracerProvider)
+        provider = _api._TRACER_PROVIDER
+        return provider is not None and not isinstance(provider, _api.ProxyTracerProvider)
     return not isinstance(_api.get_tracer_provider(), _api.ProxyTracerProvider)
 
 

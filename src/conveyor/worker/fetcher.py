@@ -78,7 +78,7 @@ class Fetcher(Service):
         self._listen_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="conveyor-listen")
         self.idle = False
         self.weights = dict(config.weights) if config.weights else None
-        self._leased_since_vacuum = 0
+        self._acquired_at_vacuum = 0  # counters.acquired when this worker last had the table vacuumed
         self._vacuum_next = 0.0
         self._vacuuming: asyncio.Task[None] | None = None
 
@@ -146,7 +146,6 @@ class Fetcher(Service):
     def _take(self, deliveries: Sequence[Delivery]) -> int:
         """Hold leased deliveries, buffer them for the executor and count them."""
         self.counters.acquired += len(deliveries)
-        self._leased_since_vacuum += len(deliveries)
         for delivery in deliveries:
             options = self.catalogue.task_options(delivery.task)
             vt = options.visibility_timeout if options else self.visibility_timeout
@@ -205,12 +204,12 @@ class Fetcher(Service):
         now = time.monotonic()
         if (
             self.vacuum_after is None
-            or self._leased_since_vacuum < self.vacuum_after
+            or self.counters.acquired - self._acquired_at_vacuum < self.vacuum_after
             or self._vacuuming is not None
             or now < self._vacuum_next
         ):
             return
-        self._leased_since_vacuum = 0
+        self._acquired_at_vacuum = self.counters.acquired
         self._vacuum_next = now + _VACUUM_EVERY
         self._vacuuming = asyncio.get_running_loop().create_task(self._vacuum(), name="vacuum")
 
