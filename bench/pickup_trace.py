@@ -1,12 +1,12 @@
 """Where a pickup's milliseconds go: ``python -m bench.pickup_trace [--n 100]``.
 
 On a default-configured cluster of its own (bench/_cluster.py), a worker in this process (10 slots, one
-``async def`` task) drains 20,000 jobs, idles 1 s, then a producer (another App, its own pool) sends
+``async def`` task) drains 20,000 jobs, idles 1 s, then a producer (another process) sends
 ``--n`` jobs 20 ms apart with ``delay()``. The listener's wake-ups and the backend's single-job acquires
 are stamped by wrapping them; the handler stamps its start. Prints the p50 of each step of a pickup:
 the producer's ``delay()`` call (its statement and durable commit), the listener's wake-up after the
 producer's commit returned (negative: the notification arrives before the commit's answer), the
-listener thread's acquire, and the hop from the acquire's return to the handler's first statement.
+acquire on the worker's loop, and the hop from the acquire's return to the handler's first statement.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import subprocess
+import sys
 import threading
 import time
 from typing import Any
@@ -21,6 +23,19 @@ from typing import Any
 from bench._cluster import Cluster
 
 Stamps = dict[str, list[Any]]
+
+_PRODUCER = """
+import sys, time
+from conveyor import App
+producer = App(sys.argv[1])
+sender = producer.task(name="bench.traced", queue="bench")(lambda sent=0.0, i=0: None)
+for i in range(int(sys.argv[2])):
+    t0 = time.time()
+    sender.delay(sent=t0, i=i)
+    print(t0, time.time())
+    time.sleep(0.02)
+producer.close()
+"""
 
 
 def main() -> None:
@@ -38,28 +53,28 @@ def main() -> None:
 def trace(db: str, n: int, drain: int) -> None:
     from conveyor import App, Message
     from conveyor.backends.base import Delivery, JobsAcquireParams
-    from conveyor.backends.postgres import _backend, _listener
+    from conveyor.backends.postgres import _listener, _loop
     from conveyor.worker._worker import Worker
 
     stamps: Stamps = {"woke": [], "acquired": []}
-    wait0 = _listener.PostgresListener.wait
-    acquire0 = _backend.PostgresBackend.jobs_acquire
+    wait0 = _listener.PostgresLoopListener.wait
+    acquire0 = _loop.PostgresLoopStatements.jobs_acquire
 
-    def wait(self: _listener.PostgresListener, timeout: float) -> bool:
-        woken = wait0(self, timeout)
+    async def wait(self: _listener.PostgresLoopListener, timeout: float) -> bool:
+        woken = await wait0(self, timeout)
         if woken:
             stamps["woke"].append(time.time())
         return woken
 
-    def acquire(self: _backend.PostgresBackend, params: JobsAcquireParams) -> list[Delivery]:
+    async def acquire(self: _loop.PostgresLoopStatements, params: JobsAcquireParams) -> list[Delivery]:
         t0 = time.time()
-        got = acquire0(self, params)
+        got = await acquire0(self, params)
         if len(got) == 1:
             stamps["acquired"].append((t0, time.time()))
         return got
 
-    _listener.PostgresListener.wait = wait  # type: ignore[method-assign]
-    _backend.PostgresBackend.jobs_acquire = acquire  # type: ignore[method-assign]
+    _listener.PostgresLoopListener.wait = wait  # type: ignore[method-assign]
+    _loop.PostgresLoopStatements.jobs_acquire = acquire  # type: ignore[method-assign]
 
     app = App(db)
     app.backend.migrate()
@@ -82,18 +97,15 @@ def trace(db: str, n: int, drain: int) -> None:
     stamps["woke"].clear()
     stamps["acquired"].clear()
 
-    producer = App(db)
-    sender = producer.task(name="bench.traced", queue="bench")(traced)
-    sends: list[tuple[float, float]] = []
-    for i in range(n):
-        t0 = time.time()
-        sender.delay(sent=t0, i=i)
-        sends.append((t0, time.time()))
-        time.sleep(0.02)
+    # The producer is a process of its own, as in the harness: in this one it would contend with the
+    # worker's loop for the GIL while its commit returns.
+    produced = subprocess.run(
+        [sys.executable, "-c", _PRODUCER, db, str(n)], capture_output=True, text=True, check=True, timeout=600
+    )
+    sends = [(float(a), float(b)) for a, b in (line.split() for line in produced.stdout.split("\n") if line)]
     time.sleep(0.5)
     worker.stop()
     thread.join(10)
-    producer.close()
     app.close()
 
     rows = []

@@ -487,6 +487,31 @@ def test_an_idle_worker_picks_up_by_notification_not_by_polling(pg_app: App) -> 
     assert worker.counters.acquired == worker.counters.completed == 1
 
 
+def test_an_idle_worker_on_postgres_waits_for_notifications_on_its_event_loop(pg_app: App) -> None:
+    # No listener thread: the notification wakes the loop, which acquires on its own connection.
+    ran = threading.Event()
+
+    @pg_app.task(queue="q")
+    async def ping() -> None:
+        ran.set()
+
+    worker = Worker(pg_app, concurrency=2, poll_interval=3600)
+
+    async def scenario() -> list[str]:
+        task = asyncio.create_task(worker.run())
+        await asyncio.sleep(0.5)  # idle, waiting on the listener
+        threads = [t.name for t in threading.enumerate()]
+        await asyncio.to_thread(ping.delay)
+        await asyncio.to_thread(ran.wait, 10)
+        worker.stop()
+        await task
+        return threads
+
+    threads = asyncio.run(asyncio.wait_for(scenario(), 30))
+    assert ran.is_set()
+    assert not [name for name in threads if name.startswith("conveyor-listen")], threads
+
+
 def _vacuums(url: str) -> int:
     import psycopg
 
