@@ -512,6 +512,38 @@ def test_an_idle_worker_on_postgres_waits_for_notifications_on_its_event_loop(pg
     assert not [name for name in threads if name.startswith("conveyor-listen")], threads
 
 
+def test_an_idle_worker_on_postgres_polls_at_its_poll_interval(pg_app: App) -> None:
+    # Between notifications an idle worker looks for jobs whose run_at came due once per poll
+    # interval (1 s by default with notifications), not at every bounded wait of its listener.
+    @pg_app.task(queue="q")
+    async def ping() -> None:
+        pass
+
+    backend = pg_app.backend
+    acquire = backend.jobs_acquire
+    acquires: list[float] = []
+
+    def counting_acquire(params: JobsAcquireParams) -> list[Any]:
+        acquires.append(time.monotonic())
+        return acquire(params)
+
+    backend.jobs_acquire = counting_acquire  # type: ignore[method-assign]
+    worker = Worker(pg_app, concurrency=1, poll_interval=1.0)
+
+    async def scenario() -> None:
+        task = asyncio.create_task(worker.run())
+        await asyncio.sleep(3.5)
+        worker.stop()
+        await task
+
+    try:
+        asyncio.run(asyncio.wait_for(scenario(), 30))
+    finally:
+        del backend.jobs_acquire  # type: ignore[method-assign]
+    # The first acquire, then one per second (a wake-up at the listener's first connection may add one).
+    assert 3 <= len(acquires) <= 6, acquires
+
+
 def _vacuums(url: str) -> int:
     import psycopg
 

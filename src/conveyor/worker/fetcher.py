@@ -180,8 +180,7 @@ class Fetcher(Service):
                     await asyncio.sleep(0)
                     continue
                 if self._listener is not None:
-                    # Bounded, so that a stop is noticed within 0.25 s.
-                    await self._listener.wait(min(self.poll_interval, 0.25))
+                    await self._wait_notification(self._listener)
                 else:
                     # No notifications: poll adaptively, fast after work, slower when idle.
                     await self._wait_for(self._stopped, idle_wait)
@@ -225,6 +224,14 @@ class Fetcher(Service):
             log.warning("vacuum of the jobs table failed (%s); this worker leaves it to autovacuum", exc)
         finally:
             self._vacuuming = None
+
+    async def _wait_notification(self, listener: LoopListener) -> None:
+        """Sleep until a notification, the poll interval (jobs whose ``run_at`` came due send none)
+        or a stop, which is noticed within 0.25 s."""
+        deadline = time.monotonic() + self.poll_interval
+        while not self.stopping and (left := deadline - time.monotonic()) > 0:
+            if await listener.wait(min(left, 0.25)):
+                return
 
     async def _wait_for(self, event: asyncio.Event, timeout: float | None) -> None:
         waits = {asyncio.ensure_future(event.wait()), asyncio.ensure_future(self._stopped.wait())}
