@@ -200,11 +200,16 @@ def test_resending_a_job_after_it_ended_changes_nothing(backend: Backend, keyed:
     assert (record.state, record.deliveries) == ("completed", 1)
 
 
-def test_a_fresh_id_is_inserted_without_looking_in_the_archive(backend: Backend) -> None:
-    # ``fresh`` promises the id was minted for this send; the job goes in like any other.
+@pytest.mark.parametrize("batch", [1, 100])
+def test_a_fresh_id_is_inserted_without_looking_in_the_archive(backend: Backend, batch: int) -> None:
+    # ``fresh`` promises the id was minted for this send; the job goes in like any other (batch=1 is
+    # delay()'s statement, 100 the bulk paths).
     job = new_job(fresh=True)
-    assert insert(backend, *[job, *(new_job(fresh=True) for _ in range(99))])[0] == job.id
-    assert len(live_ids(backend)) == 100
+    assert insert(backend, *[job, *(new_job(fresh=True) for _ in range(batch - 1))])[0] == job.id
+    live = live_ids(backend)
+    assert len(live) == batch and job.id in live
+    (delivery, *_) = acquire(backend, limit=batch)
+    assert delivery.id == job.id
 
 
 def test_a_vacuum_of_the_jobs_table_changes_no_job(backend: Backend) -> None:

@@ -460,9 +460,9 @@ class PostgresBackend:
                 "id": j.id, "queue": j.queue, "task": j.task, "payload": j.payload, "headers": j.headers,
                 "priority": j.priority, "run_at": j.run_at, "now": now, "expires_at": j.expires_at,
                 "max_attempts": j.max_attempts, "max_deliveries": j.max_deliveries,
-                "ordering_key": j.ordering_key, "replay_of": j.replay_of, "fresh": j.fresh,
+                "ordering_key": j.ordering_key, "replay_of": j.replay_of,
             }  # fmt: skip
-            cur.execute(self._q["jobs_insert_one"], one, prepare=True)
+            cur.execute(self._q["jobs_insert_one" if j.fresh else "jobs_insert_one_resent"], one, prepare=True)
             return
         params: dict[str, Any] = {
             "ids": [j.id for j in jobs],

@@ -325,9 +325,28 @@ WITH inserted AS (
 SELECT count(*) FROM (SELECT pg_notify('conveyor_jobs', q.queue) FROM (SELECT DISTINCT queue FROM inserted) AS q) AS n
 
 -- name: jobs_insert_one
--- One job without an idempotency key (the common delay()): scalar parameters, which psycopg adapts
--- in C, where jobs_insert_many_unkeyed's twelve one-element arrays are built in Python. A fresh id
--- skips the archive probe (the planner folds `true OR ...` away).
+-- One job without an idempotency key whose id is fresh (the common delay()): scalar parameters, which
+-- psycopg adapts in C, where jobs_insert_many_unkeyed's twelve one-element arrays are built in Python.
+-- A fresh id (minted for this send) cannot be in the archive: no probe, a plain VALUES. (One statement
+-- for both, the probe behind an `OR` on the fresh flag, took 0.04-0.075 ms more per delay(), of ~0.7 ms;
+-- docs/benchmarks.md, session 22.)
+WITH inserted AS (
+    INSERT INTO jobs (
+        id, queue, task, payload, headers, priority, run_at, enqueued_at, expires_at,
+        max_attempts, max_deliveries, ordering_key, replay_of
+    )
+    VALUES (
+        %(id)s, %(queue)s, %(task)s, %(payload)s::jsonb, %(headers)s::jsonb, %(priority)s, %(run_at)s,
+        %(now)s, %(expires_at)s, %(max_attempts)s, %(max_deliveries)s, %(ordering_key)s, %(replay_of)s
+    )
+    ON CONFLICT (id) DO NOTHING
+    RETURNING queue
+)
+SELECT count(pg_notify('conveyor_jobs', queue)) FROM inserted
+
+-- name: jobs_insert_one_resent
+-- As jobs_insert_one for an id that is not fresh (a producer's resend of the same message): a job
+-- already finished under that id (in the archive) is not inserted again, nor is a live one (ON CONFLICT).
 WITH inserted AS (
     INSERT INTO jobs (
         id, queue, task, payload, headers, priority, run_at, enqueued_at, expires_at,
@@ -336,7 +355,7 @@ WITH inserted AS (
     SELECT
         %(id)s, %(queue)s, %(task)s, %(payload)s::jsonb, %(headers)s::jsonb, %(priority)s, %(run_at)s,
         %(now)s, %(expires_at)s, %(max_attempts)s, %(max_deliveries)s, %(ordering_key)s, %(replay_of)s
-    WHERE %(fresh)s OR NOT EXISTS (SELECT 1 FROM archive AS a WHERE a.id = %(id)s)
+    WHERE NOT EXISTS (SELECT 1 FROM archive AS a WHERE a.id = %(id)s)
     ON CONFLICT (id) DO NOTHING
     RETURNING queue
 )
