@@ -859,7 +859,8 @@ class LoopListener(Protocol):
     async def wait(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds; True if woken by a notification (it may be spurious), and
         also right after the listener (re)connected, since notifications sent before were missed.
-        Never raises for a lost or unreachable server (False after a short pause instead)."""
+        Never raises for a lost or unreachable server (False after a short pause instead); closed,
+        it waits out ``timeout`` and returns False."""
         ...
 
     def close(self) -> None: ...

@@ -126,9 +126,11 @@ class PostgresLoopListener:
         self._closed = False
 
     async def wait(self, timeout: float) -> bool:
-        """As :meth:`PostgresListener.wait`, on the loop."""
+        """As :meth:`PostgresListener.wait`, on the loop, except that a closed listener waits out
+        ``timeout`` (returning at once would let a caller that waits in a loop spin on the loop)."""
         deadline = time.monotonic() + max(0.0, timeout)
         if self._closed:
+            await asyncio.sleep(max(0.0, timeout))
             return False
         conn = self._conn
         if conn is None or conn.closed:
