@@ -6,7 +6,7 @@ On a default-configured cluster of its own (bench/_cluster.py), a worker in this
 are stamped by wrapping them; the handler stamps its start. Prints the p50 of each step of a pickup:
 the producer's ``delay()`` call (its statement and durable commit), the listener's wake-up after the
 producer's commit returned (negative: the notification arrives before the commit's answer), the
-acquire on the worker's loop, and the hop from the acquire's return to the handler's first statement.
+listener thread's acquire, and the hop from the acquire's return to the handler's first statement.
 """
 
 from __future__ import annotations
@@ -53,28 +53,28 @@ def main() -> None:
 def trace(db: str, n: int, drain: int) -> None:
     from conveyor import App, Message
     from conveyor.backends.base import Delivery, JobsAcquireParams
-    from conveyor.backends.postgres import _listener, _loop
+    from conveyor.backends.postgres import _backend, _listener
     from conveyor.worker._worker import Worker
 
     stamps: Stamps = {"woke": [], "acquired": []}
-    wait0 = _listener.PostgresLoopListener.wait
-    acquire0 = _loop.PostgresLoopStatements.jobs_acquire
+    wait0 = _listener.PostgresListener.wait
+    acquire0 = _backend.PostgresBackend.jobs_acquire
 
-    async def wait(self: _listener.PostgresLoopListener, timeout: float) -> bool:
-        woken = await wait0(self, timeout)
+    def wait(self: _listener.PostgresListener, timeout: float) -> bool:
+        woken = wait0(self, timeout)
         if woken:
             stamps["woke"].append(time.time())
         return woken
 
-    async def acquire(self: _loop.PostgresLoopStatements, params: JobsAcquireParams) -> list[Delivery]:
+    def acquire(self: _backend.PostgresBackend, params: JobsAcquireParams) -> list[Delivery]:
         t0 = time.time()
-        got = await acquire0(self, params)
+        got = acquire0(self, params)
         if len(got) == 1:
             stamps["acquired"].append((t0, time.time()))
         return got
 
-    _listener.PostgresLoopListener.wait = wait  # type: ignore[method-assign]
-    _loop.PostgresLoopStatements.jobs_acquire = acquire  # type: ignore[method-assign]
+    _listener.PostgresListener.wait = wait  # type: ignore[method-assign]
+    _backend.PostgresBackend.jobs_acquire = acquire  # type: ignore[method-assign]
 
     app = App(db)
     app.backend.migrate()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 
@@ -81,73 +80,3 @@ def test_a_closed_listener_returns_at_once(pg: PostgresBackend) -> None:
     started = time.monotonic()
     assert listener.wait(5) is False
     assert time.monotonic() - started < 1
-
-
-# The worker's listener waits on its event loop (PostgresLoopListener, from LoopStatements.listen):
-# the same promises, as coroutines.
-
-
-def test_a_loop_listener_reports_its_first_connection_then_wakes_on_its_queues_only(pg: PostgresBackend) -> None:
-    async def scenario() -> None:
-        statements = pg.loop_statements()
-        listener = statements.listen(["a"])
-        try:
-            # Connecting is a wake-up: jobs inserted before its LISTEN sent it no notification.
-            assert await listener.wait(5) is True
-            assert await listener.wait(0.2) is False
-            await asyncio.to_thread(insert, pg, make_job("b"))
-            assert await listener.wait(0.3) is False
-            sent = time.perf_counter()
-            await asyncio.to_thread(insert, pg, *[make_job("a") for _ in range(50)], make_job("b"))
-            assert await listener.wait(5) is True
-            assert time.perf_counter() - sent < 0.5  # woken, not timed out
-            # Three statements' notifications arrived before the wait: one wake-up, then nothing.
-            for _ in range(3):
-                await asyncio.to_thread(insert, pg, make_job("a"))
-            await asyncio.sleep(0.1)
-            assert await listener.wait(5) is True
-            assert await listener.wait(0.2) is False
-        finally:
-            statements.close()
-        # Closed with its statements: a later wait is never woken, and yields to the loop meanwhile
-        # (a fetcher waiting in a loop must not spin on it).
-        ticks = 0
-
-        async def tick() -> None:
-            nonlocal ticks
-            while True:
-                ticks += 1
-                await asyncio.sleep(0.01)
-
-        ticking = asyncio.create_task(tick())
-        await asyncio.to_thread(insert, pg, make_job("a"))
-        assert await listener.wait(0.3) is False
-        ticking.cancel()
-        assert ticks >= 10
-
-    asyncio.run(asyncio.wait_for(scenario(), 60))
-
-
-def test_a_loop_listener_survives_the_server_dropping_its_connection(
-    pg: PostgresBackend, admin: psycopg.Connection[tuple[object, ...]]
-) -> None:
-    async def scenario() -> None:
-        statements = pg.loop_statements()
-        listener = statements.listen(["q"])
-        try:
-            assert await listener.wait(5) is True
-            assert await asyncio.to_thread(terminate_other_sessions, admin) >= 1
-            # The wait that notices the loss returns instead of raising...
-            started = time.monotonic()
-            assert await listener.wait(2) is False
-            assert time.monotonic() - started < 3
-            # ...the next one reconnects and reports a wake-up (notifications sent meanwhile were lost)...
-            assert await listener.wait(2) is True
-            # ...and notifications flow again.
-            await asyncio.to_thread(insert, pg, make_job("q"))
-            assert await listener.wait(5) is True
-        finally:
-            statements.close()
-
-    asyncio.run(asyncio.wait_for(scenario(), 60))
-

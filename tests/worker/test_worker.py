@@ -487,63 +487,6 @@ def test_an_idle_worker_picks_up_by_notification_not_by_polling(pg_app: App) -> 
     assert worker.counters.acquired == worker.counters.completed == 1
 
 
-def test_an_idle_worker_on_postgres_waits_for_notifications_on_its_event_loop(pg_app: App) -> None:
-    # No listener thread: the notification wakes the loop, which acquires on its own connection.
-    ran = threading.Event()
-
-    @pg_app.task(queue="q")
-    async def ping() -> None:
-        ran.set()
-
-    worker = Worker(pg_app, concurrency=2, poll_interval=3600)
-
-    async def scenario() -> list[str]:
-        task = asyncio.create_task(worker.run())
-        await asyncio.sleep(0.5)  # idle, waiting on the listener
-        threads = [t.name for t in threading.enumerate()]
-        await asyncio.to_thread(ping.delay)
-        await asyncio.to_thread(ran.wait, 10)
-        worker.stop()
-        await task
-        return threads
-
-    threads = asyncio.run(asyncio.wait_for(scenario(), 30))
-    assert ran.is_set()
-    assert not [name for name in threads if name.startswith("conveyor-listen")], threads
-
-
-def test_an_idle_worker_on_postgres_polls_at_its_poll_interval(pg_app: App) -> None:
-    # Between notifications an idle worker looks for jobs whose run_at came due once per poll
-    # interval (1 s by default with notifications), not at every bounded wait of its listener.
-    @pg_app.task(queue="q")
-    async def ping() -> None:
-        pass
-
-    backend = pg_app.backend
-    acquire = backend.jobs_acquire
-    acquires: list[float] = []
-
-    def counting_acquire(params: JobsAcquireParams) -> list[Any]:
-        acquires.append(time.monotonic())
-        return acquire(params)
-
-    backend.jobs_acquire = counting_acquire  # type: ignore[method-assign]
-    worker = Worker(pg_app, concurrency=1, poll_interval=1.0)
-
-    async def scenario() -> None:
-        task = asyncio.create_task(worker.run())
-        await asyncio.sleep(3.5)
-        worker.stop()
-        await task
-
-    try:
-        asyncio.run(asyncio.wait_for(scenario(), 30))
-    finally:
-        del backend.jobs_acquire  # type: ignore[method-assign]
-    # The first acquire, then one per second (a wake-up at the listener's first connection may add one).
-    assert 3 <= len(acquires) <= 6, acquires
-
-
 def _vacuums(url: str) -> int:
     import psycopg
 

@@ -852,35 +852,17 @@ class Listener(Protocol):
     def close(self) -> None: ...
 
 
-class LoopListener(Protocol):
-    """A :class:`Listener` that waits on the event loop: an idle fetcher's wait and the acquire that
-    follows it then need no thread (see :meth:`LoopStatements.listen`)."""
-
-    async def wait(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` seconds; True if woken by a notification (it may be spurious), and
-        also right after the listener (re)connected, since notifications sent before were missed.
-        Never raises for a lost or unreachable server (False after a short pause instead); closed,
-        it waits out ``timeout`` and returns False."""
-        ...
-
-    def close(self) -> None: ...
-
-
 class LoopStatements(Protocol):
-    """The worker's most frequent database work, acquire, finish and the idle fetcher's wait for
-    notifications, as coroutines on its event loop: an optional capability of a backend whose driver
-    has an async mode (PostgreSQL). Same semantics and errors as the Backend methods of the same
-    names; without it the worker runs those on its database threads, whose every wake-up takes the
-    GIL from the handlers on the loop (measured: an async drain +23-26 %, worker CPU -22 %;
-    docs/benchmarks.md). One instance belongs to one worker run on one loop."""
+    """The worker's two most frequent statements, acquire and finish, as coroutines on its event loop:
+    an optional capability of a backend whose driver has an async mode (PostgreSQL). Same semantics
+    and errors as the Backend methods of the same names; without it the worker runs those on its
+    database threads, whose every wake-up takes the GIL from the handlers on the loop (measured: an
+    async drain +23-26 %, worker CPU -22 %; docs/benchmarks.md). One instance belongs to one worker
+    run on one loop."""
 
     async def jobs_acquire(self, params: JobsAcquireParams) -> list[Delivery]: ...
 
     async def jobs_finish_many(self, params: JobsFinishParams) -> int: ...
-
-    def listen(self, queues: Sequence[str]) -> LoopListener:
-        """As :meth:`Backend.listen`, waiting on the loop; closed with this object."""
-        ...
 
     def close(self) -> None:
         """Close its connections, from any thread, in or out of the loop (calls made afterwards open new ones)."""

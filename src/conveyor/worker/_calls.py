@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from conveyor._errors import BackendUnavailable
-from conveyor.backends.base import Backend, LoopListener
+from conveyor.backends.base import Backend
 from conveyor.worker._state import Counters
 
 log = logging.getLogger("conveyor.worker")
@@ -43,11 +43,6 @@ class BackendCalls:
                     type(owner), name, None
                 ):
                     self._on_loop[method] = getattr(self._statements, name)
-
-    def listen(self, queues: Sequence[str]) -> LoopListener | None:
-        """A listener that waits on the event loop, where the backend has one (None: use the backend's
-        own :meth:`~conveyor.backends.base.Backend.listen`, from a thread); closed by :meth:`shutdown`."""
-        return self._statements.listen(queues) if self._statements is not None else None
 
     async def once(self, fn: Callable[[P_], T], params: P_) -> T:
         """One call, errors propagate."""

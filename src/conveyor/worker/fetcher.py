@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 
 from conveyor._catalogue import Catalogue
-from conveyor.backends.base import Delivery, JobsAcquireParams, Listener, LoopListener
+from conveyor.backends.base import Delivery, JobsAcquireParams, Listener
 from conveyor.worker._buffer import Buffer
 from conveyor.worker._calls import BackendCalls
 from conveyor.worker._config import WorkerConfig
@@ -74,7 +74,8 @@ class Fetcher(Service):
         self.poll_interval = (
             config.poll_interval if config.poll_interval is not None else (1.0 if backend.notifies else 0.25)
         )
-        self._listener: LoopListener | None = None
+        self._listener: Listener | None = None
+        self._listen_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="conveyor-listen")
         self.idle = False
         self.weights = dict(config.weights) if config.weights else None
         self._acquired_at_vacuum = 0  # counters.acquired when this worker last had the table vacuumed
@@ -156,7 +157,7 @@ class Fetcher(Service):
         """Fetch until stopped."""
         backend = self.calls.backend
         if backend.notifies:
-            self._listener = self.calls.listen(self.queues) or _OnThread(backend.listen(self.queues))
+            self._listener = backend.listen(self.queues)
         idle_wait = 0.01
         try:
             while not self.stopping:
@@ -175,12 +176,9 @@ class Fetcher(Service):
                     self._vacuum_when_due()
                 if got:
                     idle_wait = 0.01
-                    # Let the slots woken by these jobs start them before this loop's next acquire
-                    # goes out (after a notification, that is the pickup path).
-                    await asyncio.sleep(0)
                     continue
                 if self._listener is not None:
-                    await self._wait_notification(self._listener)
+                    await self._wait_notification(self.poll_interval)
                 else:
                     # No notifications: poll adaptively, fast after work, slower when idle.
                     await self._wait_for(self._stopped, idle_wait)
@@ -190,6 +188,7 @@ class Fetcher(Service):
                 self._vacuuming.cancel()  # its statement ends on its database thread
             if self._listener is not None:
                 self._listener.close()
+            self._listen_pool.shutdown(wait=False)
 
     def _vacuum_when_due(self) -> None:
         """Going idle: have the jobs table vacuumed if this worker leased ``vacuum_after`` jobs since
@@ -225,13 +224,43 @@ class Fetcher(Service):
         finally:
             self._vacuuming = None
 
-    async def _wait_notification(self, listener: LoopListener) -> None:
-        """Sleep until a notification, the poll interval (jobs whose ``run_at`` came due send none)
-        or a stop, which is noticed within 0.25 s."""
-        deadline = time.monotonic() + self.poll_interval
-        while not self.stopping and (left := deadline - time.monotonic()) > 0:
-            if await listener.wait(min(left, 0.25)):
-                return
+    async def _wait_notification(self, timeout: float) -> None:
+        """Sleep until a notification (or ``timeout``, or a stop).
+
+        With one queue, the thread that receives the notification acquires at once, before handing
+        back to the event loop: a woken fetcher would otherwise go listener thread -> event loop ->
+        database thread before the acquire even starts, and pickup latency is what this path is
+        for. With several lanes the event loop acquires, in lane order. A failed acquire here is
+        dropped: the loop acquires again, with its retries."""
+        assert self._listener is not None
+        loop = asyncio.get_running_loop()
+        listener = self._listener
+        backend = self.calls.backend
+        queue = self.queues[0] if len(self.queues) == 1 else None
+        vt = self._vt_for(queue) if queue is not None else 0.0
+
+        def wait_then_acquire() -> list[Delivery]:
+            # The listener blocks a thread; bound each wait so a stop is noticed within 0.25 s.
+            if not listener.wait(min(timeout, 0.25)) or queue is None or self.stopping:
+                return []
+            limit = self.capacity - self.buffer.qsize()
+            if limit <= 0:
+                return []
+            try:
+                return backend.jobs_acquire(JobsAcquireParams(queue, limit, vt, self.worker_id, self.clock()))
+            except Exception as exc:  # the event loop acquires next, with its retries and error handling
+                log.debug("acquire on notification failed (%s); the fetch loop retries", exc)
+                return []
+
+        # Even when stopping, wait for the thread (at most one bounded wait and one acquire): the
+        # leases it may have taken must reach the buffer, which shutdown hands back to pending.
+        got = await loop.run_in_executor(self._listen_pool, wait_then_acquire)
+        if got:
+            self.observer.fetched(got[0].queue, len(got))
+            self._take(got)
+            # Let the slots woken by these jobs start them before this loop's next acquire goes to a
+            # database thread (which would compete with them for the GIL): this is the pickup path.
+            await asyncio.sleep(0)
 
     async def _wait_for(self, event: asyncio.Event, timeout: float | None) -> None:
         waits = {asyncio.ensure_future(event.wait()), asyncio.ensure_future(self._stopped.wait())}
@@ -240,20 +269,3 @@ class Fetcher(Service):
         finally:
             for w in waits:
                 w.cancel()
-
-
-class _OnThread:
-    """A backend's blocking :class:`~conveyor.backends.base.Listener` as a loop listener: each wait
-    on a thread of its own (for a backend without :meth:`BackendCalls.listen`: SQLite's in-memory
-    database)."""
-
-    def __init__(self, listener: Listener) -> None:
-        self.listener = listener
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="conveyor-listen")
-
-    async def wait(self, timeout: float) -> bool:
-        return await asyncio.get_running_loop().run_in_executor(self._thread, self.listener.wait, timeout)
-
-    def close(self) -> None:
-        self.listener.close()
-        self._thread.shutdown(wait=False)

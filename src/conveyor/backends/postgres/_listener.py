@@ -1,14 +1,10 @@
-"""Wakes idle fetchers on PostgreSQL NOTIFY: from a thread (:class:`PostgresListener`) or on the
-worker's event loop (:class:`PostgresLoopListener`)."""
+"""Wakes idle fetchers on PostgreSQL NOTIFY."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any
 
 import psycopg
 
@@ -101,86 +97,6 @@ class PostgresListener:
             if not self._closed:
                 time.sleep(max(0.0, min(_RECONNECT_PAUSE, deadline - time.monotonic())))
         return False
-
-    def close(self) -> None:
-        """Close the connection; later waits return False at once."""
-        self._closed = True
-        self._drop()
-
-
-class PostgresLoopListener:
-    """A ``LISTEN`` connection in psycopg's async mode: ``wait`` is a coroutine on the worker's loop,
-    so a notification wakes the fetcher with no thread in between, and the acquire that follows goes
-    out on the loop too (see :class:`~conveyor.backends.base.LoopListener`).
-
-    Connects on the first wait, which returns True (jobs inserted before the ``LISTEN`` sent no
-    notification this connection saw), as does the first wait after a lost server. Belongs to one
-    loop; ``close()`` may be called from anywhere."""
-
-    def __init__(self, url: str, queues: Sequence[str], listen_sql: str, connect_timeout: int) -> None:
-        self._url = url
-        self._queues = frozenset(queues)
-        self._listen_sql = listen_sql
-        self._connect_timeout = connect_timeout
-        self._conn: psycopg.AsyncConnection[Any] | None = None
-        self._closed = False
-
-    async def wait(self, timeout: float) -> bool:
-        """As :meth:`PostgresListener.wait`, on the loop, except that a closed listener waits out
-        ``timeout`` (returning at once would let a caller that waits in a loop spin on the loop)."""
-        deadline = time.monotonic() + max(0.0, timeout)
-        if self._closed:
-            await asyncio.sleep(max(0.0, timeout))
-            return False
-        conn = self._conn
-        if conn is None or conn.closed:
-            self._drop()
-            if await self._connect():
-                return True
-            await asyncio.sleep(max(0.0, min(_RECONNECT_PAUSE, deadline - time.monotonic())))
-            return False
-        try:
-            woken = False
-            async with contextlib.aclosing(conn.notifies(timeout=max(0.0, deadline - time.monotonic()))) as got:
-                async for notify in got:
-                    if notify.payload in self._queues:
-                        woken = True
-                        break
-            if woken:
-                # Fold a burst of notifications into one wake-up, as PostgresListener does.
-                async with contextlib.aclosing(conn.notifies(timeout=0.0)) as rest:
-                    async for _ in rest:
-                        pass
-            return woken
-        except psycopg.Error:
-            self._drop()
-            if not self._closed:
-                await asyncio.sleep(max(0.0, min(_RECONNECT_PAUSE, deadline - time.monotonic())))
-            return False
-
-    async def _connect(self) -> bool:
-        try:
-            conn = await psycopg.AsyncConnection.connect(
-                self._url, autocommit=True, connect_timeout=self._connect_timeout
-            )
-        except psycopg.Error:
-            return False
-        try:
-            await conn.execute(self._listen_sql)
-        except psycopg.Error:
-            conn.pgconn.finish()
-            return False
-        if self._closed:
-            conn.pgconn.finish()
-            return False
-        self._conn = conn
-        return True
-
-    def _drop(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None and not conn.closed:
-            # libpq's close, which needs no loop (as PostgresLoopStatements closes its connections).
-            conn.pgconn.finish()
 
     def close(self) -> None:
         """Close the connection; later waits return False at once."""

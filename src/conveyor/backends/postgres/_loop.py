@@ -1,17 +1,17 @@
-"""The worker's acquire, finish and wait for notifications as coroutines on its event loop (psycopg's
-async mode).
+"""The worker's acquire and finish as coroutines on its event loop (psycopg's async mode).
 
 Run on database threads, every statement wakes a thread that then takes the GIL from the handlers
 on the loop; on the loop itself, a statement is a socket the loop already waits on. Measured on a
 drain with an I/O-bound async body: +23-26 % jobs/s and -22 % worker CPU per job (docs/benchmarks.md).
-Everything else the worker does (heartbeats, retries, rescue) stays on the pooled connections."""
+Everything else the worker does (heartbeats, retries, rescue, the listener's acquire) stays on the
+pooled connections."""
 
 from __future__ import annotations
 
 import asyncio
 import select
 from collections import defaultdict
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractContextManager, asynccontextmanager
 from typing import Any
 
@@ -20,7 +20,6 @@ from psycopg.pq import TransactionStatus
 
 from conveyor.backends.base import Delivery, JobsAcquireParams, JobsFinishParams
 from conveyor.backends.postgres._args import acquire_args, finish_args
-from conveyor.backends.postgres._listener import PostgresLoopListener
 from conveyor.backends.postgres._rows import record_row
 
 _AsyncConn = psycopg.AsyncConnection[Any]
@@ -48,7 +47,6 @@ class PostgresLoopStatements:
         self._errors = errors
         self._conns: dict[str, _AsyncConn] = {}
         self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
-        self._listeners: list[PostgresLoopListener] = []
 
     async def jobs_acquire(self, params: JobsAcquireParams) -> list[Delivery]:
         """As :meth:`PostgresBackend.jobs_acquire`."""
@@ -68,22 +66,11 @@ class PostgresLoopStatements:
             cur = await conn.execute(self._q["jobs_finish_many"], args, prepare=True)
             return cur.rowcount
 
-    def listen(self, queues: Sequence[str]) -> PostgresLoopListener:
-        """As :meth:`PostgresBackend.listen`, waiting on the loop (see :class:`PostgresLoopListener`)."""
-        listener = PostgresLoopListener(
-            self._url, queues, self._q["listen"], connect_timeout=self._connect_kwargs["connect_timeout"]
-        )
-        self._listeners.append(listener)
-        return listener
-
     def close(self) -> None:
-        """Close the connections and listeners (calls made afterwards open new connections, on any loop)."""
+        """Close the connections (calls made afterwards open new ones, on any loop)."""
         for action in list(self._conns):
             self._drop(action)
         self._locks.clear()
-        for listener in self._listeners:
-            listener.close()
-        self._listeners.clear()
 
     @asynccontextmanager
     async def _using(self, action: str) -> AsyncIterator[_AsyncConn]:
