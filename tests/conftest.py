@@ -89,3 +89,11 @@ def make_dead_letters(db: str, n: int = 1, queue: str = "doomed") -> list[str]:
         assert drain(app, [queue]).dead == n
         return [str(j.id) for j in jobs]
 
+
+
+def jobs_vacuums(url: str) -> int:
+    """How many times the jobs table of the PostgreSQL database at ``url`` was vacuumed by hand."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute("SELECT vacuum_count FROM pg_stat_user_tables WHERE relname = 'jobs'").fetchone()
+    assert row is not None
+    return int(row[0])

@@ -5,16 +5,10 @@ from __future__ import annotations
 
 import psycopg
 from _pg import T0, insert, make_job
+from tests.conftest import jobs_vacuums
 
 from conveyor.backends.base import Finish, JobsAcquireParams, JobsFinishParams
 from conveyor.backends.postgres import PostgresBackend
-
-
-def _vacuums(url: str) -> int:
-    with psycopg.connect(url, autocommit=True) as conn:
-        row = conn.execute("SELECT vacuum_count FROM pg_stat_user_tables WHERE relname = 'jobs'").fetchone()
-    assert row is not None
-    return int(row[0])
 
 
 def _pages_to_find_the_next_job(url: str) -> int:
@@ -37,11 +31,11 @@ def test_a_vacuum_reclaims_finished_jobs_and_leaves_no_timeout_on_the_pool(
     assert pg.jobs_finish_many(JobsFinishParams(items, T0)) == 5_000
     insert(pg, make_job("q"))
     stepping_over_the_finished = _pages_to_find_the_next_job(postgres_database)
-    vacuums = _vacuums(postgres_database)
+    vacuums = jobs_vacuums(postgres_database)
 
     pg.jobs_vacuum()
 
-    assert _vacuums(postgres_database) == vacuums + 1
+    assert jobs_vacuums(postgres_database) == vacuums + 1
     after = _pages_to_find_the_next_job(postgres_database)
     assert after * 4 <= stepping_over_the_finished, (after, stepping_over_the_finished)
     # The statement timeout that bounds the vacuum was for it alone: the pool's connections run

@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from tests.conftest import jobs_vacuums
 
 from conveyor import App, JobContext, Message, Reject, Retry, Worker
 from conveyor.backends.base import (
@@ -487,15 +488,6 @@ def test_an_idle_worker_picks_up_by_notification_not_by_polling(pg_app: App) -> 
     assert worker.counters.acquired == worker.counters.completed == 1
 
 
-def _vacuums(url: str) -> int:
-    import psycopg
-
-    with psycopg.connect(url, autocommit=True) as conn:
-        row = conn.execute("SELECT vacuum_count FROM pg_stat_user_tables WHERE relname = 'jobs'").fetchone()
-    assert row is not None
-    return int(row[0])
-
-
 def test_a_worker_going_idle_after_a_burst_vacuums_the_jobs_table(
     pg_app: App, postgres_database: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -520,16 +512,16 @@ def test_a_worker_going_idle_after_a_burst_vacuums_the_jobs_table(
 
     async def scenario() -> list[int]:
         await asyncio.to_thread(job.delay_many, [{"i": i} for i in range(10)])
-        counts = [_vacuums(postgres_database)]
+        counts = [jobs_vacuums(postgres_database)]
         task = asyncio.create_task(worker.run())
         await until(10)
-        counts.append(_vacuums(postgres_database))  # 10 leased: below the threshold
+        counts.append(jobs_vacuums(postgres_database))  # 10 leased: below the threshold
         await asyncio.to_thread(job.delay_many, [{"i": i} for i in range(30)])
         await until(40)
-        counts.append(_vacuums(postgres_database))  # 40 leased: vacuumed
+        counts.append(jobs_vacuums(postgres_database))  # 40 leased: vacuumed
         await asyncio.to_thread(job.delay_many, [{"i": i} for i in range(30)])
         await until(70)
-        counts.append(_vacuums(postgres_database))  # 30 more, within the minute: not again
+        counts.append(jobs_vacuums(postgres_database))  # 30 more, within the minute: not again
         worker.stop()
         await task
         return counts
