@@ -488,6 +488,50 @@ def test_an_idle_worker_picks_up_by_notification_not_by_polling(pg_app: App) -> 
     assert worker.counters.acquired == worker.counters.completed == 1
 
 
+def test_an_idle_worker_on_postgres_polls_at_its_poll_interval(pg_app: App) -> None:
+    # Between notifications an idle worker looks for jobs whose run_at came due once per poll
+    # interval (WorkerConfig: 1 s with notifications), not at every bounded step of its listener's
+    # wait (4 a second before); a stop is still noticed within a step, and a delayed job that
+    # comes due (no notification) is picked up by the poll.
+    ran = threading.Event()
+
+    @pg_app.task(queue="q")
+    def ping() -> None:
+        ran.set()
+
+    backend = pg_app.backend
+    acquire = backend.jobs_acquire
+    acquires: list[float] = []
+
+    def counting_acquire(params: JobsAcquireParams) -> list[Any]:
+        acquires.append(time.monotonic())
+        return acquire(params)
+
+    backend.jobs_acquire = counting_acquire  # type: ignore[method-assign]
+    worker = Worker(pg_app, concurrency=1, poll_interval=1.0)
+
+    async def scenario() -> tuple[float, float]:
+        task = asyncio.create_task(worker.run())
+        await asyncio.to_thread(ping.send, None, delay=2.5)
+        sent = time.monotonic()
+        await asyncio.to_thread(ran.wait, 10)
+        late = time.monotonic() - sent - 2.5
+        await asyncio.sleep(1.2)
+        stopped = time.monotonic()
+        worker.stop()
+        await task
+        return late, time.monotonic() - stopped
+
+    try:
+        late, stopping = asyncio.run(asyncio.wait_for(scenario(), 30))
+    finally:
+        del backend.jobs_acquire  # type: ignore[method-assign]
+    assert ran.is_set() and late < 1.5, late
+    # About 4.7 s: the first acquire, then one a second (14-19 at four a second).
+    assert 4 <= len(acquires) <= 8, [round(t - acquires[0], 2) for t in acquires]
+    assert stopping < 1.0, stopping
+
+
 def test_a_worker_going_idle_after_a_burst_vacuums_the_jobs_table(
     pg_app: App, postgres_database: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

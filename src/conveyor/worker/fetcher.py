@@ -240,8 +240,20 @@ class Fetcher(Service):
         vt = self._vt_for(queue) if queue is not None else 0.0
 
         def wait_then_acquire() -> list[Delivery]:
-            # The listener blocks a thread; bound each wait so a stop is noticed within 0.25 s.
-            if not listener.wait(min(timeout, 0.25)) or queue is None or self.stopping:
+            # The listener blocks this thread: wait in steps of at most 0.25 s, so that a stop is
+            # noticed, until ``timeout`` is out (the poll: jobs whose run_at came due send no
+            # notification). A step that ends early without one (a closed listener, a reconnect)
+            # hands back to the event loop at once, which polls.
+            deadline = time.monotonic() + timeout
+            while True:
+                step = min(deadline - time.monotonic(), 0.25)
+                began = time.monotonic()
+                if listener.wait(step):
+                    break
+                now = time.monotonic()
+                if self.stopping or now >= deadline or now - began < step / 2:
+                    return []
+            if queue is None or self.stopping:
                 return []
             limit = self.capacity - self.buffer.qsize()
             if limit <= 0:
