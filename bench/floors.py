@@ -2,8 +2,11 @@
 
 ``python -m bench.floors KIND [options]`` prints one ``BENCH-RESULT`` line:
 
-- ``body_async``: the job body (one Redis ``INCR``, bench._common.body_async) run ``--n`` times,
-  10 at a time in one asyncio process: the most an ``async def`` worker with 10 slots could do.
+- ``body_async``: the handlers' body run ``--n`` times, 10 at a time in one asyncio process: the
+  most an ``async def`` worker with 10 slots could do. The body is what every library's handler
+  runs (bench/apps): the side channel's stamp (bench._common.record, a ``write`` to a file) and
+  the job body (one Redis ``INCR``, bench._common.body_async). ``--bare``: the ``INCR`` alone
+  (the floor before session 23, ~7 % higher in asyncio and ~12 % in threads: docs/benchmarks.md).
 - ``body_threads``: the same with the sync client in 10 threads: the most a ``def`` worker could do.
 - ``pickup``: a producer commits one row + ``NOTIFY`` (one durable transaction), a listener thread
   wakes on the notification and claims the row with one ``UPDATE ... SKIP LOCKED RETURNING``;
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import glob
 import os
 import re
@@ -27,13 +31,15 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
-from bench._common import QUEUE, emit, percentile
+from bench._common import QUEUE, emit, percentile, record
 
 
-async def bodies_async(n: int) -> float:
-    """Seconds that ``n`` bodies take, 10 at a time on the running loop (connected before timing)."""
+async def bodies_async(n: int, stamp: bool = True) -> float:
+    """Seconds that ``n`` bodies take, 10 at a time on the running loop (connected before timing);
+    ``stamp``: each stamps the side channel first, as the handlers do."""
     from bench._common import body_async as body
 
     await body()
@@ -43,6 +49,8 @@ async def bodies_async(n: int) -> float:
         nonlocal left
         while left > 0:
             left -= 1
+            if stamp:
+                record(0.0)
             await body()
 
     t0 = time.perf_counter()
@@ -50,14 +58,36 @@ async def bodies_async(n: int) -> float:
     return time.perf_counter() - t0
 
 
-def body_async(n: int) -> dict[str, Any]:
+def body_async(n: int, stamp: bool = True) -> dict[str, Any]:
     os.environ["BENCH_BODY"] = "redis"
-    seconds = asyncio.run(bodies_async(n))
-    return {"ok": True, "n": n, "seconds": round(seconds, 4), "rate": round(n / seconds, 1)}
+    with _side_file():
+        seconds = asyncio.run(bodies_async(n, stamp))
+    return {"ok": True, "n": n, "seconds": round(seconds, 4), "rate": round(n / seconds, 1), "stamp": stamp}
 
 
-def body_threads(n: int) -> dict[str, Any]:
+def body_threads(n: int, stamp: bool = True) -> dict[str, Any]:
     os.environ["BENCH_BODY"] = "redis"
+    with _side_file():
+        return _body_threads(n, stamp)
+
+
+@contextlib.contextmanager
+def _side_file() -> Iterator[None]:
+    """A side channel for the stamps (the floors' figures are their own timings; the stamps are
+    written because the handlers write them), removed after."""
+    with tempfile.TemporaryDirectory(prefix="conveyor-floor-") as tmp:
+        previous = os.environ.get("BENCH_SIDE_FILE")
+        os.environ["BENCH_SIDE_FILE"] = os.path.join(tmp, "side")
+        try:
+            yield
+        finally:
+            if previous is None:
+                os.environ.pop("BENCH_SIDE_FILE", None)
+            else:
+                os.environ["BENCH_SIDE_FILE"] = previous
+
+
+def _body_threads(n: int, stamp: bool) -> dict[str, Any]:
     from bench._common import body_sync as body
 
     body()
@@ -70,6 +100,8 @@ def body_threads(n: int) -> dict[str, Any]:
                 if left[0] <= 0:
                     return
                 left[0] -= 1
+            if stamp:
+                record(0.0)
             body()
 
     threads = [threading.Thread(target=slot) for _ in range(10)]
@@ -79,7 +111,7 @@ def body_threads(n: int) -> dict[str, Any]:
     for t in threads:
         t.join()
     seconds = time.perf_counter() - t0
-    return {"ok": True, "n": n, "seconds": round(seconds, 4), "rate": round(n / seconds, 1)}
+    return {"ok": True, "n": n, "seconds": round(seconds, 4), "rate": round(n / seconds, 1), "stamp": stamp}
 
 
 _TABLE = """
@@ -254,11 +286,12 @@ def main() -> None:
     parser.add_argument("--interval", type=float, default=0.020)
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--clients", type=int, default=2)
+    parser.add_argument("--bare", action="store_true", help="body floors: the INCR without the handlers' stamp")
     args = parser.parse_args()
     if args.kind == "body_async":
-        result = body_async(args.n)
+        result = body_async(args.n, not args.bare)
     elif args.kind == "body_threads":
-        result = body_threads(args.n)
+        result = body_threads(args.n, not args.bare)
     elif args.kind == "pickup":
         result = pickup(args.db, args.n, args.interval)
     else:
