@@ -532,6 +532,49 @@ def test_an_idle_worker_on_postgres_polls_at_its_poll_interval(pg_app: App) -> N
     assert stopping < 1.0, stopping
 
 
+def test_an_idle_worker_whose_sessions_are_killed_still_picks_up_by_notification(
+    pg_app: App, postgres_database: str
+) -> None:
+    # A server restart or failover kills the listener's session while the fetcher waits on it: the
+    # listener reconnects within the poll interval's steps, and the next job wakes the worker again
+    # (a poll interval of an hour: only a notification can start the job within the test).
+    import psycopg
+
+    ran = threading.Event()
+
+    @pg_app.task(queue="q")
+    def ping() -> None:
+        ran.set()
+
+    worker = Worker(pg_app, concurrency=1, poll_interval=3600)
+
+    def kill_sessions() -> int:
+        with psycopg.connect(postgres_database, autocommit=True) as conn:
+            row = conn.execute(
+                "SELECT count(pg_terminate_backend(pid, 5000)) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            ).fetchone()
+        return int(row[0]) if row else 0
+
+    async def scenario() -> tuple[int, float]:
+        task = asyncio.create_task(worker.run())
+        await asyncio.sleep(0.5)
+        killed = await asyncio.to_thread(kill_sessions)
+        await asyncio.sleep(1.5)  # the listener notices and reconnects
+        sent = time.monotonic()
+        await asyncio.to_thread(ping.delay)
+        await asyncio.to_thread(ran.wait, 10)
+        picked = time.monotonic() - sent
+        worker.stop()
+        await task
+        return killed, picked
+
+    killed, picked = asyncio.run(asyncio.wait_for(scenario(), 40))
+    assert killed >= 1
+    assert ran.is_set() and picked < 3.0, picked
+    assert worker.counters.completed == 1
+
+
 def test_a_worker_going_idle_after_a_burst_vacuums_the_jobs_table(
     pg_app: App, postgres_database: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

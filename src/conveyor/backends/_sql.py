@@ -1,7 +1,9 @@
 """Loads named SQL statements and numbered migrations shipped next to each backend.
 
 A backend keeps its SQL in ``sql/queries.sql`` as blocks introduced by ``-- name: NAME``; the
-comment lines under the name say why the statement is shaped so. Migrations are
+comment lines under the name say why the statement is shaped so. Whole-line comments stay in the
+file: the statements are loaded without them, so that a comment can never hold what the driver
+would read as a placeholder (a ``%(name)s`` in one made psycopg ask for a parameter). Migrations are
 ``sql/NNNN_description.sql`` files, applied in number order.
 """
 
@@ -12,11 +14,12 @@ from dataclasses import dataclass
 from importlib import resources
 
 _NAME = re.compile(r"^--\s*name:\s*([A-Za-z_][A-Za-z0-9_]*)\s*$")
+_COMMENT = re.compile(r"^\s*--")
 _MIGRATION = re.compile(r"^(\d{4})_[A-Za-z0-9_]+\.sql$")
 
 
 def load_queries(package: str) -> dict[str, str]:
-    """Return ``{name: statement}`` from ``package``'s ``sql/queries.sql``."""
+    """Return ``{name: statement}`` from ``package``'s ``sql/queries.sql``, whole-line comments left out."""
     text = resources.files(package).joinpath("sql", "queries.sql").read_text(encoding="utf-8")
     queries: dict[str, str] = {}
     name: str | None = None
@@ -27,7 +30,7 @@ def load_queries(package: str) -> dict[str, str]:
             if name is not None:
                 queries[name] = "\n".join(lines).strip()
             name, lines = match.group(1), []
-        elif name is not None:
+        elif name is not None and not _COMMENT.match(line):
             lines.append(line)
     if name is not None:
         queries[name] = "\n".join(lines).strip()
