@@ -6,7 +6,7 @@ import threading
 import time
 
 import psycopg
-from _pg import insert, make_job, terminate_other_sessions
+from _pg import acquire, complete, insert, make_job, terminate_other_sessions
 
 from conveyor.backends.postgres import PostgresBackend
 
@@ -50,6 +50,24 @@ def test_a_listener_ignores_other_queues_and_one_statement_notifies_once(pg: Pos
         assert listener.wait(5) is True
         # Fifty jobs in one statement are one notification: nothing is left to wake on.
         assert listener.wait(0.2) is False
+    finally:
+        listener.close()
+
+
+def test_ending_a_job_with_an_ordering_key_wakes_its_queue(pg: PostgresBackend) -> None:
+    # The next job of the key becomes ready when the one before it ends, and no insert tells the
+    # idle workers: the finish does (on both ways of running it), and only for keyed jobs.
+    insert(pg, make_job("k", ordering_key="user-1"), make_job("k", ordering_key="user-1"), make_job("k"))
+    listener = pg.listen(["k"])
+    try:
+        first, plain = acquire(pg, "k", limit=10)  # the second keyed job waits for the first
+        assert first.ordering_key == "user-1" and plain.ordering_key is None
+        assert listener.wait(0.2) is False
+        assert complete(pg, plain) == 1
+        assert listener.wait(0.3) is False
+        assert complete(pg, first) == 1
+        assert listener.wait(5) is True
+        assert [d.ordering_key for d in acquire(pg, "k")] == ["user-1"]
     finally:
         listener.close()
 

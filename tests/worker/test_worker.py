@@ -575,6 +575,35 @@ def test_an_idle_worker_whose_sessions_are_killed_still_picks_up_by_notification
     assert worker.counters.completed == 1
 
 
+def test_an_idle_worker_runs_a_chain_of_keyed_jobs_without_waiting_for_polls(pg_app: App) -> None:
+    # Jobs of one ordering key run one after another: each becomes ready when the one before it
+    # ends, which wakes the workers (a poll interval of an hour: no poll can start them in time).
+    order: list[int] = []
+
+    @pg_app.task(queue="q")
+    def step(n: int) -> None:
+        order.append(n)
+
+    worker = Worker(pg_app, concurrency=4, poll_interval=3600)
+
+    async def scenario() -> float:
+        task = asyncio.create_task(worker.run())
+        await asyncio.sleep(0.5)
+        sent = time.monotonic()
+        for n in range(5):
+            await asyncio.to_thread(step.send, {"n": n}, ordering_key="account-7")
+        while len(order) < 5 and time.monotonic() - sent < 20:
+            await asyncio.sleep(0.01)
+        took = time.monotonic() - sent
+        worker.stop()
+        await task
+        return took
+
+    took = asyncio.run(asyncio.wait_for(scenario(), 40))
+    assert order == [0, 1, 2, 3, 4]
+    assert took < 5.0, took
+
+
 def test_a_worker_going_idle_after_a_burst_vacuums_the_jobs_table(
     pg_app: App, postgres_database: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

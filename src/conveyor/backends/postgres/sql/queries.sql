@@ -463,6 +463,9 @@ RETURNING j.id, j.receipt
 -- The counted CTE adds the outcomes to queue_counters in the same statement (so the totals commit
 -- with the archive rows, exact after a crash), on this connection's stripe, in (queue, task) order
 -- so that two flushes naming the same counters lock them in the same order and cannot deadlock.
+-- The notified CTE wakes the queues' idle workers when a job with an ordering key ends: the next
+-- job of its key becomes ready then, and nothing else would tell them before their next poll (a
+-- plain SELECT in WITH runs only if the main query reads it, hence the join to its count).
 -- Returns the number of rows archived.
 WITH items AS (
     SELECT *
@@ -491,6 +494,10 @@ counted AS (
     ON CONFLICT (queue, task, shard) DO UPDATE SET
         completed = c.completed + excluded.completed, dead = c.dead + excluded.dead,
         expired = c.expired + excluded.expired, cancelled = c.cancelled + excluded.cancelled
+),
+notified AS (
+    SELECT pg_notify('conveyor_jobs', q.queue)
+    FROM (SELECT DISTINCT queue FROM done WHERE ordering_key IS NOT NULL) AS q
 )
 INSERT INTO archive (
     id, queue, task, payload, headers, state, priority, run_at, enqueued_at, expires_at,
@@ -507,7 +514,7 @@ SELECT d.id, d.queue, d.task, d.payload, d.headers, d.final_state, d.priority, d
        CASE WHEN d.final_error_type IS NULL THEN d.error_message ELSE d.final_error_message END,
        CASE WHEN d.final_error_type IS NULL THEN d.traceback ELSE d.final_traceback END,
        %(now)s, d.final_result::jsonb, d.final_reason, d.rescues
-FROM done AS d
+FROM done AS d, (SELECT count(*) FROM notified) AS n
 
 -- name: jobs_retry_many
 -- Back to pending at each item's run_at with the attempt counted and its error kept; receipt
