@@ -7,7 +7,7 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -454,6 +454,14 @@ def test_rescue_waits_for_the_workers_own_pending_acks(app: App) -> None:
     assert asyncio.run(rescuer.run_once()) == 1
 
 
+async def _time_pickup(send: Callable[[], object], ran: threading.Event) -> float:
+    """Send one job; the seconds until its handler ran (it waits 10 s at most)."""
+    sent = time.monotonic()
+    await asyncio.to_thread(send)
+    await asyncio.to_thread(ran.wait, 10)
+    return time.monotonic() - sent
+
+
 @pytest.fixture
 def pg_app(postgres_database: str) -> Iterator[App]:
     a = App(postgres_database, migrate=True)
@@ -475,10 +483,7 @@ def test_an_idle_worker_picks_up_by_notification_not_by_polling(pg_app: App) -> 
     async def scenario() -> float:
         task = asyncio.create_task(worker.run())
         await asyncio.sleep(0.5)  # idle, waiting on the listener
-        sent = time.perf_counter()
-        await asyncio.to_thread(ping.delay)
-        await asyncio.to_thread(ran.wait, 10)
-        picked = time.perf_counter() - sent
+        picked = await _time_pickup(ping.delay, ran)
         worker.stop()
         await task
         return picked
@@ -561,10 +566,7 @@ def test_an_idle_worker_whose_sessions_are_killed_still_picks_up_by_notification
         await asyncio.sleep(0.5)
         killed = await asyncio.to_thread(kill_sessions)
         await asyncio.sleep(1.5)  # the listener notices and reconnects
-        sent = time.monotonic()
-        await asyncio.to_thread(ping.delay)
-        await asyncio.to_thread(ran.wait, 10)
-        picked = time.monotonic() - sent
+        picked = await _time_pickup(ping.delay, ran)
         worker.stop()
         await task
         return killed, picked
