@@ -242,8 +242,8 @@ class Fetcher(Service):
         def wait_then_acquire() -> list[Delivery]:
             # The listener blocks this thread: wait in steps of at most 0.25 s, so that a stop is
             # noticed, until ``timeout`` is out (the poll: jobs whose run_at came due send no
-            # notification). A step that ends early without one (a closed listener, a reconnect)
-            # hands back to the event loop at once, which polls.
+            # notification). A step that ends early without one (a closed listener) hands back to
+            # the event loop at once; a lost server makes the listener sleep out its step instead.
             deadline = time.monotonic() + timeout
             while True:
                 step = min(deadline - time.monotonic(), 0.25)
