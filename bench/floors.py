@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import glob
 import os
 import re
@@ -31,7 +30,6 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 from bench._common import QUEUE, emit, percentile, record
@@ -60,34 +58,12 @@ async def bodies_async(n: int, stamp: bool = True) -> float:
 
 def body_async(n: int, stamp: bool = True) -> dict[str, Any]:
     os.environ["BENCH_BODY"] = "redis"
-    with _side_file():
-        seconds = asyncio.run(bodies_async(n, stamp))
+    seconds = asyncio.run(bodies_async(n, stamp))
     return {"ok": True, "n": n, "seconds": round(seconds, 4), "rate": round(n / seconds, 1), "stamp": stamp}
 
 
 def body_threads(n: int, stamp: bool = True) -> dict[str, Any]:
     os.environ["BENCH_BODY"] = "redis"
-    with _side_file():
-        return _body_threads(n, stamp)
-
-
-@contextlib.contextmanager
-def _side_file() -> Iterator[None]:
-    """A side channel for the stamps (the floors' figures are their own timings; the stamps are
-    written because the handlers write them), removed after."""
-    with tempfile.TemporaryDirectory(prefix="conveyor-floor-") as tmp:
-        previous = os.environ.get("BENCH_SIDE_FILE")
-        os.environ["BENCH_SIDE_FILE"] = os.path.join(tmp, "side")
-        try:
-            yield
-        finally:
-            if previous is None:
-                os.environ.pop("BENCH_SIDE_FILE", None)
-            else:
-                os.environ["BENCH_SIDE_FILE"] = previous
-
-
-def _body_threads(n: int, stamp: bool) -> dict[str, Any]:
     from bench._common import body_sync as body
 
     body()
@@ -288,14 +264,17 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=2)
     parser.add_argument("--bare", action="store_true", help="body floors: the INCR without the handlers' stamp")
     args = parser.parse_args()
-    if args.kind == "body_async":
-        result = body_async(args.n, not args.bare)
-    elif args.kind == "body_threads":
-        result = body_threads(args.n, not args.bare)
-    elif args.kind == "pickup":
-        result = pickup(args.db, args.n, args.interval)
-    else:
-        result = pgbench(args.db, args.n, args.batch, args.clients)
+    # The body floors write the handlers' stamps too: to a file of their own, removed after.
+    with tempfile.TemporaryDirectory(prefix="conveyor-floor-") as side:
+        os.environ.setdefault("BENCH_SIDE_FILE", os.path.join(side, "side"))
+        if args.kind == "body_async":
+            result = body_async(args.n, not args.bare)
+        elif args.kind == "body_threads":
+            result = body_threads(args.n, not args.bare)
+        elif args.kind == "pickup":
+            result = pickup(args.db, args.n, args.interval)
+        else:
+            result = pgbench(args.db, args.n, args.batch, args.clients)
     emit({"lib": "floor", "workload": args.kind, **result})
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import psycopg
 import pytest
@@ -90,10 +91,21 @@ def make_dead_letters(db: str, n: int = 1, queue: str = "doomed") -> list[str]:
         return [str(j.id) for j in jobs]
 
 
-
 def jobs_vacuums(url: str) -> int:
     """How many times the jobs table of the PostgreSQL database at ``url`` was vacuumed by hand."""
     with psycopg.connect(url, autocommit=True) as conn:
         row = conn.execute("SELECT vacuum_count FROM pg_stat_user_tables WHERE relname = 'jobs'").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def terminate_other_sessions(conn: psycopg.Connection[Any]) -> int:
+    """Kill every other session on ``conn``'s database, as a server restart would; return how many.
+
+    Waits (up to 5 s each) until the sessions have exited."""
+    row = conn.execute(
+        "SELECT count(pg_terminate_backend(pid, 5000)) FROM pg_stat_activity"
+        " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+    ).fetchone()
     assert row is not None
     return int(row[0])

@@ -64,12 +64,3 @@ def live_ids(backend: Backend, queue: str | None = None) -> list[UUID]:
     return [r.id for r in backend.jobs_list(JobsListParams(queue=queue))]
 
 
-def terminate_other_sessions(conn: Any) -> int:
-    """Kill every other session on ``conn``'s database, as a server restart would; return how many.
-
-    Waits (up to 5 s each) until the sessions have exited."""
-    row = conn.execute(
-        "SELECT count(pg_terminate_backend(pid, 5000)) FROM pg_stat_activity"
-        " WHERE datname = current_database() AND pid <> pg_backend_pid()"
-    ).fetchone()
-    return int(row[0])

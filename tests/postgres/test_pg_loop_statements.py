@@ -9,7 +9,8 @@ from datetime import timedelta
 
 import psycopg
 import pytest
-from _pg import T0, insert, make_job, terminate_other_sessions
+from _pg import T0, insert, make_job
+from tests.conftest import terminate_other_sessions
 
 from conveyor._errors import BackendUnavailable
 from conveyor.backends.base import Finish, JobGetParams, JobsAcquireParams, JobsFinishParams

@@ -6,7 +6,8 @@ import threading
 import time
 
 import psycopg
-from _pg import acquire, complete, insert, make_job, terminate_other_sessions
+from _pg import acquire, complete, insert, make_job
+from tests.conftest import terminate_other_sessions
 
 from conveyor.backends.postgres import PostgresBackend
 

@@ -9,7 +9,8 @@ import time
 
 import psycopg
 import pytest
-from _pg import acquire, insert, make_job, terminate_other_sessions
+from _pg import acquire, insert, make_job
+from tests.conftest import terminate_other_sessions
 
 from conveyor._errors import BackendError, BackendUnavailable
 from conveyor.backends import open_backend

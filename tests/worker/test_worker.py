@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from tests.conftest import jobs_vacuums
+from tests.conftest import jobs_vacuums, terminate_other_sessions
 
 from conveyor import App, JobContext, Message, Reject, Retry, Worker
 from conveyor.backends.base import (
@@ -493,7 +493,7 @@ def test_an_idle_worker_picks_up_by_notification_not_by_polling(pg_app: App) -> 
     assert worker.counters.acquired == worker.counters.completed == 1
 
 
-def test_an_idle_worker_on_postgres_polls_at_its_poll_interval(pg_app: App) -> None:
+def test_an_idle_worker_on_postgres_polls_at_its_poll_interval(pg_app: App, monkeypatch: pytest.MonkeyPatch) -> None:
     # Between notifications an idle worker looks for jobs whose run_at came due once per poll
     # interval (WorkerConfig: 1 s with notifications), not at every bounded step of its listener's
     # wait (4 a second before); a stop is still noticed within a step, and a delayed job that
@@ -512,7 +512,7 @@ def test_an_idle_worker_on_postgres_polls_at_its_poll_interval(pg_app: App) -> N
         acquires.append(time.monotonic())
         return acquire(params)
 
-    backend.jobs_acquire = counting_acquire  # type: ignore[method-assign]
+    monkeypatch.setattr(backend, "jobs_acquire", counting_acquire)
     worker = Worker(pg_app, concurrency=1, poll_interval=1.0)
 
     async def scenario() -> tuple[float, float]:
@@ -527,10 +527,7 @@ def test_an_idle_worker_on_postgres_polls_at_its_poll_interval(pg_app: App) -> N
         await task
         return late, time.monotonic() - stopped
 
-    try:
-        late, stopping = asyncio.run(asyncio.wait_for(scenario(), 30))
-    finally:
-        del backend.jobs_acquire  # type: ignore[method-assign]
+    late, stopping = asyncio.run(asyncio.wait_for(scenario(), 30))
     assert ran.is_set() and late < 1.5, late
     # About 4.7 s: the first acquire, then one a second (14-19 at four a second).
     assert 4 <= len(acquires) <= 8, [round(t - acquires[0], 2) for t in acquires]
@@ -555,11 +552,7 @@ def test_an_idle_worker_whose_sessions_are_killed_still_picks_up_by_notification
 
     def kill_sessions() -> int:
         with psycopg.connect(postgres_database, autocommit=True) as conn:
-            row = conn.execute(
-                "SELECT count(pg_terminate_backend(pid, 5000)) FROM pg_stat_activity"
-                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
-            ).fetchone()
-        return int(row[0]) if row else 0
+            return terminate_other_sessions(conn)
 
     async def scenario() -> tuple[int, float]:
         task = asyncio.create_task(worker.run())

@@ -246,8 +246,8 @@ class Fetcher(Service):
             # the event loop at once; a lost server makes the listener sleep out its step instead.
             deadline = time.monotonic() + timeout
             while True:
-                step = min(deadline - time.monotonic(), 0.25)
                 began = time.monotonic()
+                step = min(deadline - began, 0.25)
                 if listener.wait(step):
                     break
                 now = time.monotonic()
