@@ -8,6 +8,14 @@
   the job body (one Redis ``INCR``, bench._common.body_async). ``--bare``: the ``INCR`` alone
   (the floor before session 23, ~7 % higher in asyncio and ~12 % in threads: docs/benchmarks.md).
 - ``body_threads``: the same with the sync client in 10 threads: the most a ``def`` worker could do.
+- ``queue_async`` / ``queue_threads``: the least a Python worker could add to those bodies, on
+  ``--db``: ``--n`` jobs inserted with Conveyor (not timed), then Conveyor's own ``jobs_acquire``
+  (``--batch`` jobs, refilled at half) and ``jobs_finish_many`` (every 5 ms) on two psycopg
+  connections, and 10 slots that take a row, decode its JSON payload and call the handler every
+  library runs (the stamp, then the body) — no admission, registry, outcome or observer. Async:
+  one event loop, two ``AsyncConnection`` objects, coroutine slots; threads: 10 slot threads and one plain
+  feeder thread. Not a target: it says how much of a body floor a worker of this shape can reach
+  on this machine at all (docs/benchmarks.md, session 24).
 - ``pickup``: a producer commits one row + ``NOTIFY`` (one durable transaction), a listener thread
   wakes on the notification and claims the row with one ``UPDATE ... SKIP LOCKED RETURNING``;
   latency from the producer's stamp (taken right before its one statement) to the claim's return.
@@ -30,6 +38,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from bench._common import QUEUE, emit, percentile, record
@@ -88,6 +97,231 @@ def body_threads(n: int, stamp: bool = True) -> dict[str, Any]:
         t.join()
     seconds = time.perf_counter() - t0
     return {"ok": True, "n": n, "seconds": round(seconds, 4), "rate": round(n / seconds, 1), "stamp": stamp}
+
+
+def setup_jobs(db: str, n: int) -> dict[str, str]:
+    """Insert ``n`` ready jobs of the bench queue with Conveyor (not timed); return Conveyor's statements."""
+    from conveyor import App, Message
+    from conveyor.backends._sql import load_queries
+
+    app = App(db)
+    app.backend.migrate()
+    for start in range(0, n, 5000):
+        count = min(5000, n - start)
+        app.send_many([Message(task="bench.noop", queue=QUEUE, payload={"sent": 0.0, "i": i}) for i in range(count)])
+    app.close()
+    return load_queries("conveyor.backends.postgres")
+
+
+def acquire_params(limit: int, worker_id: str) -> dict[str, Any]:
+    """``jobs_acquire``'s parameters: up to ``limit`` jobs of the bench queue, leased for 30 s."""
+    from datetime import UTC, datetime
+
+    return {
+        "queue": QUEUE,
+        "limit": limit,
+        "visibility_timeout": 30.0,
+        "worker_id": worker_id,
+        "now": datetime.now(UTC),
+    }
+
+
+def finish_params(acks: Sequence[tuple[Any, str]]) -> dict[str, Any]:
+    """``jobs_finish_many``'s parameters completing the acquired ``(id, receipt)`` pairs."""
+    import uuid
+    from datetime import UTC, datetime
+
+    n = len(acks)
+    return {
+        "ids": [job_id for job_id, _ in acks],
+        "receipts": [uuid.UUID(receipt) for _, receipt in acks],
+        "states": ["completed"] * n,
+        "results": [None] * n,
+        "reasons": [None] * n,
+        "error_types": [None] * n,
+        "error_messages": [None] * n,
+        "tracebacks": [None] * n,
+        "ran": [True] * n,
+        "counted": [False] * n,
+        "now": datetime.now(UTC),
+    }
+
+
+def column(name: str) -> int:
+    """Where field ``name`` is in a row of ``jobs_acquire`` (its select list is Delivery's fields)."""
+    from dataclasses import fields
+
+    from conveyor.backends.base import Delivery
+
+    return [f.name for f in fields(Delivery)].index(name)
+
+
+async def _queue_async(db: str, n: int, batch: int, timeout: float) -> tuple[int, float]:
+    """Jobs completed and the seconds taken (see the module docs)."""
+    import json
+    from collections import deque
+
+    import psycopg
+
+    from bench._common import body_async as body
+
+    q = setup_jobs(db, n)
+    id_at, payload_at, receipt_at = column("id"), column("payload"), column("receipt")
+
+    async def handler(sent: float = 0.0, i: int = 0) -> None:
+        record(sent)
+        await body()
+
+    acquirer = await psycopg.AsyncConnection.connect(db, autocommit=True)
+    finisher = await psycopg.AsyncConnection.connect(db, autocommit=True)
+    for conn in (acquirer, finisher):
+        await conn.execute(q["session_setup"])
+    await body()  # connected before timing, as in the body floor
+    ready: deque[Any] = deque()
+    acks: list[tuple[Any, str]] = []
+    has_rows, low = asyncio.Event(), asyncio.Event()
+    exhausted, stopped, done = False, False, 0
+
+    async def fetch() -> None:
+        nonlocal exhausted
+        while not exhausted and not stopped:
+            if len(ready) > batch // 2:
+                low.clear()
+                await low.wait()
+                continue
+            cursor = await acquirer.execute(q["jobs_acquire"], acquire_params(batch, "floor"), prepare=True)
+            rows = await cursor.fetchall()
+            ready.extend(rows)
+            exhausted = not rows
+            has_rows.set()
+
+    async def slot() -> None:
+        while not stopped:
+            while not ready:
+                if exhausted or stopped:
+                    return
+                has_rows.clear()
+                await has_rows.wait()
+            row = ready.popleft()
+            if len(ready) <= batch // 2:
+                low.set()
+            await handler(**json.loads(row[payload_at]))
+            acks.append((row[id_at], row[receipt_at]))
+
+    async def flush() -> None:
+        nonlocal done, stopped
+        deadline = time.monotonic() + timeout
+        while done < n and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
+            if acks:
+                taken = acks[:]
+                del acks[:]
+                await finisher.execute(q["jobs_finish_many"], finish_params(taken), prepare=True)
+                done += len(taken)
+        stopped = True  # past the deadline (not ok: fewer than n done), or every job done
+        has_rows.set()
+        low.set()
+
+    t0 = time.perf_counter()
+    await asyncio.gather(fetch(), flush(), *(slot() for _ in range(10)))
+    seconds = time.perf_counter() - t0
+    await acquirer.close()
+    await finisher.close()
+    return done, seconds
+
+
+def queue_async(db: str, n: int, batch: int, timeout: float) -> dict[str, Any]:
+    os.environ.setdefault("BENCH_BODY", "redis")  # the tests run the plumbing with BENCH_BODY=noop
+    done, seconds = asyncio.run(_queue_async(db, n, batch, timeout))
+    return {
+        "ok": done == n,
+        "n": n,
+        "done": done,
+        "batch": batch,
+        "seconds": round(seconds, 4),
+        "rate": round(done / seconds, 1),
+    }
+
+
+def queue_threads(db: str, n: int, batch: int, timeout: float) -> dict[str, Any]:
+    import json
+    from collections import deque
+
+    import psycopg
+
+    os.environ.setdefault("BENCH_BODY", "redis")  # as in queue_async
+    from bench._common import body_sync as body
+
+    q = setup_jobs(db, n)
+    id_at, payload_at, receipt_at = column("id"), column("payload"), column("receipt")
+
+    def handler(sent: float = 0.0, i: int = 0) -> None:
+        record(sent)
+        body()
+
+    body()  # connected before timing, as in the body floor
+    lock = threading.Lock()
+    has_rows, low = threading.Condition(lock), threading.Condition(lock)
+    ready: deque[Any] = deque()
+    acks: list[tuple[Any, str]] = []
+    exhausted = False
+
+    def slot() -> None:
+        while True:
+            with lock:
+                while not ready:
+                    if exhausted:
+                        return
+                    has_rows.wait()
+                row = ready.popleft()
+                if len(ready) == batch // 2:
+                    low.notify()
+            handler(**json.loads(row[payload_at]))
+            with lock:
+                acks.append((row[id_at], row[receipt_at]))
+
+    threads = [threading.Thread(target=slot, daemon=True) for _ in range(10)]
+    done = 0
+    with psycopg.connect(db, autocommit=True) as acquirer, psycopg.connect(db, autocommit=True) as finisher:
+        for conn in (acquirer, finisher):
+            conn.execute(q["session_setup"])
+        t0 = time.perf_counter()
+        deadline = time.monotonic() + timeout
+        for t in threads:
+            t.start()
+        # The feeder: acquire when the rows fall to half a batch, finish every 5 ms, else wait.
+        next_flush = time.monotonic()
+        while done < n and time.monotonic() < deadline:
+            with lock:
+                fetch = not exhausted and len(ready) <= batch // 2
+            if fetch:
+                rows = acquirer.execute(q["jobs_acquire"], acquire_params(batch, "floor"), prepare=True).fetchall()
+                with lock:
+                    ready.extend(rows)
+                    exhausted = not rows
+                    has_rows.notify_all()
+            now = time.monotonic()
+            if now >= next_flush:
+                next_flush = now + 0.005
+                with lock:
+                    taken = acks[:]
+                    del acks[:]
+                if taken:
+                    finisher.execute(q["jobs_finish_many"], finish_params(taken), prepare=True)
+                    done += len(taken)
+                continue
+            with lock:
+                if exhausted or len(ready) > batch // 2:
+                    low.wait(next_flush - now)
+        seconds = time.perf_counter() - t0
+    return {
+        "ok": done == n,
+        "n": n,
+        "done": done,
+        "batch": batch,
+        "seconds": round(seconds, 4),
+        "rate": round(done / seconds, 1),
+    }
 
 
 _TABLE = """
@@ -256,12 +490,14 @@ def pgbench(db: str, n: int, batch: int, clients: int) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("kind", choices=["body_async", "body_threads", "pickup", "pgbench"])
+    kinds = ["body_async", "body_threads", "queue_async", "queue_threads", "pickup", "pgbench"]
+    parser.add_argument("kind", choices=kinds)
     parser.add_argument("--n", type=int, default=20_000)
     parser.add_argument("--db", default="")
     parser.add_argument("--interval", type=float, default=0.020)
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--clients", type=int, default=2)
+    parser.add_argument("--timeout", type=float, default=300.0, help="queue floors: give up after (not ok)")
     parser.add_argument("--bare", action="store_true", help="body floors: the INCR without the handlers' stamp")
     args = parser.parse_args()
     # The body floors write the handlers' stamps too: to a file of their own, removed after.
@@ -271,6 +507,10 @@ def main() -> None:
             result = body_async(args.n, not args.bare)
         elif args.kind == "body_threads":
             result = body_threads(args.n, not args.bare)
+        elif args.kind == "queue_async":
+            result = queue_async(args.db, args.n, args.batch, args.timeout)
+        elif args.kind == "queue_threads":
+            result = queue_threads(args.db, args.n, args.batch, args.timeout)
         elif args.kind == "pickup":
             result = pickup(args.db, args.n, args.interval)
         else:

@@ -90,7 +90,7 @@ class Harness:
     def floor(self, kind: str, label: str, **extra: Any) -> dict[str, Any] | None:
         argv = [sys.executable, "-m", "bench.floors", kind]
         db_name = None
-        if kind in ("pickup", "pgbench"):
+        if kind in ("pickup", "pgbench", "queue_async", "queue_threads"):
             db_name = self.r.fresh_db()
             argv += ["--db", self.r.url(db_name)]
         for key, value in extra.items():
@@ -110,9 +110,11 @@ class Harness:
         try:
             self.floor("body_async", "floor_body_async", n=a.n_drain)
             self.floor("body_async", "floor_body_async_bare", n=a.n_drain, bare=True)
+            self.floor("queue_async", "floor_queue_async", n=a.n_drain)
             self.conveyor(lambda: self.lib("conveyor", "drain", a.n_drain, "drain_async_io"))
             self.floor("body_threads", "floor_body_threads", n=a.n_drain)
             self.floor("body_threads", "floor_body_threads_bare", n=a.n_drain, bare=True)
+            self.floor("queue_threads", "floor_queue_threads", n=a.n_drain)
             self.conveyor(lambda: self.lib("conveyor", "drain", a.n_drain, "drain_def_io", options={"sync": True}))
         finally:
             os.environ.pop("BENCH_BODY", None)
@@ -236,6 +238,15 @@ def report(results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
                get("floor_body_async_bare", "floor", "rate"), "{a:,.0f} vs {b:,.0f}", lambda r: r >= 0.8)  # fmt: skip
         target("(def drain vs the bare INCR floor)", v, get("drain_def_io", "conveyor", "rate", v),
                get("floor_body_threads_bare", "floor", "rate"), "{a:,.0f} vs {b:,.0f}", lambda r: r >= 0.7)  # fmt: skip
+        # A minimal worker on the same statements (bench.floors queue_*): how far the shape itself gets.
+        target("(minimal async queue vs the body floor)", v, get("floor_queue_async", "floor", "rate"),
+               get("floor_body_async", "floor", "rate"), "{a:,.0f} vs {b:,.0f}", lambda r: r >= 0.8)  # fmt: skip
+        target("(async drain vs the minimal async queue)", v, get("drain_async_io", "conveyor", "rate", v),
+               get("floor_queue_async", "floor", "rate"), "{a:,.0f} vs {b:,.0f}", lambda r: r >= 0.8)  # fmt: skip
+        target("(minimal threaded queue vs the body floor)", v, get("floor_queue_threads", "floor", "rate"),
+               get("floor_body_threads", "floor", "rate"), "{a:,.0f} vs {b:,.0f}", lambda r: r >= 0.7)  # fmt: skip
+        target("(def drain vs the minimal threaded queue)", v, get("drain_def_io", "conveyor", "rate", v),
+               get("floor_queue_threads", "floor", "rate"), "{a:,.0f} vs {b:,.0f}", lambda r: r >= 0.7)  # fmt: skip
         target("pickup p50 ≤ 1.25 × floor", v, get("pickup", "conveyor", "p50_ms", v),
                get("floor_pickup", "floor", "p50_ms"), "{a:.2f} vs {b:.2f} ms", lambda r: r <= 1.25)  # fmt: skip
         target("pickup p99 ≤ 1.5 × floor", v, get("pickup", "conveyor", "p99_ms", v),

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import argparse
 import time
-import uuid
-from datetime import UTC, datetime
 
 import psycopg
 
-from bench._common import QUEUE, emit
+from bench._common import emit
+from bench.floors import acquire_params, column, finish_params, setup_jobs
 
 
 def main() -> None:
@@ -27,50 +26,20 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=300.0)
     args = parser.parse_args()
 
-    from conveyor import App, Message
-    from conveyor.backends._sql import load_queries
-
-    app = App(args.db)
-    app.backend.migrate()
-    for start in range(0, args.n, 5000):
-        count = min(5000, args.n - start)
-        app.send_many([Message(task="bench.noop", queue=QUEUE, payload={"sent": 0.0, "i": i}) for i in range(count)])
-    app.close()
-
-    q = load_queries("conveyor.backends.postgres")
+    q = setup_jobs(args.db, args.n)
+    id_at, receipt_at = column("id"), column("receipt")
     done = 0
     deadline = time.monotonic() + args.timeout
     with psycopg.connect(args.db, autocommit=True) as conn:
         conn.execute(q["session_setup"])
         t0 = time.perf_counter()
         while time.monotonic() < deadline:
-            now = datetime.now(UTC)
-            rows = conn.execute(
-                q["jobs_acquire"],
-                {"queue": QUEUE, "limit": args.batch, "visibility_timeout": 30.0, "worker_id": "raw", "now": now},
-                prepare=True,
-            ).fetchall()
+            rows = conn.execute(q["jobs_acquire"], acquire_params(args.batch, "raw"), prepare=True).fetchall()
             if not rows:
                 break
-            n = len(rows)
-            conn.execute(
-                q["jobs_finish_many"],
-                {
-                    "ids": [r[0] for r in rows],
-                    "receipts": [uuid.UUID(r[15]) for r in rows],
-                    "states": ["completed"] * n,
-                    "results": [None] * n,
-                    "reasons": [None] * n,
-                    "error_types": [None] * n,
-                    "error_messages": [None] * n,
-                    "tracebacks": [None] * n,
-                    "ran": [True] * n,
-                    "counted": [False] * n,
-                    "now": datetime.now(UTC),
-                },
-                prepare=True,
-            )
-            done += n
+            acks = [(row[id_at], row[receipt_at]) for row in rows]
+            conn.execute(q["jobs_finish_many"], finish_params(acks), prepare=True)
+            done += len(rows)
         seconds = time.perf_counter() - t0
     emit(
         {
