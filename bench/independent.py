@@ -11,7 +11,9 @@
   body alone (the stamp, then the ``INCR``; also the ``INCR`` alone, the floor before session 23)
   10 at a time in asyncio and in 10 threads; the pickup floor (one durable insert + NOTIFY, a
   listener thread claiming with one UPDATE ... SKIP LOCKED RETURNING); pgbench driving the bare
-  acquire + finish SQL with 2 clients and batches of 100.
+  acquire + finish SQL with 2 clients and batches of 100. Beside the body floors, the queue floors
+  (since session 24): a minimal worker on Conveyor's own statements running the same body, in
+  asyncio and in threads; reported in parentheses (how far the shape gets), not as targets.
 - Batch enqueue at 1,000, 20,000 and 100,000 jobs per call, with empty and 1 KiB payloads; the
   peers' bulk APIs build their messages inside the timed call.
 - Pickup: the producer stamps right before ``delay()``, the body's first statement stamps the start;

@@ -190,7 +190,7 @@ def test_a_first_version_job_as_producers_write_it_is_read_without_decoding_its_
     produced = encode_headers({"tenant": "acme"}, uuid.uuid4(), traceparent=traceparent)
     stored = json.dumps(json.loads(produced))  # jsonb's text: a space after each colon and comma
     assert json.loads(stored)["schema_version"] == 1
-    monkeypatch.setattr(_outcomes.json, "loads", refuse)
+    monkeypatch.setattr("conveyor._outcomes.json.loads", refuse)
     assert _outcomes._schema_version(produced) == _outcomes._schema_version(stored) == 1
 
 
@@ -706,7 +706,7 @@ def test_acquire_and_finish_run_on_the_loop_unless_the_backend_replaces_them(pg_
         assert asyncio.run(calls.once(backend.jobs_acquire, JobsAcquireParams("q", 5, 30.0, "w", now))) == []
         calls.shutdown()
     finally:
-        del backend.jobs_acquire  # type: ignore[method-assign]
+        del backend.jobs_acquire
 
 
 def test_a_job_picked_up_by_notification_starts_before_the_next_acquire(pg_app: App) -> None:
@@ -772,6 +772,7 @@ def test_stopping_an_idle_worker_leaves_no_job_leased(pg_app: App) -> None:
 def test_the_default_buffer_grows_with_the_start_rate_and_shrinks_back(sqlite_url: str) -> None:
     from conveyor._message import utcnow
     from conveyor.worker import WorkerConfig
+    from conveyor.worker._buffer import Buffer
     from conveyor.worker._calls import BackendCalls
     from conveyor.worker._state import Counters, Registry
     from conveyor.worker.fetcher import Fetcher
@@ -781,7 +782,7 @@ def test_the_default_buffer_grows_with_the_start_rate_and_shrinks_back(sqlite_ur
     calls = BackendCalls(app.backend, counters)
 
     def fetcher(config: WorkerConfig) -> Fetcher:
-        return Fetcher(app.catalogue, calls, Registry(), counters, asyncio.Queue(), config, ["q"], utcnow)
+        return Fetcher(app.catalogue, calls, Registry(), counters, Buffer(config.concurrency), config, ["q"], utcnow)
 
     # The default buffer adapts (4 to 16 x concurrency: 40 to 160); a given prefetch is fixed.
     adaptive, fixed = fetcher(WorkerConfig(concurrency=10)), fetcher(WorkerConfig(concurrency=10, prefetch=40))
