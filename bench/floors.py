@@ -32,16 +32,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import glob
+import math
 import os
 import re
 import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from bench._common import QUEUE, emit, percentile, record
+
+T = TypeVar("T", int, float)
 
 
 async def bodies_async(n: int, stamp: bool = True) -> float:
@@ -488,16 +491,29 @@ def pgbench(db: str, n: int, batch: int, clients: int) -> dict[str, Any]:
     }
 
 
+def _positive(kind: Callable[[str], T]) -> Callable[[str], T]:
+    """An argparse type: ``kind`` of the text, finite and > 0 (a batch of 0 would never end a queue floor)."""
+
+    def parse(text: str) -> T:
+        value = kind(text)
+        if not (math.isfinite(value) and value > 0):
+            raise argparse.ArgumentTypeError(f"must be a finite number > 0, not {text!r}")
+        return value
+
+    parse.__name__ = kind.__name__  # argparse's message for text that is no number: "invalid int value"
+    return parse
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     kinds = ["body_async", "body_threads", "queue_async", "queue_threads", "pickup", "pgbench"]
     parser.add_argument("kind", choices=kinds)
-    parser.add_argument("--n", type=int, default=20_000)
+    parser.add_argument("--n", type=_positive(int), default=20_000)
     parser.add_argument("--db", default="")
-    parser.add_argument("--interval", type=float, default=0.020)
-    parser.add_argument("--batch", type=int, default=100)
-    parser.add_argument("--clients", type=int, default=2)
-    parser.add_argument("--timeout", type=float, default=300.0, help="queue floors: give up after (not ok)")
+    parser.add_argument("--interval", type=_positive(float), default=0.020)
+    parser.add_argument("--batch", type=_positive(int), default=100)
+    parser.add_argument("--clients", type=_positive(int), default=2)
+    parser.add_argument("--timeout", type=_positive(float), default=300.0, help="queue floors: give up after (not ok)")
     parser.add_argument("--bare", action="store_true", help="body floors: the INCR without the handlers' stamp")
     args = parser.parse_args()
     # The body floors write the handlers' stamps too: to a file of their own, removed after.
