@@ -9,7 +9,7 @@
   (the floor before session 23, ~7 % higher in asyncio and ~12 % in threads: docs/benchmarks.md).
 - ``body_threads``: the same with the sync client in 10 threads: the most a ``def`` worker could do.
 - ``queue_async`` / ``queue_threads``: the least a Python worker could add to those bodies, on
-  ``--db``: ``--n`` jobs inserted with Conveyor (not timed), then Conveyor's own ``jobs_acquire``
+  ``--db``: ``--n`` ready jobs (bench.fill, not timed), then Conveyor's own ``jobs_acquire``
   (``--batch`` jobs, refilled at half) and ``jobs_finish_many`` (every 5 ms) on two psycopg
   connections, and 10 slots that take a row, decode its JSON payload and call the handler every
   library runs (the stamp, then the body) — no admission, registry, outcome or observer. Async:
@@ -103,16 +103,17 @@ def body_threads(n: int, stamp: bool = True) -> dict[str, Any]:
 
 
 def setup_jobs(db: str, n: int) -> dict[str, str]:
-    """Insert ``n`` ready jobs of the bench queue with Conveyor (not timed); return Conveyor's statements."""
-    from conveyor import App, Message
+    """Migrate ``db`` and fill it with ``n`` ready jobs of the bench queue (bench.fill, no Python per
+    row; due a second ago, so that the last of a large fill is due when the floor starts); return
+    Conveyor's statements."""
+    from bench.fill import fill
+    from conveyor import App
     from conveyor.backends._sql import load_queries
 
     app = App(db)
     app.backend.migrate()
-    for start in range(0, n, 5000):
-        count = min(5000, n - start)
-        app.send_many([Message(task="bench.noop", queue=QUEUE, payload={"sent": 0.0, "i": i}) for i in range(count)])
     app.close()
+    fill(db, "jobs", n, offset=-1.0)
     return load_queries("conveyor.backends.postgres")
 
 
@@ -236,6 +237,11 @@ async def _queue_async(db: str, n: int, batch: int, timeout: float) -> tuple[int
 def queue_async(db: str, n: int, batch: int, timeout: float) -> dict[str, Any]:
     os.environ.setdefault("BENCH_BODY", "redis")  # the tests run the plumbing with BENCH_BODY=noop
     done, seconds = asyncio.run(_queue_async(db, n, batch, timeout))
+    return _queue_result(n, done, batch, seconds)
+
+
+def _queue_result(n: int, done: int, batch: int, seconds: float) -> dict[str, Any]:
+    """A queue floor's result: ok only if every one of the ``n`` jobs was finished."""
     return {
         "ok": done == n,
         "n": n,
@@ -317,14 +323,7 @@ def queue_threads(db: str, n: int, batch: int, timeout: float) -> dict[str, Any]
                 if exhausted or len(ready) > batch // 2:
                     low.wait(next_flush - now)
         seconds = time.perf_counter() - t0
-    return {
-        "ok": done == n,
-        "n": n,
-        "done": done,
-        "batch": batch,
-        "seconds": round(seconds, 4),
-        "rate": round(done / seconds, 1),
-    }
+    return _queue_result(n, done, batch, seconds)
 
 
 _TABLE = """
@@ -446,13 +445,7 @@ def pgbench_script(batch: int) -> str:
 
 
 def pgbench(db: str, n: int, batch: int, clients: int) -> dict[str, Any]:
-    from bench.fill import fill
-    from conveyor import App
-
-    app = App(db)
-    app.backend.migrate()
-    app.close()
-    fill(db, "jobs", n)
+    setup_jobs(db, n)
     found = sorted(glob.glob("/usr/lib/postgresql/*/bin/pgbench"), reverse=True)
     binary = found[0] if found else "pgbench"
     per_client = n // (batch * clients)
