@@ -223,6 +223,23 @@ def vmrss_kib(pid: int) -> int | None:
     return None
 
 
+_SWITCHES = ("voluntary_ctxt_switches:", "nonvoluntary_ctxt_switches:")
+
+
+def context_switches(pids: list[int]) -> int:
+    """Voluntary + involuntary context switches of live processes, all their threads (a thread that
+    ended took its count with it)."""
+    total = 0
+    for pid in pids:
+        for status in Path(f"/proc/{pid}/task").glob("*/status"):
+            try:
+                lines = status.read_text().splitlines()
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+            total += sum(int(line.split()[1]) for line in lines if line.startswith(_SWITCHES))
+    return total
+
+
 def cpu_seconds(pids: list[int]) -> float:
     """utime + stime of live processes, in seconds."""
     total = 0

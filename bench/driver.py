@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from bench._common import (
+    context_switches,
     cpu_seconds,
     drain_result,
     emit,
@@ -114,7 +115,10 @@ def main() -> None:
                     ok = wait_count(args.side, args.n, args.timeout, proc)
                     # The worker's own CPU (its processes' user + system time, start-up included):
                     # less sensitive than jobs/s to what else the machine runs.
-                    result["worker_cpu_us_per_job"] = round(1e6 * cpu_seconds(worker_pids(proc.pid)) / args.n, 1)
+                    pids = worker_pids(proc.pid)
+                    result["worker_cpu_us_per_job"] = round(1e6 * cpu_seconds(pids) / args.n, 1)
+                    # And its context switches (wake-ups, GIL hand-offs), all its threads, per job.
+                    result["worker_switches_per_job"] = round(context_switches(pids) / args.n, 2)
                 else:
                     ok, samples = sample_rss(proc.pid, args, [int(x) for x in args.rss_at.split(",")])
                     result["rss_kib"] = samples

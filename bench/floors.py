@@ -35,6 +35,7 @@ import glob
 import math
 import os
 import re
+import resource
 import subprocess
 import tempfile
 import threading
@@ -497,6 +498,12 @@ def _positive(kind: Callable[[str], T]) -> Callable[[str], T]:
     return parse
 
 
+def context_switches() -> int:
+    """Voluntary + involuntary context switches of this process so far, all its threads."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_nvcsw + usage.ru_nivcsw
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     kinds = ["body_async", "body_threads", "queue_async", "queue_threads", "pickup", "pgbench"]
@@ -510,6 +517,7 @@ def main() -> None:
     parser.add_argument("--bare", action="store_true", help="body floors: the INCR without the handlers' stamp")
     args = parser.parse_args()
     # The body floors write the handlers' stamps too: to a file of their own, removed after.
+    switches = context_switches()
     with tempfile.TemporaryDirectory(prefix="conveyor-floor-") as side:
         os.environ.setdefault("BENCH_SIDE_FILE", os.path.join(side, "side"))
         if args.kind == "body_async":
@@ -524,6 +532,9 @@ def main() -> None:
             result = pickup(args.db, args.n, args.interval)
         else:
             result = pgbench(args.db, args.n, args.batch, args.clients)
+    if args.kind != "pgbench" and args.n:
+        # This process's context switches (all its threads; set-up included) per job or body.
+        result["switches_per_job"] = round((context_switches() - switches) / args.n, 2)
     emit({"lib": "floor", "workload": args.kind, **result})
 
 
