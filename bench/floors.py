@@ -498,10 +498,10 @@ def _positive(kind: Callable[[str], T]) -> Callable[[str], T]:
     return parse
 
 
-def context_switches() -> int:
-    """Voluntary + involuntary context switches of this process so far, all its threads."""
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_nvcsw + usage.ru_nivcsw
+def usage() -> tuple[int, float]:
+    """This process's context switches (voluntary + involuntary) and CPU seconds so far, all its threads."""
+    u = resource.getrusage(resource.RUSAGE_SELF)
+    return u.ru_nvcsw + u.ru_nivcsw, u.ru_utime + u.ru_stime
 
 
 def main() -> None:
@@ -517,7 +517,7 @@ def main() -> None:
     parser.add_argument("--bare", action="store_true", help="body floors: the INCR without the handlers' stamp")
     args = parser.parse_args()
     # The body floors write the handlers' stamps too: to a file of their own, removed after.
-    switches = context_switches()
+    switches, cpu = usage()
     with tempfile.TemporaryDirectory(prefix="conveyor-floor-") as side:
         os.environ.setdefault("BENCH_SIDE_FILE", os.path.join(side, "side"))
         if args.kind == "body_async":
@@ -532,9 +532,11 @@ def main() -> None:
             result = pickup(args.db, args.n, args.interval)
         else:
             result = pgbench(args.db, args.n, args.batch, args.clients)
-    if args.kind != "pgbench" and args.n:
-        # This process's context switches (all its threads; set-up included) per job or body.
-        result["switches_per_job"] = round((context_switches() - switches) / args.n, 2)
+    if args.kind not in ("pgbench", "pickup") and args.n:
+        # This process's context switches and CPU (all its threads; set-up included) per job or body.
+        switches_now, cpu_now = usage()
+        result["switches_per_job"] = round((switches_now - switches) / args.n, 2)
+        result["cpu_us_per_job"] = round(1e6 * (cpu_now - cpu) / args.n, 1)
     emit({"lib": "floor", "workload": args.kind, **result})
 
 

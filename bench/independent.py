@@ -225,6 +225,8 @@ def medians(results: list[dict[str, Any]]) -> dict[tuple[str, str, str], dict[st
             continue
         if "worker_switches_per_job" in r:  # the drains' workers; the floors count their own process
             r = {**r, "switches_per_job": r["worker_switches_per_job"]}
+        if "cpu_us_per_job" in r:
+            r = {**r, "worker_cpu_us_per_job": r["cpu_us_per_job"]}
         groups.setdefault((r["figure"], r["lib"], r.get("variant", "")), []).append(r)
     out: dict[tuple[str, str, str], dict[str, float]] = {}
     for key, rs in groups.items():
@@ -247,7 +249,7 @@ def report(results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         f"load average at start {meta['machine']['loadavg_start']:.2f}, at end {meta.get('loadavg_end', 0) or 0:.2f}; "
         f"tree: {meta['git']}",
         "",
-        "| figure | lib | variant | runs | jobs/s | p50 ms | p99 ms | worker CPU µs/job | context switches/job |",
+        "| figure | lib | variant | runs | jobs/s | p50 ms | p99 ms | CPU µs/job | context switches/job |",
         "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for (figure, lib, variant), nums in sorted(m.items()):

@@ -30,7 +30,7 @@ if [ "$PG_DATADIR" != "-" ]; then
   trap 'python scripts/ensure_postgres.py stop "$PG_DATADIR"' EXIT
 fi
 
-echo "== ruff"; ruff check src tests bench
+echo "== ruff"; ruff check src tests bench && ruff format --check src tests bench
 echo "== mypy --strict"; mypy src bench
 echo "== pytest"
 python -m pytest "$@"

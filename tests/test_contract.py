@@ -41,4 +41,3 @@ def test_contract_lists_every_queue_options_and_topic(app: App) -> None:
     assert "## Queue `emails`" in md and "| max_depth | 1000 |" in md
     yaml_text = render(contract, "yaml")
     assert "max_depth: 1000" in yaml_text and 'topic: "signups"' in yaml_text
-

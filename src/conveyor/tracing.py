@@ -27,6 +27,7 @@ from conveyor.worker._observe import Observer, Outcome, outcome_name
 
 __all__ = ["HandlerTracing", "available", "configured", "send_span"]
 
+
 class HandlerTracing(Observer):
     """The worker's observer that runs each handler inside a span continuing the job's trace."""
 

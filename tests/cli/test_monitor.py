@@ -59,7 +59,11 @@ def test_workers_lists_a_running_worker_and_forgets_it_once_it_stopped(
         assert isinstance(rows, list) and len(rows) == 1, rows
         row = rows[0]
         assert (row["pid"], row["queues"], row["concurrency"], row["alive"], row["in_flight"]) == (
-            proc.pid, ["mail"], 3, True, []
+            proc.pid,
+            ["mail"],
+            3,
+            True,
+            [],
         )
         capsys.readouterr()
         assert main(["--db", db, "workers"]) == 0

@@ -23,7 +23,7 @@ DRAIN_JOBS = 400
 MORE_JOBS, MORE_BURSTS = 50, 6
 TOTAL = DRAIN_JOBS + MORE_JOBS * MORE_BURSTS
 #: An error message that would run a script if it were put on the page as HTML.
-HOSTILE = "<script>window.__pwned = 1</script><img src=x onerror=\"window.__pwned = 2\">"
+HOSTILE = '<script>window.__pwned = 1</script><img src=x onerror="window.__pwned = 2">'
 
 
 def cell(page: Page, queue: str, field: str) -> str:

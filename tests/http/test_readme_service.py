@@ -39,8 +39,11 @@ def test_readme_service_blocks_run_as_written(tmp_path: Path) -> None:
     # --app adds a high-water mark on 'ingest' so that the README's 429 line meets one.
     serving = serve.replace("8000", port).replace("conveyor serve", "conveyor --app service_app:app serve")
     server = subprocess.Popen(
-        ["bash", "-c", f"exec {serving}"], cwd=tmp_path, env={**env, "PYTHONPATH": str(tmp_path)},
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        ["bash", "-c", f"exec {serving}"],
+        cwd=tmp_path,
+        env={**env, "PYTHONPATH": str(tmp_path)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
         base = f"http://127.0.0.1:{port}"

@@ -84,7 +84,6 @@ def test_a_caller_traceparent_is_kept_and_send_many_is_one_span(app: App, spans:
     assert parents == {f"00-{batch.context.trace_id:032x}-{batch.context.span_id:016x}"}
 
 
-
 def test_delay_many_is_one_span_whose_context_every_job_carries(app: App, spans: InMemorySpanExporter) -> None:
     @app.task(name="fan", queue="q")
     def fan(n: int) -> None: ...
@@ -96,6 +95,7 @@ def test_delay_many_is_one_span_whose_context_every_job_carries(app: App, spans:
     assert batch.context is not None
     parents = {j.status().headers["traceparent"][:-3] for j in jobs}
     assert parents == {f"00-{batch.context.trace_id:032x}-{batch.context.span_id:016x}"}
+
 
 _LATE_PROVIDER = """
 import sys

@@ -62,5 +62,3 @@ def complete(backend: Backend, *deliveries: Delivery, now: datetime = T0) -> int
 
 def live_ids(backend: Backend, queue: str | None = None) -> list[UUID]:
     return [r.id for r in backend.jobs_list(JobsListParams(queue=queue))]
-
-

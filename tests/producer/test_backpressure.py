@@ -74,4 +74,3 @@ def test_batch_over_the_mark_enqueues_nothing(app: App) -> None:
         ).depth
         == 0
     )
-

@@ -55,4 +55,3 @@ def test_bad_filters_are_refused(app: App) -> None:
         app.subscribe("t", "q", "task", filter={"region": ["eu"]})
     with pytest.raises(ConfigurationError):
         app.subscribe("t", "q", "task", filter={"region": {"like": "e%"}})
-

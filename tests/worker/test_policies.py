@@ -92,4 +92,3 @@ def test_stale_finish_is_not_counted(app: App) -> None:
     d = app.backend.jobs_acquire(JobsAcquireParams("q", 1, 30, "w", datetime.now(UTC)))[0]
     wrong = Finish(d.id, "00000000000000000000000000000000", "completed")
     assert app.backend.jobs_finish_many(JobsFinishParams([wrong], datetime.now(UTC))) == 0
-

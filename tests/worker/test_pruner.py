@@ -57,4 +57,3 @@ def test_pruner_enforces_retention_per_queue(app: App) -> None:
     much_later = FixedClock(datetime.now(UTC) + timedelta(days=15))
     asyncio.run(Pruner(app.catalogue, BackendCalls(app.backend, Counters()), much_later, batch=4, pause=0).run_once())
     assert app.backend.archive_read(ArchiveReadParams(None, 1000)) == []
-

@@ -89,4 +89,3 @@ def test_paused_and_changed_at_runtime(app: App) -> None:
     # A worker restart re-declares the schedule from code: the runtime change of cron is replaced
     # only because the declared cron differs; the pause state is kept.
     assert app.backend.schedules_update(SchedulesUpdateParams("missing", paused=True)) is False
-

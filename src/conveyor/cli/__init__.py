@@ -103,7 +103,21 @@ def _accept_global_options(group: click.Group) -> None:
 
 
 for _command in (
-    migrate, worker, serve, tokens, send, stats, job, dlq, audit, schedules, topics, publish, contract, workers, alerts
+    migrate,
+    worker,
+    serve,
+    tokens,
+    send,
+    stats,
+    job,
+    dlq,
+    audit,
+    schedules,
+    topics,
+    publish,
+    contract,
+    workers,
+    alerts,
 ):
     cli.add_command(_command)
 

@@ -122,4 +122,3 @@ def serve(host: str, port: int, workers: int, log_level: str, access_log: bool, 
             if child.poll() is None:
                 child.kill()
                 child.wait()
-

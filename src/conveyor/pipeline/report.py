@@ -659,14 +659,18 @@ class _Report:
         from pyspark.sql import functions as F
 
         enq_minute = F.when(F.col("enqueued") > 0, F.unix_seconds("minute"))
-        return per_minute.groupBy("queue").agg(
-            F.sum("enqueued").cast("long").alias("enqueued"),
-            F.min(enq_minute).alias("first_s"),
-            F.max(enq_minute).alias("last_s"),
-            F.max("enqueued").cast("long").alias("peak_enqueued"),
-            F.max("finished").cast("long").alias("peak_finished"),
-            F.max("depth").cast("long").alias("max_depth"),
-        ).collect()
+        return (
+            per_minute.groupBy("queue")
+            .agg(
+                F.sum("enqueued").cast("long").alias("enqueued"),
+                F.min(enq_minute).alias("first_s"),
+                F.max(enq_minute).alias("last_s"),
+                F.max("enqueued").cast("long").alias("peak_enqueued"),
+                F.max("finished").cast("long").alias("peak_finished"),
+                F.max("depth").cast("long").alias("max_depth"),
+            )
+            .collect()
+        )
 
     def _write_capacity(self, loads: list[Any], runs: dict[str, tuple[int, int]]) -> None:
         """The capacity table: Spark has reduced each queue to a few counts (``loads``, ``runs``),

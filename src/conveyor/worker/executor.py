@@ -35,6 +35,7 @@ from conveyor.worker.completer import Completer
 
 log = logging.getLogger("conveyor.worker")
 
+
 class _ThreadSlot:
     """One thread that runs ``def`` handlers, one job at a time, until the buffer closes.
 
