@@ -351,6 +351,10 @@ def main() -> None:
         args.report.with_suffix(".md").write_text(text)
         print(text)
         return
+    try:
+        import redis  # noqa: F401  (the job body of the drain, pickup and floor figures)
+    except ImportError:
+        sys.exit("redis-py is missing from this interpreter: .venv/bin/python -m pip install -e '.[bench]'")
     if any(lib != "conveyor" for lib in args.libs.split(",")) and not (PEERS_VENV / "bin" / "python").exists():
         sys.exit("bench/.venv-peers is missing: run `python -m bench --libs pgqueuer --workloads batch` once")
 
