@@ -12,6 +12,7 @@ worker write: the same columns, a small JSON payload, the standard headers.
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import psycopg
@@ -29,9 +30,12 @@ _ID = "(%(prefix)s || lpad(to_hex(g), 16, '0'))::uuid"
 _PREFIX = {"ready": "0190b3a2c0007000", "scheduled": "0190b3a2d0007000", "archive": "0190b3a2a0007000"}
 
 
+# Jobs due later are 'scheduled', as the producer writes them (PostgreSQL's migration 0005).
 READY = f"""
-INSERT INTO jobs (id, queue, task, payload, headers, priority, run_at, enqueued_at, max_attempts, max_deliveries)
-SELECT {_ID}, %(queue)s, 'bench.noop', jsonb_build_object('sent', 0.0, 'i', g), {_HEADERS}, 0,
+INSERT INTO jobs (id, queue, task, payload, headers, state, priority, run_at, enqueued_at, max_attempts,
+                  max_deliveries)
+SELECT {_ID}, %(queue)s, 'bench.noop', jsonb_build_object('sent', 0.0, 'i', g), {_HEADERS},
+       CASE WHEN %(offset)s::float8 > 0 THEN 'scheduled' ELSE 'pending' END, 0,
        now() + make_interval(secs => %(offset)s::float8) + g * interval '1 microsecond', now(), 5, 10
 FROM generate_series(%(lo)s::bigint, %(hi)s::bigint) AS g
 """
@@ -83,6 +87,17 @@ def main() -> None:
         fill(args.db, "jobs", args.scheduled, offset=86_400.0, log=True)
     if args.archived:
         fill(args.db, "archive", args.archived, log=True)
+    settle(args.db)
+
+
+def settle(db: str) -> None:
+    """Have what the fills wrote reach the disk before anything is measured on it: a checkpoint, then
+    the kernel's dirty pages. Right after gigabytes of fills a checkpoint is still spreading their pages
+    over minutes and the kernel flushing them, which slowed the first drains on the big tables by up to
+    a fifth (docs/benchmarks.md, session 26); a table that grew big in production has long been written."""
+    with psycopg.connect(db, autocommit=True) as conn:
+        conn.execute("CHECKPOINT")
+    os.sync()
 
 
 if __name__ == "__main__":
