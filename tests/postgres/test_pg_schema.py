@@ -34,6 +34,7 @@ def test_migrate_twice_is_a_no_op(pg: PostgresBackend, admin: Conn) -> None:
         (2, "0002_rescues.sql"),
         (3, "0003_tokens.sql"),
         (4, "0004_observability.sql"),
+        (5, "0005_scheduled.sql"),
     ]
 
 
@@ -61,9 +62,9 @@ def test_concurrent_migrators_apply_each_migration_once(postgres_database: str, 
             backend.close()
 
     assert errors == []
-    every = ["0001_init.sql", "0002_rescues.sql", "0003_tokens.sql", "0004_observability.sql"]
+    every = ["0001_init.sql", "0002_rescues.sql", "0003_tokens.sql", "0004_observability.sql", "0005_scheduled.sql"]
     assert sorted(applied) == [[], [], [], every]
-    assert admin.execute("SELECT count(*) FROM conveyor_schema_migrations").fetchone() == (4,)
+    assert admin.execute("SELECT count(*) FROM conveyor_schema_migrations").fetchone() == (5,)
 
 
 def test_the_jobs_table_is_tuned_for_churn(pg: PostgresBackend, admin: Conn) -> None:

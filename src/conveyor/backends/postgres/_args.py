@@ -7,6 +7,7 @@ from typing import Any
 from uuid import UUID
 
 from conveyor.backends.base import JobsAcquireParams, JobsFinishParams, one_outcome_per_job
+from conveyor.backends.postgres._promotion import PROMOTE_BATCH
 
 
 def receipt_of(value: str) -> UUID | None:
@@ -15,6 +16,11 @@ def receipt_of(value: str) -> UUID | None:
         return UUID(value)
     except (ValueError, TypeError, AttributeError):
         return None
+
+
+def promote_args(params: JobsAcquireParams) -> dict[str, Any]:
+    """``jobs_promote``'s arguments, for the queue an acquire is about to lease from."""
+    return {"queue": params.queue, "now": params.now, "limit": PROMOTE_BATCH}
 
 
 def acquire_args(params: JobsAcquireParams) -> dict[str, Any]:

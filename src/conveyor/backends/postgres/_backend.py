@@ -77,9 +77,10 @@ from conveyor.backends.base import (
     WorkersRemoveParams,
     one_outcome_per_job,
 )
-from conveyor.backends.postgres._args import acquire_args, finish_args, receipt_of
+from conveyor.backends.postgres._args import acquire_args, finish_args, promote_args, receipt_of
 from conveyor.backends.postgres._listener import PostgresListener
 from conveyor.backends.postgres._loop import PostgresLoopStatements, has_input
+from conveyor.backends.postgres._promotion import Promotions
 from conveyor.backends.postgres._rows import record_row
 
 _PACKAGE = "conveyor.backends.postgres"
@@ -113,7 +114,7 @@ class _NotCopyable(Exception):
 # already-encoded JSON and sends the result through psycopg's text dumper, which runs in C (a jsonb
 # dumper would call back into Python for every value, and encode the JSON a second time).
 _COPY_TYPES = [
-    "uuid", "text", "text", "text", "text", "integer", "timestamptz", "timestamptz", "timestamptz",
+    "uuid", "text", "text", "text", "text", "text", "integer", "timestamptz", "timestamptz", "timestamptz",
     "integer", "integer", "text",
 ]  # fmt: skip
 
@@ -201,6 +202,8 @@ class PostgresBackend:
         self._last_used: weakref.WeakKeyDictionary[Conn, float] = weakref.WeakKeyDictionary()
         self._listeners: weakref.WeakSet[PostgresListener] = weakref.WeakSet()
         self._lock = threading.Lock()
+        # When acquires must first make due scheduled jobs ready (see _promotion).
+        self._promotions = Promotions()
         self._pool = self._new_pool("conveyor", min_size, max_size, synchronous_commit=True)
         # Outcomes (acquire, finish, retry, release, extend, rescue) commit without waiting for the
         # WAL flush: the flush is the largest cost of a drain on most disks. A server crash can then
@@ -425,9 +428,14 @@ class PostgresBackend:
             for j in jobs:
                 if not _copyable(j):
                     raise _NotCopyable
+                if j.run_at > now:
+                    state = "scheduled"
+                    self._promotions.scheduled(j.queue, j.run_at)
+                else:
+                    state = "pending"
                 write((
-                    j.id, j.queue, j.task, "\x01" + j.payload, "\x01" + j.headers, j.priority, j.run_at, now,
-                    j.expires_at, j.max_attempts, j.max_deliveries, j.ordering_key,
+                    j.id, j.queue, j.task, "\x01" + j.payload, "\x01" + j.headers, state, j.priority, j.run_at,
+                    now, j.expires_at, j.max_attempts, j.max_deliveries, j.ordering_key,
                 ))  # fmt: skip
 
     def _notify(self, jobs: Sequence[NewJob], *, commit: bool) -> sql.Composed:
@@ -439,6 +447,10 @@ class PostgresBackend:
         return sql.SQL("; ").join(statements)
 
     def _insert(self, cur: psycopg.Cursor[TupleRow], jobs: Sequence[NewJob], now: datetime) -> list[UUID]:
+        # The statements write a job whose run_at is ahead as scheduled (see _promotion).
+        for j in jobs:
+            if j.run_at > now:
+                self._promotions.scheduled(j.queue, j.run_at)
         holders: dict[tuple[str, str], UUID] = {}
         for i in range(0, len(jobs), _INSERT_CHUNK):
             self._insert_chunk(cur, jobs[i : i + _INSERT_CHUNK], now, holders)
@@ -458,7 +470,8 @@ class PostgresBackend:
             j = jobs[0]
             one = {
                 "id": j.id, "queue": j.queue, "task": j.task, "payload": j.payload, "headers": j.headers,
-                "priority": j.priority, "run_at": j.run_at, "now": now, "expires_at": j.expires_at,
+                "state": "scheduled" if j.run_at > now else "pending", "priority": j.priority,
+                "run_at": j.run_at, "now": now, "expires_at": j.expires_at,
                 "max_attempts": j.max_attempts, "max_deliveries": j.max_deliveries,
                 "ordering_key": j.ordering_key, "replay_of": j.replay_of,
             }  # fmt: skip
@@ -495,10 +508,16 @@ class PostgresBackend:
     # ---------------------------------------------------------------------------------------
 
     def jobs_acquire(self, params: JobsAcquireParams) -> list[Delivery]:
-        """Lease up to ``limit`` ready jobs of one queue in one statement (FOR UPDATE SKIP LOCKED)."""
+        """Lease up to ``limit`` ready jobs of one queue in one statement (FOR UPDATE SKIP LOCKED),
+        after making its due scheduled jobs ready when some may be (see :mod:`._promotion`)."""
         if params.limit <= 0:
             return []
-        return self._records("jobs_acquire", acquire_args(params), Delivery, ack=True)
+        with self._connection("jobs_acquire", ack=True) as conn:
+            if self._promotions.due(params.queue, params.now):
+                promote = conn.execute(self._q["jobs_promote"], promote_args(params), prepare=True)
+                self._promotions.promoted(params.queue, params.now, promote.fetchone())
+            cur = conn.cursor(row_factory=record_row(Delivery))
+            return cur.execute(self._q["jobs_acquire"], acquire_args(params), prepare=True).fetchall()
 
     def jobs_start_many(self, params: JobsStartParams) -> list[UUID]:
         """Count deliveries as started, in one statement; return the ids still held."""
@@ -536,7 +555,12 @@ class PostgresBackend:
             },
             ack=True,
         )
-        return int(row[0]) if row else 0
+        if not row:
+            return 0
+        # Retries whose backoff is ahead are scheduled: promote their queues when they come due.
+        for queue, run_at in zip(row[2] or (), row[3] or (), strict=True):
+            self._promotions.scheduled(queue, run_at)
+        return int(row[0])
 
     def _leases(self, items: Sequence[LeaseRef]) -> tuple[list[UUID], list[UUID]]:
         ids: list[UUID] = []
@@ -707,6 +731,7 @@ class PostgresBackend:
             self._connect_kwargs(synchronous_commit=self._durable_acks),
             self._q,
             self._errors,
+            self._promotions,
         )
 
     # ---------------------------------------------------------------------------------------

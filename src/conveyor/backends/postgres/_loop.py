@@ -19,7 +19,8 @@ import psycopg
 from psycopg.pq import TransactionStatus
 
 from conveyor.backends.base import Delivery, JobsAcquireParams, JobsFinishParams
-from conveyor.backends.postgres._args import acquire_args, finish_args
+from conveyor.backends.postgres._args import acquire_args, finish_args, promote_args
+from conveyor.backends.postgres._promotion import Promotions
 from conveyor.backends.postgres._rows import record_row
 
 _AsyncConn = psycopg.AsyncConnection[Any]
@@ -40,8 +41,10 @@ class PostgresLoopStatements:
         connect_kwargs: Mapping[str, Any],
         queries: Mapping[str, str],
         errors: Callable[[str], AbstractContextManager[None]],
+        promotions: Promotions,
     ) -> None:
         self._url = url
+        self._promotions = promotions
         self._connect_kwargs = dict(connect_kwargs)
         self._q = queries
         self._errors = errors
@@ -53,6 +56,9 @@ class PostgresLoopStatements:
         if params.limit <= 0:
             return []
         async with self._using("jobs_acquire") as conn:
+            if self._promotions.due(params.queue, params.now):
+                promote = await conn.execute(self._q["jobs_promote"], promote_args(params), prepare=True)
+                self._promotions.promoted(params.queue, params.now, await promote.fetchone())
             cur = conn.cursor(row_factory=record_row(Delivery))
             await cur.execute(self._q["jobs_acquire"], acquire_args(params), prepare=True)
             return await cur.fetchall()

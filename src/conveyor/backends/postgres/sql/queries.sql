@@ -190,18 +190,19 @@ WITH fired AS (
 ),
 inserted AS (
     INSERT INTO jobs (
-        id, queue, task, payload, headers, priority, run_at, enqueued_at, expires_at,
+        id, queue, task, payload, headers, state, priority, run_at, enqueued_at, expires_at,
         max_attempts, max_deliveries, idempotency_key, ordering_key, replay_of
     )
-    SELECT %(id)s, %(queue)s, %(task)s, %(payload)s::jsonb, %(headers)s::jsonb, %(priority)s,
+    SELECT %(id)s, %(queue)s, %(task)s, %(payload)s::jsonb, %(headers)s::jsonb,
+           CASE WHEN %(run_at)s > %(now)s THEN 'scheduled' ELSE 'pending' END, %(priority)s,
            %(run_at)s, %(now)s, %(expires_at)s, %(max_attempts)s, %(max_deliveries)s,
            %(idempotency_key)s, %(ordering_key)s, %(replay_of)s::uuid
     FROM fired
     ON CONFLICT (id) DO NOTHING
-    RETURNING queue
+    RETURNING queue, state
 ),
 notified AS (
-    SELECT pg_notify('conveyor_jobs', queue) FROM inserted
+    SELECT pg_notify('conveyor_jobs', queue) FROM inserted WHERE state = 'pending'
 )
 SELECT (SELECT count(*) FROM fired), (SELECT count(*) FROM notified)
 
@@ -246,7 +247,10 @@ LISTEN conveyor_jobs
 --   makes a producer's resend of a live job id a no-op; the archive probe (archive_id_idx, one
 --   probe per partition) does the same for a job that already ended, skipped for fresh ids
 --   (minted for this send: they cannot be there).
--- * notified: one pg_notify per distinct queue that got a job. A plain SELECT in WITH runs only
+-- * state: a job whose run_at is still ahead is 'scheduled' (jobs_scheduled_idx), not 'pending'
+--   (jobs_ready_idx), so that acquires never walk over it (migration 0005); jobs_promote makes it
+--   pending once it is due.
+-- * notified: one pg_notify per distinct queue that got a ready job. A plain SELECT in WITH runs only
 --   if the main query reads it, hence the count(*) the final SELECT joins to.
 -- Returns the key holders (queue, key, job_id); unkeyed jobs keep their own id. Returns at least
 -- one row (all NULL when there are no keys).
@@ -276,20 +280,22 @@ keyed AS (
 ),
 inserted AS (
     INSERT INTO jobs (
-        id, queue, task, payload, headers, priority, run_at, enqueued_at, expires_at,
+        id, queue, task, payload, headers, state, priority, run_at, enqueued_at, expires_at,
         max_attempts, max_deliveries, idempotency_key, ordering_key, replay_of
     )
-    SELECT i.id, i.queue, i.task, i.payload::jsonb, i.headers::jsonb, i.priority, i.run_at,
+    SELECT i.id, i.queue, i.task, i.payload::jsonb, i.headers::jsonb,
+           CASE WHEN i.run_at > %(now)s THEN 'scheduled' ELSE 'pending' END, i.priority, i.run_at,
            %(now)s, i.expires_at, i.max_attempts, i.max_deliveries, i.idempotency_key,
            i.ordering_key, i.replay_of
     FROM input AS i
     WHERE (i.idempotency_key IS NULL OR i.id IN (SELECT job_id FROM keyed))
       AND (i.fresh OR NOT EXISTS (SELECT 1 FROM archive AS a WHERE a.id = i.id))
     ON CONFLICT (id) DO NOTHING
-    RETURNING queue
+    RETURNING queue, state
 ),
 notified AS (
-    SELECT pg_notify('conveyor_jobs', q.queue) FROM (SELECT DISTINCT queue FROM inserted) AS q
+    SELECT pg_notify('conveyor_jobs', q.queue)
+    FROM (SELECT DISTINCT queue FROM inserted WHERE state = 'pending') AS q
 )
 SELECT k.queue, k.key, k.job_id
 FROM (SELECT count(*) FROM notified) AS n
@@ -303,10 +309,11 @@ LEFT JOIN keyed AS k ON true
 -- inserts nothing). Returns one row: the number of queues notified.
 WITH inserted AS (
     INSERT INTO jobs (
-        id, queue, task, payload, headers, priority, run_at, enqueued_at, expires_at,
+        id, queue, task, payload, headers, state, priority, run_at, enqueued_at, expires_at,
         max_attempts, max_deliveries, idempotency_key, ordering_key, replay_of
     )
-    SELECT i.id, i.queue, i.task, i.payload::jsonb, i.headers::jsonb, i.priority, i.run_at,
+    SELECT i.id, i.queue, i.task, i.payload::jsonb, i.headers::jsonb,
+           CASE WHEN i.run_at > %(now)s THEN 'scheduled' ELSE 'pending' END, i.priority, i.run_at,
            %(now)s, i.expires_at, i.max_attempts, i.max_deliveries, NULL, i.ordering_key,
            i.replay_of
     FROM unnest(
@@ -320,9 +327,11 @@ WITH inserted AS (
     )
     WHERE i.fresh OR NOT EXISTS (SELECT 1 FROM archive AS a WHERE a.id = i.id)
     ON CONFLICT (id) DO NOTHING
-    RETURNING queue
+    RETURNING queue, state
 )
-SELECT count(*) FROM (SELECT pg_notify('conveyor_jobs', q.queue) FROM (SELECT DISTINCT queue FROM inserted) AS q) AS n
+SELECT count(*)
+FROM (SELECT pg_notify('conveyor_jobs', q.queue)
+      FROM (SELECT DISTINCT queue FROM inserted WHERE state = 'pending') AS q) AS n
 
 -- name: jobs_insert_one
 -- One job without an idempotency key whose id is fresh (the common delay()): scalar parameters, which
@@ -332,43 +341,46 @@ SELECT count(*) FROM (SELECT pg_notify('conveyor_jobs', q.queue) FROM (SELECT DI
 -- docs/benchmarks.md, session 22.)
 WITH inserted AS (
     INSERT INTO jobs (
-        id, queue, task, payload, headers, priority, run_at, enqueued_at, expires_at,
+        id, queue, task, payload, headers, state, priority, run_at, enqueued_at, expires_at,
         max_attempts, max_deliveries, ordering_key, replay_of
     )
     VALUES (
-        %(id)s, %(queue)s, %(task)s, %(payload)s::jsonb, %(headers)s::jsonb, %(priority)s, %(run_at)s,
-        %(now)s, %(expires_at)s, %(max_attempts)s, %(max_deliveries)s, %(ordering_key)s, %(replay_of)s
+        %(id)s, %(queue)s, %(task)s, %(payload)s::jsonb, %(headers)s::jsonb, %(state)s, %(priority)s,
+        %(run_at)s, %(now)s, %(expires_at)s, %(max_attempts)s, %(max_deliveries)s, %(ordering_key)s,
+        %(replay_of)s
     )
     ON CONFLICT (id) DO NOTHING
-    RETURNING queue
+    RETURNING queue, state
 )
-SELECT count(pg_notify('conveyor_jobs', queue)) FROM inserted
+SELECT count(pg_notify('conveyor_jobs', queue)) FROM inserted WHERE state = 'pending'
 
 -- name: jobs_insert_one_resent
 -- As jobs_insert_one for an id that is not fresh (a producer's resend of the same message): a job
 -- already finished under that id (in the archive) is not inserted again, nor is a live one (ON CONFLICT).
 WITH inserted AS (
     INSERT INTO jobs (
-        id, queue, task, payload, headers, priority, run_at, enqueued_at, expires_at,
+        id, queue, task, payload, headers, state, priority, run_at, enqueued_at, expires_at,
         max_attempts, max_deliveries, ordering_key, replay_of
     )
     SELECT
-        %(id)s, %(queue)s, %(task)s, %(payload)s::jsonb, %(headers)s::jsonb, %(priority)s, %(run_at)s,
-        %(now)s, %(expires_at)s, %(max_attempts)s, %(max_deliveries)s, %(ordering_key)s, %(replay_of)s
+        %(id)s, %(queue)s, %(task)s, %(payload)s::jsonb, %(headers)s::jsonb, %(state)s, %(priority)s,
+        %(run_at)s, %(now)s, %(expires_at)s, %(max_attempts)s, %(max_deliveries)s, %(ordering_key)s,
+        %(replay_of)s
     WHERE NOT EXISTS (SELECT 1 FROM archive AS a WHERE a.id = %(id)s)
     ON CONFLICT (id) DO NOTHING
-    RETURNING queue
+    RETURNING queue, state
 )
-SELECT count(pg_notify('conveyor_jobs', queue)) FROM inserted
+SELECT count(pg_notify('conveyor_jobs', queue)) FROM inserted WHERE state = 'pending'
 
 -- name: jobs_copy
 -- The bulk path of jobs_insert_many: a batch of fresh ids without idempotency keys streams into jobs
 -- with COPY (binary), which the server inserts while the client is still sending; measured 2-3x less
 -- time than the unnested INSERT for 20,000 jobs. COPY has no ON CONFLICT: a batch that resends a live
 -- job id fails with a unique violation and is inserted again by jobs_insert_many_unkeyed. Fresh ids
--- cannot be in the archive, so COPY needs no archive probe.
+-- cannot be in the archive, so COPY needs no archive probe. The caller writes each row's state
+-- ('scheduled' when its run_at is still ahead, as the INSERT statements decide).
 COPY jobs (
-    id, queue, task, payload, headers, priority, run_at, enqueued_at, expires_at,
+    id, queue, task, payload, headers, state, priority, run_at, enqueued_at, expires_at,
     max_attempts, max_deliveries, ordering_key
 ) FROM STDIN (FORMAT BINARY)
 
@@ -392,6 +404,33 @@ COMMIT
 -- (and, on a pooled connection, its COMMIT) as one simple query, that is in one round trip.
 NOTIFY conveyor_jobs, {queue}
 
+-- name: jobs_promote
+-- Makes the scheduled jobs of one queue that are due pending, the earliest first, at most `limit` of
+-- them, and notifies the queue if any moved, so that idle workers acquire them. A range scan of
+-- jobs_scheduled_idx (queue, run_at): one index probe when nothing is due, whatever is scheduled
+-- later. SKIP LOCKED lets two promoters share a backlog. Returns how many moved and when the queue's
+-- next scheduled job is due (NULL: none), which tells the caller when to promote again.
+WITH due AS MATERIALIZED (
+    SELECT ctid
+    FROM jobs
+    WHERE queue = %(queue)s AND state = 'scheduled' AND run_at <= %(now)s
+    ORDER BY run_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+),
+promoted AS (
+    UPDATE jobs SET state = 'pending'
+    WHERE ctid = ANY (ARRAY(SELECT ctid FROM due))
+    RETURNING queue
+),
+notified AS (
+    SELECT pg_notify('conveyor_jobs', q.queue) FROM (SELECT DISTINCT queue FROM promoted) AS q
+)
+SELECT (SELECT count(*) FROM promoted) AS promoted,
+       (SELECT count(*) FROM notified) AS notified,
+       (SELECT min(run_at) FROM jobs
+        WHERE queue = %(queue)s AND state = 'scheduled' AND run_at > %(now)s) AS next_run_at
+
 -- name: jobs_acquire
 -- One round trip. The MATERIALIZED CTE is a fence: it picks and locks at most `limit` rows, in
 -- delivery order, skipping rows other workers hold (SKIP LOCKED), and the UPDATE then touches
@@ -402,7 +441,11 @@ NOTIFY conveyor_jobs, {queue}
 -- commits. (Were one ever stale, the UPDATE would re-check it, find no match and skip the row,
 -- which then stays pending: never a double delivery.) The planner walks jobs_ready_idx (queue,
 -- priority DESC, run_at, id) WHERE state = 'pending', so the ORDER BY ... LIMIT stops after
--- `limit` hits.
+-- `limit` hits, or at the end of the queue's ready jobs: jobs scheduled for later are not in that
+-- index (they are 'scheduled' until jobs_promote makes them pending), so an acquire that finds
+-- fewer jobs than it asked for costs no more than one that finds them all. (Before migration 0005
+-- it walked every scheduled job of the queue: run_at is a filter here, not a bound, since priority
+-- comes first.) The run_at test still holds back a row an older release wrote as pending for later.
 -- Per-key FIFO: a keyed job is eligible only as the head of its key (no live row of the key
 -- with a smaller id) and only while no job of its key is in flight. The second test also covers
 -- the rare case of a smaller id committed after a larger one was already handed out. Both are
@@ -517,10 +560,12 @@ SELECT d.id, d.queue, d.task, d.payload, d.headers, d.final_state, d.priority, d
 FROM done AS d, (SELECT count(*) FROM notified) AS n
 
 -- name: jobs_retry_many
--- Back to pending at each item's run_at with the attempt counted and its error kept; receipt
+-- Back to pending at each item's run_at (scheduled while that is ahead: see jobs_promote) with the
+-- attempt counted and its error kept; receipt
 -- and lease are cleared so the old delivery can no longer act. worker_id (like started_at) stays:
 -- it names the worker of the last delivery until the next one, as on every engine. A retry due at once (run_at <=
--- now) notifies its queue so an idle worker picks it up without polling.
+-- now) notifies its queue so an idle worker picks it up without polling. Returns the counts, then the queues that got a
+-- scheduled retry with the earliest run_at of each (the backend promotes them when due).
 WITH items AS (
     SELECT *
     FROM unnest(
@@ -531,7 +576,7 @@ WITH items AS (
 ),
 retried AS (
     UPDATE jobs AS j SET
-        state = 'pending',
+        state = CASE WHEN i.run_at > %(now)s THEN 'scheduled' ELSE 'pending' END,
         run_at = i.run_at,
         attempts = j.attempts + 1,
         deliveries = j.deliveries + CASE WHEN i.counted THEN 0 ELSE 1 END,
@@ -547,8 +592,12 @@ retried AS (
 notified AS (
     SELECT pg_notify('conveyor_jobs', q.queue)
     FROM (SELECT DISTINCT queue FROM retried WHERE run_at <= %(now)s) AS q
+),
+later AS (
+    SELECT queue, min(run_at) AS run_at FROM retried WHERE run_at > %(now)s GROUP BY queue
 )
-SELECT (SELECT count(*) FROM retried), (SELECT count(*) FROM notified)
+SELECT (SELECT count(*) FROM retried), (SELECT count(*) FROM notified),
+       (SELECT array_agg(queue ORDER BY queue) FROM later), (SELECT array_agg(run_at ORDER BY queue) FROM later)
 
 -- name: jobs_release_many
 -- Hands leased jobs that never started back (graceful shutdown): a lease is not a delivery, so
@@ -612,9 +661,11 @@ notified AS (
 SELECT (SELECT count(*) FROM rescued), (SELECT count(*) FROM notified)
 
 -- name: job_get
--- Live rows first; an archived row is found through archive_id_idx in each partition.
+-- Live rows first; an archived row is found through archive_id_idx in each partition. A scheduled
+-- row is a pending job (the state only says which index holds it: migration 0005).
 (
-    SELECT id, queue, task, payload::text, headers::text, state, priority, run_at, enqueued_at,
+    SELECT id, queue, task, payload::text, headers::text,
+           CASE state WHEN 'scheduled' THEN 'pending' ELSE state END AS state, priority, run_at, enqueued_at,
            expires_at, attempts, deliveries, max_attempts, max_deliveries, idempotency_key,
            ordering_key, replay_of, first_started_at, started_at, lease_expires_at, worker_id,
            error_type, error_message, traceback, NULL::timestamptz AS finished_at, NULL::text AS result,
@@ -635,8 +686,9 @@ UNION ALL
 LIMIT 1
 
 -- name: jobs_list
--- Keyset pagination on the primary key; NULL filters mean "any".
-SELECT id, queue, task, payload::text, headers::text, state, priority, run_at, enqueued_at,
+-- Keyset pagination on the primary key; NULL filters mean "any". A scheduled row is a pending job.
+SELECT id, queue, task, payload::text, headers::text,
+       CASE state WHEN 'scheduled' THEN 'pending' ELSE state END AS state, priority, run_at, enqueued_at,
        expires_at, attempts, deliveries, max_attempts, max_deliveries, idempotency_key,
        ordering_key, replay_of, first_started_at, started_at, lease_expires_at, worker_id,
        error_type, error_message, traceback, NULL::timestamptz AS finished_at, NULL::text AS result,
@@ -648,15 +700,16 @@ ORDER BY id
 LIMIT %(limit)s
 
 -- name: queues_stats
--- Live counts from the small jobs table; terminal totals from queue_counters (a few rows per queue,
+-- Live counts from the small jobs table (pending and scheduled by run_at against now, whichever index
+-- holds the row: a scheduled job that came due is ready even before jobs_promote moves it); terminal totals from queue_counters (a few rows per queue,
 -- whatever the archive holds); the DLQ depth from archive_dlq_queue_idx, which holds unreplayed
 -- dead letters only. Nothing here reads the rest of the archive, so the cost does not grow with it.
 WITH live AS (
     SELECT queue,
-           count(*) FILTER (WHERE state = 'pending' AND run_at <= %(now)s) AS pending,
-           count(*) FILTER (WHERE state = 'pending' AND run_at > %(now)s) AS scheduled,
+           count(*) FILTER (WHERE state <> 'processing' AND run_at <= %(now)s) AS pending,
+           count(*) FILTER (WHERE state <> 'processing' AND run_at > %(now)s) AS scheduled,
            count(*) FILTER (WHERE state = 'processing') AS processing,
-           min(run_at) FILTER (WHERE state = 'pending' AND run_at <= %(now)s) AS oldest_ready
+           min(run_at) FILTER (WHERE state <> 'processing' AND run_at <= %(now)s) AS oldest_ready
     FROM jobs
     GROUP BY queue
 ),
@@ -722,10 +775,10 @@ marked AS (
 ),
 replayed AS (
     INSERT INTO jobs (
-        id, queue, task, payload, headers, priority, run_at, enqueued_at, max_attempts,
+        id, queue, task, payload, headers, state, priority, run_at, enqueued_at, max_attempts,
         max_deliveries, idempotency_key, ordering_key, replay_of
     )
-    SELECT m.new_id, m.queue, m.task, m.payload, m.headers, m.priority, %(now)s, %(now)s,
+    SELECT m.new_id, m.queue, m.task, m.payload, m.headers, 'pending', m.priority, %(now)s, %(now)s,
            m.max_attempts, m.max_deliveries, m.idempotency_key, m.ordering_key, m.dead_id
     FROM marked AS m
     RETURNING replay_of AS dead_id, id AS new_id, queue

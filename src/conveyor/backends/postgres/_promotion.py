@@ -1,0 +1,66 @@
+"""When an acquire must first make a queue's due scheduled jobs ready (``jobs_promote``).
+
+On PostgreSQL a job written with its ``run_at`` still ahead is ``scheduled``: it waits outside the ready
+index, so that acquires never walk over it (migration 0005), and ``jobs_promote`` makes it ``pending``
+once it is due. The Backend contract is unchanged: ``jobs_acquire`` hands out the jobs that are due. So
+that it does not pay a second statement each time, an acquire promotes only when a scheduled job may
+have come due since the queue's last promotion: when the next one that promotion reported is due, when
+this process wrote a scheduled job (an insert, a retry's backoff) that is due, or at least every
+:data:`PROMOTE_EVERY` (scheduled jobs that other processes wrote, which this one cannot know of).
+Between those, a job another process scheduled may therefore wait up to that long past its ``run_at``:
+the same bound as an idle worker's poll."""
+
+from __future__ import annotations
+
+import threading
+from datetime import datetime, timedelta
+from typing import Any
+
+#: The longest a queue goes without a promotion while it is being acquired from.
+PROMOTE_EVERY = timedelta(seconds=1)
+#: Scheduled jobs made ready per statement; a full batch has the next acquire promote again.
+PROMOTE_BATCH = 1_000
+
+
+class Promotions:
+    """Per queue, the earliest time an acquire must promote again. Thread-safe: every connection of
+    one backend (its pools' threads, the worker's event loop) shares one."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        # From the last promotion: the next scheduled job it saw, or PROMOTE_EVERY after it, whichever
+        # is first. A queue not here was never promoted by this process: its first acquire promotes.
+        self._next: dict[str, datetime] = {}
+        # The earliest run_at of the scheduled jobs this process wrote since.
+        self._written: dict[str, datetime] = {}
+
+    def due(self, queue: str, now: datetime) -> bool:
+        """Whether an acquire of ``queue`` at ``now`` must promote first."""
+        at = self._next.get(queue)
+        if at is None or now >= at:
+            return True
+        written = self._written.get(queue)
+        return written is not None and now >= written
+
+    def promoted(self, queue: str, now: datetime, row: tuple[Any, ...] | None) -> None:
+        """Record a promotion of ``queue`` at ``now``: ``row`` is what ``jobs_promote`` returned (how
+        many jobs it moved, how many queues it notified, when the queue's next scheduled job is due)."""
+        moved, _, next_run_at = row if row is not None else (0, 0, None)
+        if moved >= PROMOTE_BATCH:
+            at = now  # a backlog: the next acquire promotes the rest
+        else:
+            at = now + PROMOTE_EVERY
+            if next_run_at is not None and next_run_at < at:
+                at = next_run_at
+        with self._lock:
+            self._next[queue] = at
+            written = self._written.get(queue)
+            if written is not None and written <= now:
+                del self._written[queue]
+
+    def scheduled(self, queue: str, run_at: datetime) -> None:
+        """This process wrote a job of ``queue`` scheduled for ``run_at``."""
+        with self._lock:
+            written = self._written.get(queue)
+            if written is None or run_at < written:
+                self._written[queue] = run_at
