@@ -5,6 +5,7 @@ acquire's cost does not grow with the jobs scheduled in its queue, and the backe
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -140,3 +141,12 @@ def test_the_migration_schedules_what_an_older_release_left_pending_for_later(
         assert len(acquire(new, queue="q", now=wall + timedelta(hours=2))) == 1
     finally:
         new.close()
+
+
+def test_an_acquire_without_promote_leaves_due_scheduled_jobs_for_the_next(pg: PostgresBackend) -> None:
+    from conveyor.backends.base import JobsAcquireParams
+
+    (job_id,) = insert(pg, make_job(run_at=at(10)))
+    quick = JobsAcquireParams(queue="default", limit=10, visibility_timeout=30.0, worker_id="w", now=at(10))
+    assert pg.jobs_acquire(replace(quick, promote=False)) == []
+    assert [d.id for d in pg.jobs_acquire(quick)] == [job_id]

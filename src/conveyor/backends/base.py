@@ -407,13 +407,21 @@ class JobsAcquireParams:
     i.e. no other live row (pending or processing) of the same queue and key has a smaller id. So
     at most one job per key is in flight, in enqueue (id) order, and a job waiting to retry blocks
     the jobs behind it. A job is also not eligible while another job of its key is ``processing``
-    (a smaller id may commit after a larger one of its key was handed out)."""
+    (a smaller id may commit after a larger one of its key was handed out).
+
+    A job written with its ``run_at`` ahead is handed out once it is due. An engine may keep such jobs
+    apart and make them ready first (PostgreSQL: ``scheduled`` rows, promoted by the acquire at most
+    about once a second, see ``backends/postgres/_promotion.py``); with ``promote`` False it skips that
+    step, so the acquire may leave out jobs that came due since the engine last promoted. The worker's
+    pickup after a notification passes False (it is on the latency path; the fetch loop's next acquire
+    promotes)."""
 
     queue: str
     limit: int
     visibility_timeout: float
     worker_id: str
     now: datetime
+    promote: bool = True
 
 
 @dataclass(frozen=True, slots=True)

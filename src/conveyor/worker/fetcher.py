@@ -259,7 +259,9 @@ class Fetcher(Service):
             if limit <= 0:
                 return []
             try:
-                return backend.jobs_acquire(JobsAcquireParams(queue, limit, vt, self.worker_id, self.clock()))
+                # promote=False: the fetch loop's acquire, right after this one, promotes due scheduled jobs.
+                params = JobsAcquireParams(queue, limit, vt, self.worker_id, self.clock(), promote=False)
+                return backend.jobs_acquire(params)
             except Exception as exc:  # the event loop acquires next, with its retries and error handling
                 log.debug("acquire on notification failed (%s); the fetch loop retries", exc)
                 return []

@@ -513,7 +513,7 @@ class PostgresBackend:
         if params.limit <= 0:
             return []
         with self._connection("jobs_acquire", ack=True) as conn:
-            if self._promotions.due(params.queue, params.now):
+            if params.promote and self._promotions.due(params.queue, params.now):
                 promote = conn.execute(self._q["jobs_promote"], promote_args(params), prepare=True)
                 self._promotions.promoted(params.queue, params.now, promote.fetchone())
             cur = conn.cursor(row_factory=record_row(Delivery))

@@ -56,7 +56,7 @@ class PostgresLoopStatements:
         if params.limit <= 0:
             return []
         async with self._using("jobs_acquire") as conn:
-            if self._promotions.due(params.queue, params.now):
+            if params.promote and self._promotions.due(params.queue, params.now):
                 promote = await conn.execute(self._q["jobs_promote"], promote_args(params), prepare=True)
                 self._promotions.promoted(params.queue, params.now, await promote.fetchone())
             cur = conn.cursor(row_factory=record_row(Delivery))
