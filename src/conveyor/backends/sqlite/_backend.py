@@ -148,7 +148,10 @@ class SqliteBackend:
         """Lease up to ``limit`` ready jobs (see JobsAcquireParams), in hand-out order."""
         if params.limit <= 0:
             return []
+        now = cv.to_db_time(params.now)
         with self._pool.write() as conn:
+            # In the acquire's transaction, so it sees them; one index probe when nothing is due.
+            conn.execute(self._q["jobs_promote"], {"queue": params.queue, "now": now})
             rows = conn.execute(
                 self._q["jobs_acquire"],
                 {
@@ -156,7 +159,7 @@ class SqliteBackend:
                     "limit": params.limit,
                     "lease_expires_at": _lease_end(params.now, params.visibility_timeout),
                     "worker_id": params.worker_id,
-                    "now": cv.to_db_time(params.now),
+                    "now": now,
                 },
             ).fetchall()
         rows.sort(key=lambda r: (-r["priority"], r["run_at"], r["id"]))
@@ -215,7 +218,8 @@ class SqliteBackend:
         if not items:
             return 0
         with self._pool.write() as conn:
-            return conn.execute(self._q["jobs_retry_many"], {"items": json.dumps(items)}).rowcount
+            args = {"items": json.dumps(items), "now": cv.to_db_time(params.now)}
+            return conn.execute(self._q["jobs_retry_many"], args).rowcount
 
     def jobs_release_many(self, params: base.JobsReleaseParams) -> int:
         """Hand leased jobs that never started back to pending; return how many applied."""

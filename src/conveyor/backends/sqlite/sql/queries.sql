@@ -31,12 +31,14 @@ INSERT INTO schema_migrations (version, name, applied_at) VALUES (:version, :nam
 -- so one prepared statement per row is as fast as one multi-row statement. A job id is accepted
 -- once: a producer that resends a job it already sent (same id, after an error it could not
 -- interpret) changes nothing, whether the job is still live (ON CONFLICT) or has ended (the
--- archive probe, one primary-key lookup).
+-- archive probe, one primary-key lookup). A job whose run_at is ahead is 'scheduled' (jobs_scheduled,
+-- not jobs_ready: migration 0007) until jobs_promote makes it pending.
 INSERT INTO jobs (
     id, queue, task, payload, headers, state, priority, run_at, enqueued_at, expires_at,
     attempts, deliveries, max_attempts, max_deliveries, idempotency_key, ordering_key, replay_of
 )
-SELECT :id, :queue, :task, :payload, :headers, 'pending', :priority, :run_at, :now, :expires_at,
+SELECT :id, :queue, :task, :payload, :headers, CASE WHEN :run_at > :now THEN 'scheduled' ELSE 'pending' END,
+       :priority, :run_at, :now, :expires_at,
        0, 0, :max_attempts, :max_deliveries, :idempotency_key, :ordering_key, :replay_of
 WHERE NOT EXISTS (SELECT 1 FROM archive WHERE id = :id)
 ON CONFLICT (id) DO NOTHING
@@ -54,6 +56,13 @@ RETURNING job_id
 
 -- name: idempotency_holder
 SELECT job_id FROM idempotency_keys WHERE queue = :queue AND key = :key
+
+-- name: jobs_promote
+-- Run by jobs_acquire first, in its transaction: the queue's scheduled jobs that are due become
+-- pending, so that the acquire sees them. A range scan of jobs_scheduled (queue, run_at): one probe
+-- when nothing is due, however many jobs are scheduled later.
+UPDATE jobs SET state = 'pending'
+WHERE id IN (SELECT id FROM jobs WHERE queue = :queue AND state = 'scheduled' AND run_at <= :now)
 
 -- name: jobs_acquire
 -- Runs inside BEGIN IMMEDIATE, which takes the database's write lock before reading, so two
@@ -177,10 +186,11 @@ WHERE state = 'processing'
   )
 
 -- name: jobs_retry_many
--- Back to pending at the item's run_at with the attempt counted and its error kept for
--- inspection; the receipt is cleared so the failed delivery can no longer act on the job.
+-- Back to pending at the item's run_at (scheduled while that is ahead) with the attempt counted and
+-- its error kept for inspection; the receipt is cleared so the failed delivery can no longer act on
+-- the job.
 UPDATE jobs
-SET state = 'pending',
+SET state = CASE WHEN r.run_at > :now THEN 'scheduled' ELSE 'pending' END,
     attempts = attempts + 1,
     deliveries = deliveries + (NOT r.counted),
     run_at = r.run_at,
@@ -244,7 +254,9 @@ WHERE id IN (
 )
 
 -- name: job_get_live
-SELECT id, queue, task, payload, headers, state, priority, run_at, enqueued_at, expires_at,
+-- A scheduled row is a pending job (the state only says which index holds it: migration 0007).
+SELECT id, queue, task, payload, headers, CASE state WHEN 'scheduled' THEN 'pending' ELSE state END AS state,
+       priority, run_at, enqueued_at, expires_at,
        attempts, deliveries, max_attempts, max_deliveries, idempotency_key, ordering_key,
        replay_of, first_started_at, started_at, lease_expires_at, worker_id, error_type,
        error_message, traceback,
@@ -259,8 +271,10 @@ SELECT id, queue, task, payload, headers, state, priority, run_at, enqueued_at, 
 FROM archive WHERE id = :id
 
 -- name: jobs_list
--- Live rows in id (enqueue) order after a keyset cursor, for export and inspection.
-SELECT id, queue, task, payload, headers, state, priority, run_at, enqueued_at, expires_at,
+-- Live rows in id (enqueue) order after a keyset cursor, for export and inspection. A scheduled row
+-- is a pending job.
+SELECT id, queue, task, payload, headers, CASE state WHEN 'scheduled' THEN 'pending' ELSE state END AS state,
+       priority, run_at, enqueued_at, expires_at,
        attempts, deliveries, max_attempts, max_deliveries, idempotency_key, ordering_key,
        replay_of, first_started_at, started_at, lease_expires_at, worker_id, error_type,
        error_message, traceback,
@@ -272,12 +286,13 @@ ORDER BY id
 LIMIT :limit
 
 -- name: queues_stats_live
--- Live counts per queue; pending is split into ready now and scheduled for later.
+-- Live counts per queue; pending is split into ready now and scheduled for later, by run_at against
+-- now whichever index holds the row (a scheduled job that came due is ready before it is promoted).
 SELECT queue,
-       sum(state = 'pending' AND run_at <= :now) AS pending,
-       sum(state = 'pending' AND run_at > :now) AS scheduled,
+       sum(state <> 'processing' AND run_at <= :now) AS pending,
+       sum(state <> 'processing' AND run_at > :now) AS scheduled,
        sum(state = 'processing') AS processing,
-       min(CASE WHEN state = 'pending' AND run_at <= :now THEN run_at END) AS oldest_ready_at
+       min(CASE WHEN state <> 'processing' AND run_at <= :now THEN run_at END) AS oldest_ready_at
 FROM jobs
 GROUP BY queue
 
@@ -460,9 +475,10 @@ ORDER BY topic, queue
 DELETE FROM subscriptions WHERE topic = :topic AND queue = :queue
 
 -- name: queue_depth
--- Live depth of one queue from the two partial indexes that hold its rows by state, so no scan
+-- Live depth of one queue from the three partial indexes that hold its rows by state, so no scan
 -- of the jobs table.
 SELECT (SELECT count(*) FROM jobs WHERE queue = :queue AND state = 'pending')
+     + (SELECT count(*) FROM jobs WHERE queue = :queue AND state = 'scheduled')
      + (SELECT count(*) FROM jobs WHERE queue = :queue AND state = 'processing')
 
 -- name: queue_drained
