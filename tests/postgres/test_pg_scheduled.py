@@ -150,3 +150,16 @@ def test_an_acquire_without_promote_leaves_due_scheduled_jobs_for_the_next(pg: P
     quick = JobsAcquireParams(queue="default", limit=10, visibility_timeout=30.0, worker_id="w", now=at(10))
     assert pg.jobs_acquire(replace(quick, promote=False)) == []
     assert [d.id for d in pg.jobs_acquire(quick)] == [job_id]
+
+
+def test_what_a_producer_remembers_of_scheduled_queues_is_bounded() -> None:
+    from conveyor.backends.postgres._promotion import MAX_QUEUES, Promotions
+
+    promotions = Promotions()
+    promotions.promoted("worked", T0, (0, 0, None))
+    assert not promotions.due("worked", at(0.5))
+    for i in range(MAX_QUEUES * 3):
+        promotions.scheduled(f"tenant-{i}", at(60))
+    assert len(promotions._written) <= MAX_QUEUES
+    # Forgetting is safe: every queue promotes at its next acquire.
+    assert promotions.due("worked", at(0.5))

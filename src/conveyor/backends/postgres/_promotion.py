@@ -20,6 +20,8 @@ from typing import Any
 PROMOTE_EVERY = timedelta(seconds=1)
 #: Scheduled jobs made ready per statement; a full batch has the next acquire promote again.
 PROMOTE_BATCH = 1_000
+#: Queues whose scheduled jobs this process remembers writing, at most (see Promotions.scheduled).
+MAX_QUEUES = 10_000
 
 
 class Promotions:
@@ -62,5 +64,11 @@ class Promotions:
         """This process wrote a job of ``queue`` scheduled for ``run_at``."""
         with self._lock:
             written = self._written.get(queue)
+            if written is None and len(self._written) >= MAX_QUEUES:
+                # A producer that schedules into ever new queues (one per tenant, say) and acquires from
+                # none would keep an entry for each: forget them all instead, and have every queue
+                # promote at its next acquire, which is always correct.
+                self._written.clear()
+                self._next.clear()
             if written is None or run_at < written:
                 self._written[queue] = run_at
