@@ -134,3 +134,11 @@ def test_an_idle_acquire_steps_past_no_scheduled_job(sqlite_backend: SqliteBacke
         conn.execute("UPDATE jobs SET state = 'pending'")
     assert steps(q["jobs_acquire"]) > 20_000
     assert acquire(sqlite_backend, queue="q") == []
+
+
+def test_a_backlog_of_due_scheduled_jobs_is_promoted_a_thousand_per_acquire(sqlite_backend: SqliteBackend) -> None:
+    from _factory import at
+
+    insert(sqlite_backend, *[new_job(queue="b", run_at=at(10)) for _ in range(2_500)])
+    got = [len(acquire(sqlite_backend, queue="b", limit=5_000, now=at(10))) for _ in range(4)]
+    assert got == [1_000, 1_000, 500, 0]

@@ -409,12 +409,14 @@ class JobsAcquireParams:
     the jobs behind it. A job is also not eligible while another job of its key is ``processing``
     (a smaller id may commit after a larger one of its key was handed out).
 
-    A job written with its ``run_at`` ahead is handed out once it is due. An engine may keep such jobs
-    apart and make them ready first (PostgreSQL: ``scheduled`` rows, promoted by the acquire at most
-    about once a second, see ``backends/postgres/_promotion.py``); with ``promote`` False it skips that
-    step, so the acquire may leave out jobs that came due since the engine last promoted. The worker's
-    pickup after a notification passes False (it is on the latency path; the fetch loop's next acquire
-    promotes)."""
+    A job written with its ``run_at`` ahead is handed out once it is due. Engines keep such jobs apart
+    (``scheduled`` rows, out of the index acquires read) and make the due ones ready first, 1,000 per
+    acquire at most, the earliest first (a larger backlog that came due at once is handed out over
+    several acquires, in run_at order before priority): SQLite in every acquire, PostgreSQL when one
+    may be due (see ``backends/postgres/_promotion.py``: a job another process scheduled can wait up to
+    about a second). With ``promote`` False that step is skipped, so the acquire may leave out jobs that
+    came due since the engine last promoted: the worker's pickup after a notification passes False (it
+    is on the latency path; the fetch loop's next acquire promotes)."""
 
     queue: str
     limit: int

@@ -60,9 +60,16 @@ SELECT job_id FROM idempotency_keys WHERE queue = :queue AND key = :key
 -- name: jobs_promote
 -- Run by jobs_acquire first, in its transaction: the queue's scheduled jobs that are due become
 -- pending, so that the acquire sees them. A range scan of jobs_scheduled (queue, run_at): one probe
--- when nothing is due, however many jobs are scheduled later.
+-- when nothing is due, however many jobs are scheduled later. At most 1,000, the earliest first, as
+-- on PostgreSQL: a backlog that came due while no worker ran (a million retries after an outage)
+-- is promoted 1,000 per acquire rather than in one statement holding the write lock for seconds.
 UPDATE jobs SET state = 'pending'
-WHERE id IN (SELECT id FROM jobs WHERE queue = :queue AND state = 'scheduled' AND run_at <= :now)
+WHERE id IN (
+    SELECT id FROM jobs
+    WHERE queue = :queue AND state = 'scheduled' AND run_at <= :now
+    ORDER BY run_at
+    LIMIT 1000
+)
 
 -- name: jobs_acquire
 -- Runs inside BEGIN IMMEDIATE, which takes the database's write lock before reading, so two
