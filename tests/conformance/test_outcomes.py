@@ -284,3 +284,41 @@ def test_a_batch_names_each_job_once_and_only_terminal_states(backend: Backend) 
     assert backend.jobs_finish_many(JobsFinishParams(twice, now=at(1))) == 1
     record = get(backend, delivery.id)
     assert (record.state, record.result, record.attempts) == ("completed", '"first"', 1)
+
+
+@pytest.mark.parametrize("mix", ["plain", "results", "mixed"])
+def test_each_outcome_of_a_batch_keeps_its_own_fields(backend: Backend, mix: str) -> None:
+    # PostgreSQL sends a column whose every item has its default as NULL (_args.finish_args): each
+    # combination must still archive every job with exactly its own outcome.
+    insert(backend, *[new_job() for _ in range(5)])
+    a, b, c, d, e = acquire(backend, limit=5, now=at(1))
+    error = ErrorInfo("ValueError", "bad", "Traceback ...")
+    items = {
+        "plain": [Finish(x.id, x.receipt, "completed") for x in (a, b, c, d, e)],
+        "results": [
+            Finish(a.id, a.receipt, "completed"),
+            Finish(b.id, b.receipt, "completed", result=json.dumps([1])),
+            *[Finish(x.id, x.receipt, "completed") for x in (c, d, e)],
+        ],
+        "mixed": [
+            Finish(a.id, a.receipt, "completed"),
+            Finish(b.id, b.receipt, "completed", result=json.dumps({"ok": True})),
+            Finish(c.id, c.receipt, "dead", reason="permanent_error", error=error),
+            Finish(d.id, d.receipt, "expired", reason="expired", ran=False),
+            Finish(e.id, e.receipt, "completed", counted=True),
+        ],
+    }[mix]
+    assert backend.jobs_finish_many(JobsFinishParams(items, now=at(2))) == 5
+    for item in items:
+        record = get(backend, item.id)
+        assert (record.state, record.reason, record.error_type, record.error_message, record.traceback) == (
+            item.state,
+            item.reason,
+            item.error.type if item.error else None,
+            item.error.message if item.error else None,
+            item.error.traceback if item.error else None,
+        )
+        assert json.loads(record.result or "null") == json.loads(item.result or "null")
+        assert record.attempts == (1 if item.ran else 0)
+        # counted=True: its start was counted before (jobs_start_many), so the finish does not add it.
+        assert record.deliveries == (1 if item.ran and not item.counted else 0)

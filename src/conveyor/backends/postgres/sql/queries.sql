@@ -510,8 +510,12 @@ RETURNING j.id, j.receipt
 -- job of its key becomes ready then, and nothing else would tell them before their next poll (a
 -- plain SELECT in WITH runs only if the main query reads it, hence the join to its count).
 -- Returns the number of rows archived.
+-- A column whose every item has its default comes as NULL (its array would cost the worker more to
+-- send than the rest of the outcome: _args.finish_args); unnest pads a NULL array with NULLs, read
+-- here as that default.
 WITH items AS (
-    SELECT *
+    SELECT t.id, t.receipt, coalesce(t.state, 'completed') AS state, t.result, t.reason, t.error_type,
+           t.error_message, t.traceback, coalesce(t.ran, true) AS ran, coalesce(t.counted, false) AS counted
     FROM unnest(
         %(ids)b::uuid[], %(receipts)b::uuid[], %(states)b::text[], %(results)b::text[],
         %(reasons)b::text[], %(error_types)b::text[], %(error_messages)b::text[],
