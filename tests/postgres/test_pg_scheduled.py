@@ -159,7 +159,7 @@ def test_what_a_producer_remembers_of_scheduled_queues_is_bounded() -> None:
     promotions.promoted("worked", T0, (0, 0, None))
     assert not promotions.due("worked", at(0.5))
     for i in range(MAX_QUEUES * 3):
-        promotions.scheduled(f"tenant-{i}", at(60))
+        promotions.scheduled_many({f"tenant-{i}": at(60)})
     assert len(promotions._written) <= MAX_QUEUES
     # Forgetting is safe: every queue promotes at its next acquire.
     assert promotions.due("worked", at(0.5))

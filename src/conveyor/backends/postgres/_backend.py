@@ -422,6 +422,7 @@ class PostgresBackend:
         # built: left to libpq's output buffer (psycopg's default on Linux, up to 1 MiB), the
         # unsent rest is moved to the buffer's front at every partial send, which made
         # building a 1,000-job batch ~2 ms (15 %) slower (docs/benchmarks.md, session 19).
+        scheduled: dict[str, datetime] = {}  # per queue, the earliest run_at written as scheduled
         with cur.copy(self._q["jobs_copy"], writer=LibpqWriter(cur, flush_threshold=0)) as copy:
             copy.set_types(_COPY_TYPES)
             write = copy.write_row
@@ -430,13 +431,15 @@ class PostgresBackend:
                     raise _NotCopyable
                 if j.run_at > now:
                     state = "scheduled"
-                    self._promotions.scheduled(j.queue, j.run_at)
+                    if j.queue not in scheduled or j.run_at < scheduled[j.queue]:
+                        scheduled[j.queue] = j.run_at
                 else:
                     state = "pending"
                 write((
                     j.id, j.queue, j.task, "\x01" + j.payload, "\x01" + j.headers, state, j.priority, j.run_at,
                     now, j.expires_at, j.max_attempts, j.max_deliveries, j.ordering_key,
                 ))  # fmt: skip
+        self._promotions.scheduled_many(scheduled)
 
     def _notify(self, jobs: Sequence[NewJob], *, commit: bool) -> sql.Composed:
         """One NOTIFY per distinct queue of ``jobs``, then the COMMIT if ``commit``: one query."""
@@ -448,9 +451,11 @@ class PostgresBackend:
 
     def _insert(self, cur: psycopg.Cursor[TupleRow], jobs: Sequence[NewJob], now: datetime) -> list[UUID]:
         # The statements write a job whose run_at is ahead as scheduled (see _promotion).
+        scheduled: dict[str, datetime] = {}
         for j in jobs:
-            if j.run_at > now:
-                self._promotions.scheduled(j.queue, j.run_at)
+            if j.run_at > now and (j.queue not in scheduled or j.run_at < scheduled[j.queue]):
+                scheduled[j.queue] = j.run_at
+        self._promotions.scheduled_many(scheduled)
         holders: dict[tuple[str, str], UUID] = {}
         for i in range(0, len(jobs), _INSERT_CHUNK):
             self._insert_chunk(cur, jobs[i : i + _INSERT_CHUNK], now, holders)
@@ -558,8 +563,7 @@ class PostgresBackend:
         if not row:
             return 0
         # Retries whose backoff is ahead are scheduled: promote their queues when they come due.
-        for queue, run_at in zip(row[2] or (), row[3] or (), strict=True):
-            self._promotions.scheduled(queue, run_at)
+        self._promotions.scheduled_many(dict(zip(row[2] or (), row[3] or (), strict=True)))
         return int(row[0])
 
     def _leases(self, items: Sequence[LeaseRef]) -> tuple[list[UUID], list[UUID]]:

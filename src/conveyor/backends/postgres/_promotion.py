@@ -60,15 +60,18 @@ class Promotions:
             if written is not None and written <= now:
                 del self._written[queue]
 
-    def scheduled(self, queue: str, run_at: datetime) -> None:
-        """This process wrote a job of ``queue`` scheduled for ``run_at``."""
+    def scheduled_many(self, earliest: dict[str, datetime]) -> None:
+        """This process wrote scheduled jobs: per queue, the earliest ``run_at`` among them."""
+        if not earliest:
+            return
         with self._lock:
-            written = self._written.get(queue)
-            if written is None and len(self._written) >= MAX_QUEUES:
-                # A producer that schedules into ever new queues (one per tenant, say) and acquires from
-                # none would keep an entry for each: forget them all instead, and have every queue
-                # promote at its next acquire, which is always correct.
-                self._written.clear()
-                self._next.clear()
-            if written is None or run_at < written:
-                self._written[queue] = run_at
+            for queue, run_at in earliest.items():
+                written = self._written.get(queue)
+                if written is None and len(self._written) >= MAX_QUEUES:
+                    # A producer that schedules into ever new queues (one per tenant, say) and acquires
+                    # from none would keep an entry for each: forget them all instead, and have every
+                    # queue promote at its next acquire, which is always correct.
+                    self._written.clear()
+                    self._next.clear()
+                if written is None or run_at < written:
+                    self._written[queue] = run_at
