@@ -20,7 +20,7 @@ from typing import Any
 PROMOTE_EVERY = timedelta(seconds=1)
 #: Scheduled jobs made ready per statement; a full batch has the next acquire promote again.
 PROMOTE_BATCH = 1_000
-#: Queues whose scheduled jobs this process remembers writing, at most (see Promotions.scheduled).
+#: Queues whose scheduled jobs this process remembers writing, at most (see Promotions.scheduled_many).
 MAX_QUEUES = 10_000
 
 
