@@ -475,8 +475,7 @@ class PostgresBackend:
             j = jobs[0]
             one = {
                 "id": j.id, "queue": j.queue, "task": j.task, "payload": j.payload, "headers": j.headers,
-                "state": "scheduled" if j.run_at > now else "pending", "priority": j.priority,
-                "run_at": j.run_at, "now": now, "expires_at": j.expires_at,
+                "priority": j.priority, "run_at": j.run_at, "now": now, "expires_at": j.expires_at,
                 "max_attempts": j.max_attempts, "max_deliveries": j.max_deliveries,
                 "ordering_key": j.ordering_key, "replay_of": j.replay_of,
             }  # fmt: skip

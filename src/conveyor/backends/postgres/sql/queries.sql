@@ -345,8 +345,8 @@ WITH inserted AS (
         max_attempts, max_deliveries, ordering_key, replay_of
     )
     VALUES (
-        %(id)s, %(queue)s, %(task)s, %(payload)s::jsonb, %(headers)s::jsonb, %(state)s, %(priority)s,
-        %(run_at)s, %(now)s, %(expires_at)s, %(max_attempts)s, %(max_deliveries)s, %(ordering_key)s,
+        %(id)s, %(queue)s, %(task)s, %(payload)s::jsonb, %(headers)s::jsonb,
+        CASE WHEN %(run_at)s > %(now)s THEN 'scheduled' ELSE 'pending' END, %(priority)s, %(run_at)s, %(now)s, %(expires_at)s, %(max_attempts)s, %(max_deliveries)s, %(ordering_key)s,
         %(replay_of)s
     )
     ON CONFLICT (id) DO NOTHING
@@ -363,8 +363,8 @@ WITH inserted AS (
         max_attempts, max_deliveries, ordering_key, replay_of
     )
     SELECT
-        %(id)s, %(queue)s, %(task)s, %(payload)s::jsonb, %(headers)s::jsonb, %(state)s, %(priority)s,
-        %(run_at)s, %(now)s, %(expires_at)s, %(max_attempts)s, %(max_deliveries)s, %(ordering_key)s,
+        %(id)s, %(queue)s, %(task)s, %(payload)s::jsonb, %(headers)s::jsonb,
+        CASE WHEN %(run_at)s > %(now)s THEN 'scheduled' ELSE 'pending' END, %(priority)s, %(run_at)s, %(now)s, %(expires_at)s, %(max_attempts)s, %(max_deliveries)s, %(ordering_key)s,
         %(replay_of)s
     WHERE NOT EXISTS (SELECT 1 FROM archive AS a WHERE a.id = %(id)s)
     ON CONFLICT (id) DO NOTHING
@@ -565,11 +565,11 @@ FROM done AS d, (SELECT count(*) FROM notified) AS n
 
 -- name: jobs_retry_many
 -- Back to pending at each item's run_at (scheduled while that is ahead: see jobs_promote) with the
--- attempt counted and its error kept; receipt
--- and lease are cleared so the old delivery can no longer act. worker_id (like started_at) stays:
--- it names the worker of the last delivery until the next one, as on every engine. A retry due at once (run_at <=
--- now) notifies its queue so an idle worker picks it up without polling. Returns the counts, then the queues that got a
--- scheduled retry with the earliest run_at of each (the backend promotes them when due).
+-- attempt counted and its error kept; receipt and lease are cleared so the old delivery can no longer
+-- act. worker_id (like started_at) stays: it names the worker of the last delivery until the next
+-- one, as on every engine. A retry due at once (run_at <= now) notifies its queue so an idle worker
+-- picks it up without polling. Returns the counts, then the queues that got a scheduled retry with
+-- the earliest run_at of each (the backend promotes them when due).
 WITH items AS (
     SELECT *
     FROM unnest(
@@ -704,10 +704,11 @@ ORDER BY id
 LIMIT %(limit)s
 
 -- name: queues_stats
--- Live counts from the small jobs table (pending and scheduled by run_at against now, whichever index
--- holds the row: a scheduled job that came due is ready even before jobs_promote moves it); terminal totals from queue_counters (a few rows per queue,
--- whatever the archive holds); the DLQ depth from archive_dlq_queue_idx, which holds unreplayed
--- dead letters only. Nothing here reads the rest of the archive, so the cost does not grow with it.
+-- Live counts from the small jobs table (pending and scheduled by run_at against now, whichever
+-- index holds the row: a scheduled job that came due is ready even before jobs_promote moves it);
+-- terminal totals from queue_counters (a few rows per queue, whatever the archive holds); the DLQ
+-- depth from archive_dlq_queue_idx, which holds unreplayed dead letters only. Nothing here reads the
+-- rest of the archive, so the cost does not grow with it.
 WITH live AS (
     SELECT queue,
            count(*) FILTER (WHERE state <> 'processing' AND run_at <= %(now)s) AS pending,
