@@ -346,8 +346,8 @@ WITH inserted AS (
     )
     VALUES (
         %(id)s, %(queue)s, %(task)s, %(payload)s::jsonb, %(headers)s::jsonb,
-        CASE WHEN %(run_at)s > %(now)s THEN 'scheduled' ELSE 'pending' END, %(priority)s, %(run_at)s, %(now)s, %(expires_at)s, %(max_attempts)s, %(max_deliveries)s, %(ordering_key)s,
-        %(replay_of)s
+        CASE WHEN %(run_at)s > %(now)s THEN 'scheduled' ELSE 'pending' END, %(priority)s, %(run_at)s,
+        %(now)s, %(expires_at)s, %(max_attempts)s, %(max_deliveries)s, %(ordering_key)s, %(replay_of)s
     )
     ON CONFLICT (id) DO NOTHING
     RETURNING queue, state
@@ -364,8 +364,8 @@ WITH inserted AS (
     )
     SELECT
         %(id)s, %(queue)s, %(task)s, %(payload)s::jsonb, %(headers)s::jsonb,
-        CASE WHEN %(run_at)s > %(now)s THEN 'scheduled' ELSE 'pending' END, %(priority)s, %(run_at)s, %(now)s, %(expires_at)s, %(max_attempts)s, %(max_deliveries)s, %(ordering_key)s,
-        %(replay_of)s
+        CASE WHEN %(run_at)s > %(now)s THEN 'scheduled' ELSE 'pending' END, %(priority)s, %(run_at)s,
+        %(now)s, %(expires_at)s, %(max_attempts)s, %(max_deliveries)s, %(ordering_key)s, %(replay_of)s
     WHERE NOT EXISTS (SELECT 1 FROM archive AS a WHERE a.id = %(id)s)
     ON CONFLICT (id) DO NOTHING
     RETURNING queue, state
