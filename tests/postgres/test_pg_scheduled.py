@@ -1,6 +1,6 @@
 """Scheduled jobs on PostgreSQL: a job due later waits outside the ready index (migration 0005), so an
 acquire's cost does not grow with the jobs scheduled in its queue, and the backend makes it ready
-(jobs_promote) by the time it is due (see conveyor.backends.postgres._promotion)."""
+(jobs_promote) by the time it is due (see conveyor.backends._promotion)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import psycopg
 import pytest
 from _pg import T0, acquire, at, complete, insert, make_job
 
+from conveyor.backends._promotion import PROMOTE_BATCH, PROMOTE_EVERY
 from conveyor.backends.base import JobGetParams, QueuesStatsParams
 from conveyor.backends.postgres import PostgresBackend
-from conveyor.backends.postgres._promotion import PROMOTE_BATCH, PROMOTE_EVERY
 
 Conn = psycopg.Connection[tuple[Any, ...]]
 
@@ -153,7 +153,7 @@ def test_an_acquire_without_promote_leaves_due_scheduled_jobs_for_the_next(pg: P
 
 
 def test_what_a_producer_remembers_of_scheduled_queues_is_bounded() -> None:
-    from conveyor.backends.postgres._promotion import MAX_QUEUES, Promotions
+    from conveyor.backends._promotion import MAX_QUEUES, Promotions
 
     promotions = Promotions()
     promotions.promoted("worked", T0, (0, 0, None))

@@ -469,6 +469,89 @@ def pg_app(postgres_database: str) -> Iterator[App]:
     a.close()
 
 
+def _idle_then(worker: Worker, idle: float, scenario: Callable[[], float]) -> float:
+    """Run ``worker``; after ``idle`` seconds run ``scenario`` on a thread; stop the worker; return what it returned."""
+
+    async def run() -> float:
+        task = asyncio.create_task(worker.run())
+        await asyncio.sleep(idle)
+        try:
+            return await asyncio.to_thread(scenario)
+        finally:
+            worker.stop()
+            await task
+
+    return asyncio.run(asyncio.wait_for(run(), 30))
+
+
+def test_an_idle_worker_starts_a_delayed_job_at_its_run_at_not_at_its_next_poll(app: App) -> None:
+    # The worker knows the job is scheduled (this process wrote it, Backend.jobs_next_due): it wakes
+    # when it is due. With a poll interval of 30 s it would otherwise wait for the poll (PostgreSQL:
+    # a scheduled job sends no notification; SQLite: the idle poll, 2 s into its doubling, waits ~2 s).
+    started = threading.Event()
+
+    @app.task(queue="q")
+    def later() -> None:
+        started.set()
+
+    worker = Worker(app, concurrency=2, poll_interval=30)
+
+    def scenario() -> float:
+        later.send(None, delay=1.0)
+        sent = time.monotonic()
+        assert started.wait(10)
+        return time.monotonic() - sent - 1.0
+
+    late = _idle_then(worker, 2.0, scenario)
+    assert -0.05 < late < 0.4, late
+
+
+def test_an_idle_worker_starts_a_retry_when_its_backoff_ends(app: App) -> None:
+    attempts: list[float] = []
+    done = threading.Event()
+
+    @app.task(queue="q", max_attempts=3)
+    def flaky(ctx: JobContext) -> None:
+        attempts.append(time.monotonic())
+        if ctx.attempt == 1:
+            raise Retry(delay=1.0)
+        done.set()
+
+    worker = Worker(app, concurrency=2, poll_interval=30)
+
+    def scenario() -> float:
+        flaky.delay()
+        assert done.wait(10)
+        return attempts[1] - attempts[0] - 1.0
+
+    late = _idle_then(worker, 2.0, scenario)
+    assert len(attempts) == 2 and -0.05 < late < 0.4, (attempts, late)
+
+
+def test_a_worker_wakes_for_a_job_another_process_scheduled_that_its_acquire_saw(database_url: str) -> None:
+    producer, consumer = App(database_url, migrate=True), App(database_url)
+    started = threading.Event()
+
+    @consumer.task(name="later", queue="q")
+    def later() -> None:
+        started.set()
+
+    try:
+        sent = time.monotonic()
+        producer.send("later", queue="q", delay=1.5)
+        worker = Worker(consumer, concurrency=2, poll_interval=30)
+
+        def scenario() -> float:
+            assert started.wait(10)
+            return time.monotonic() - sent - 1.5
+
+        late = _idle_then(worker, 0.0, scenario)
+    finally:
+        producer.close()
+        consumer.close()
+    assert -0.05 < late < 0.4, late
+
+
 def test_an_idle_worker_picks_up_by_notification_not_by_polling(pg_app: App) -> None:
     ran = threading.Event()
 

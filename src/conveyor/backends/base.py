@@ -945,6 +945,15 @@ class Backend(Protocol):
         """A listener woken by inserts into any of ``queues``."""
         ...
 
+    def jobs_next_due(self, queues: Sequence[str]) -> datetime | None:
+        """When the earliest scheduled job of ``queues`` that this backend knows of comes due (None: none
+        known). From memory, never a statement, so any thread may ask, the event loop's included. It knows
+        what its last acquire of each queue found scheduled and the scheduled jobs it wrote since (inserts,
+        retries' backoffs); a job another process scheduled since is not known (the poll finds it). An idle
+        worker wakes at this time rather than at its next poll, so that a known job starts at its
+        ``run_at``."""
+        ...
+
     def loop_statements(self) -> LoopStatements | None:
         """A new :class:`LoopStatements` for one worker run, or None if this engine has none."""
         ...

@@ -28,6 +28,11 @@ _ADAPT_EVERY = 0.25
 # A worker that goes idle having leased at least Fetcher.vacuum_after jobs since its last vacuum has
 # the jobs table vacuumed, at most this often (see Fetcher._vacuum).
 _VACUUM_EVERY = 60.0
+# An idle fetcher's waits are cut into steps of at most this long, so that a stop, and a job scheduled
+# meanwhile (a retry's backoff, a delayed job this process sent), are noticed.
+_IDLE_STEP = 0.25
+# The shortest idle wait for a scheduled job that is already due (its acquire promotes it): never a busy loop.
+_DUE_MIN = 0.005
 
 
 class Fetcher(Service):
@@ -35,8 +40,9 @@ class Fetcher(Service):
 
     It refills when the buffer falls to half its capacity, in one acquire per lane, so that
     acquires are batched. When nothing is ready it sleeps until a notification (PostgreSQL
-    LISTEN/NOTIFY) or the poll interval, whichever comes first: with notifications, pickup latency
-    does not depend on the poll interval, which then only catches jobs whose ``run_at`` came due."""
+    LISTEN/NOTIFY), the poll interval or the time the next scheduled job it knows of comes due
+    (``Backend.jobs_next_due``), whichever comes first: with notifications, pickup latency does not
+    depend on the poll interval, which then only catches jobs another process scheduled since."""
 
     name = "fetcher"
     observer: Observer = NO_OBSERVER
@@ -181,7 +187,7 @@ class Fetcher(Service):
                     await self._wait_notification(self.poll_interval)
                 else:
                     # No notifications: poll adaptively, fast after work, slower when idle.
-                    await self._wait_for(self._stopped, idle_wait)
+                    await self._sleep(idle_wait)
                     idle_wait = min(idle_wait * 2, self.poll_interval)
         finally:
             if self._vacuuming is not None:
@@ -224,8 +230,28 @@ class Fetcher(Service):
         finally:
             self._vacuuming = None
 
+    def _until_due(self) -> float:
+        """Seconds until the next scheduled job of this worker's queues that its backend knows of comes
+        due (infinity: none known); at least _DUE_MIN."""
+        due = self.calls.backend.jobs_next_due(self.queues)
+        if due is None:
+            return math.inf
+        return max((due - self.clock()).total_seconds(), _DUE_MIN)
+
+    async def _sleep(self, timeout: float) -> None:
+        """Sleep until ``timeout`` is out, the next known scheduled job is due, or a stop."""
+        deadline = time.monotonic() + timeout
+        while not self.stopping:
+            due = self._until_due()
+            left = min(deadline - time.monotonic(), due)
+            if left <= 0:
+                return
+            await self._wait_for(self._stopped, min(left, _IDLE_STEP))
+            if due <= _IDLE_STEP:
+                return  # the job is due: the fetch loop's acquire promotes it
+
     async def _wait_notification(self, timeout: float) -> None:
-        """Sleep until a notification (or ``timeout``, or a stop).
+        """Sleep until a notification (or ``timeout``, or the next known scheduled job is due, or a stop).
 
         With one queue, the thread that receives the notification acquires at once, before handing
         back to the event loop: a woken fetcher would otherwise go listener thread -> event loop ->
@@ -240,18 +266,23 @@ class Fetcher(Service):
         vt = self._vt_for(queue) if queue is not None else 0.0
 
         def wait_then_acquire() -> list[Delivery]:
-            # The listener blocks this thread: wait in steps of at most 0.25 s, so that a stop is
-            # noticed, until ``timeout`` is out (the poll: jobs whose run_at came due send no
-            # notification). A step that ends early without one (a closed listener) hands back to
-            # the event loop at once; a lost server makes the listener sleep out its step instead.
+            # The listener blocks this thread: wait in steps of at most _IDLE_STEP, so that a stop
+            # and a newly known scheduled job are noticed, until ``timeout`` is out (the poll: jobs
+            # whose run_at came due send no notification) or the next known scheduled job is due:
+            # then the event loop acquires, promoting it. A step that ends early without a
+            # notification (a closed listener) hands back to the event loop at once; a lost server
+            # makes the listener sleep out its step instead.
             deadline = time.monotonic() + timeout
             while True:
                 began = time.monotonic()
-                step = min(deadline - began, 0.25)
+                due = self._until_due()
+                step = min(deadline - began, due, _IDLE_STEP)
+                if step <= 0:
+                    return []
                 if listener.wait(step):
                     break
                 now = time.monotonic()
-                if self.stopping or now >= deadline or now - began < step / 2:
+                if self.stopping or now >= deadline or now - began >= due or now - began < step / 2:
                     return []
             if queue is None or self.stopping:
                 return []

@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 from uuid import UUID
 
+from conveyor.backends._promotion import PROMOTE_BATCH
 from conveyor.backends.base import JobsAcquireParams, JobsFinishParams, one_outcome_per_job
-from conveyor.backends.postgres._promotion import PROMOTE_BATCH
 
 
 def receipt_of(value: str) -> UUID | None:

@@ -20,6 +20,7 @@ from psycopg.rows import TupleRow, tuple_row
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from conveyor._errors import BackendError, BackendUnavailable, ConfigurationError
+from conveyor.backends._promotion import Promotions, scheduled_earliest
 from conveyor.backends._redact import hide, redact_url, scrub
 from conveyor.backends._sql import load_migrations, load_queries
 from conveyor.backends.base import (
@@ -80,7 +81,6 @@ from conveyor.backends.base import (
 from conveyor.backends.postgres._args import acquire_args, finish_args, promote_args, receipt_of
 from conveyor.backends.postgres._listener import PostgresListener
 from conveyor.backends.postgres._loop import PostgresLoopStatements, has_input
-from conveyor.backends.postgres._promotion import Promotions
 from conveyor.backends.postgres._rows import record_row
 
 _PACKAGE = "conveyor.backends.postgres"
@@ -451,11 +451,7 @@ class PostgresBackend:
 
     def _insert(self, cur: psycopg.Cursor[TupleRow], jobs: Sequence[NewJob], now: datetime) -> list[UUID]:
         # The statements write a job whose run_at is ahead as scheduled (see _promotion).
-        scheduled: dict[str, datetime] = {}
-        for j in jobs:
-            if j.run_at > now and (j.queue not in scheduled or j.run_at < scheduled[j.queue]):
-                scheduled[j.queue] = j.run_at
-        self._promotions.scheduled_many(scheduled)
+        self._promotions.scheduled_many(scheduled_earliest(jobs, now))
         holders: dict[tuple[str, str], UUID] = {}
         for i in range(0, len(jobs), _INSERT_CHUNK):
             self._insert_chunk(cur, jobs[i : i + _INSERT_CHUNK], now, holders)
@@ -513,7 +509,7 @@ class PostgresBackend:
 
     def jobs_acquire(self, params: JobsAcquireParams) -> list[Delivery]:
         """Lease up to ``limit`` ready jobs of one queue in one statement (FOR UPDATE SKIP LOCKED),
-        after making its due scheduled jobs ready when some may be (see :mod:`._promotion`)."""
+        after making its due scheduled jobs ready when some may be (see :mod:`conveyor.backends._promotion`)."""
         if params.limit <= 0:
             return []
         with self._connection("jobs_acquire", ack=True) as conn:
@@ -726,6 +722,10 @@ class PostgresBackend:
         )
         self._listeners.add(listener)
         return listener
+
+    def jobs_next_due(self, queues: Sequence[str]) -> datetime | None:
+        """The earliest scheduled job of ``queues`` known to come due (see :mod:`conveyor.backends._promotion`)."""
+        return self._promotions.next_due(queues)
 
     def loop_statements(self) -> PostgresLoopStatements:
         """Acquire and finish as coroutines for one worker run (see :class:`PostgresLoopStatements`)."""

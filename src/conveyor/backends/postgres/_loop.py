@@ -18,9 +18,9 @@ from typing import Any
 import psycopg
 from psycopg.pq import TransactionStatus
 
+from conveyor.backends._promotion import Promotions
 from conveyor.backends.base import Delivery, JobsAcquireParams, JobsFinishParams
 from conveyor.backends.postgres._args import acquire_args, finish_args, promote_args
-from conveyor.backends.postgres._promotion import Promotions
 from conveyor.backends.postgres._rows import record_row
 
 _AsyncConn = psycopg.AsyncConnection[Any]

@@ -12,6 +12,7 @@ from uuid import UUID
 
 from conveyor._errors import BackendError, ConfigurationError
 from conveyor.backends import base
+from conveyor.backends._promotion import Promotions, scheduled_earliest
 from conveyor.backends._sql import load_migrations, load_queries
 from conveyor.backends.sqlite import _convert as cv
 from conveyor.backends.sqlite import _schema
@@ -46,6 +47,8 @@ class SqliteBackend:
         else:
             self._pool = ConnectionPool(path)
         self._q = _QUERIES
+        # The next scheduled job each queue's last acquire saw, and those this process wrote since.
+        self._promotions = Promotions()
         if isinstance(self._pool, MemoryConnection):
             _schema.migrate_memory(self._pool, self._q)  # a private in-memory database is always new
 
@@ -65,6 +68,10 @@ class SqliteBackend:
         if isinstance(self._pool, MemoryConnection):
             return _CommitListener(self._commits)
         return base.PollingListener()
+
+    def jobs_next_due(self, queues: Sequence[str]) -> datetime | None:
+        """The earliest scheduled job of ``queues`` known to come due (see :mod:`conveyor.backends._promotion`)."""
+        return self._promotions.next_due(queues)
 
     def loop_statements(self) -> None:
         """None: SQLite's driver has no async mode (its calls are local and short)."""
@@ -140,6 +147,7 @@ class SqliteBackend:
             ids.append(job.id)
         if rows:
             conn.executemany(self._q["jobs_insert"], rows)
+        self._promotions.scheduled_many(scheduled_earliest(jobs, at))
         return ids
 
     # ------------------------------------------------------------------ consuming
@@ -151,7 +159,7 @@ class SqliteBackend:
         now = cv.to_db_time(params.now)
         with self._pool.write() as conn:
             # In the acquire's transaction, so it sees them; one index probe when nothing is due.
-            conn.execute(self._q["jobs_promote"], {"queue": params.queue, "now": now})
+            moved = conn.execute(self._q["jobs_promote"], {"queue": params.queue, "now": now}).rowcount
             rows = conn.execute(
                 self._q["jobs_acquire"],
                 {
@@ -162,6 +170,11 @@ class SqliteBackend:
                     "now": now,
                 },
             ).fetchall()
+            if len(rows) < params.limit:
+                # The worker may go idle: note when the queue's next scheduled job is due (jobs_next_due).
+                upcoming = conn.execute(self._q["jobs_next_scheduled"], {"queue": params.queue}).fetchone()
+                next_run_at = None if upcoming is None else cv.from_db_time(upcoming[0])
+                self._promotions.promoted(params.queue, params.now, (moved, 0, next_run_at))
         rows.sort(key=lambda r: (-r["priority"], r["run_at"], r["id"]))
         return [cv.delivery(row) for row in rows]
 
@@ -219,7 +232,14 @@ class SqliteBackend:
             return 0
         with self._pool.write() as conn:
             args = {"items": json.dumps(items), "now": cv.to_db_time(params.now)}
-            return conn.execute(self._q["jobs_retry_many"], args).rowcount
+            rows = conn.execute(self._q["jobs_retry_many"], args).fetchall()
+        # Retries whose backoff is ahead are scheduled: an idle worker wakes when they come due.
+        earliest: dict[str, float] = {}
+        for queue, run_at in rows:
+            if run_at is not None and (queue not in earliest or run_at < earliest[queue]):
+                earliest[queue] = run_at
+        self._promotions.scheduled_many({q: cv.from_db_time(t) for q, t in earliest.items()})
+        return len(rows)
 
     def jobs_release_many(self, params: base.JobsReleaseParams) -> int:
         """Hand leased jobs that never started back to pending; return how many applied."""

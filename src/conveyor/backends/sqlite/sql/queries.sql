@@ -71,6 +71,10 @@ WHERE id IN (
     LIMIT 1000
 )
 
+-- name: jobs_next_scheduled
+-- When the queue's next scheduled job is due (no row: none): the first entry of its jobs_scheduled range.
+SELECT run_at FROM jobs WHERE queue = :queue AND state = 'scheduled' ORDER BY run_at LIMIT 1
+
 -- name: jobs_acquire
 -- Runs inside BEGIN IMMEDIATE, which takes the database's write lock before reading, so two
 -- workers (threads or processes) can never select the same rows: SQLite's answer to SKIP LOCKED.
@@ -195,7 +199,8 @@ WHERE state = 'processing'
 -- name: jobs_retry_many
 -- Back to pending at the item's run_at (scheduled while that is ahead) with the attempt counted and
 -- its error kept for inspection; the receipt is cleared so the failed delivery can no longer act on
--- the job.
+-- the job. Returns one row per job retried: its queue, and its run_at if it is scheduled (for
+-- jobs_next_due).
 UPDATE jobs
 SET state = CASE WHEN r.run_at > :now THEN 'scheduled' ELSE 'pending' END,
     attempts = attempts + 1,
@@ -217,6 +222,7 @@ FROM (
     FROM json_each(:items)
 ) AS r
 WHERE jobs.id = r.id AND jobs.receipt = r.receipt AND jobs.state = 'processing'
+RETURNING jobs.queue, CASE WHEN jobs.state = 'scheduled' THEN jobs.run_at END
 
 -- name: jobs_release_many
 -- Hand back leased jobs that never started (graceful shutdown): ready again at once. A lease is not a

@@ -1,20 +1,27 @@
-"""When an acquire must first make a queue's due scheduled jobs ready (``jobs_promote``).
+"""When scheduled jobs come due: when an acquire must first make them ready, and when an idle worker wakes.
 
-On PostgreSQL a job written with its ``run_at`` still ahead is ``scheduled``: it waits outside the ready
-index, so that acquires never walk over it (migration 0005), and ``jobs_promote`` makes it ``pending``
-once it is due. The Backend contract is unchanged: ``jobs_acquire`` hands out the jobs that are due. So
-that it does not pay a second statement each time, an acquire promotes only when a scheduled job may
-have come due since the queue's last promotion: when the next one that promotion reported is due, when
-this process wrote a scheduled job (an insert, a retry's backoff) that is due, or at least every
-:data:`PROMOTE_EVERY` (scheduled jobs that other processes wrote, which this one cannot know of).
+A job written with its ``run_at`` still ahead is ``scheduled``: it waits outside the ready index, so
+that acquires never walk over it, and ``jobs_promote`` makes it ``pending`` once it is due. The Backend
+contract is unchanged: ``jobs_acquire`` hands out the jobs that are due. SQLite promotes in every
+acquire. PostgreSQL, so that it does not pay a second statement each time, promotes only when a scheduled
+job may have come due since the queue's last promotion: when the next one that promotion reported is
+due, when this process wrote a scheduled job (an insert, a retry's backoff) that is due, or at least
+every :data:`PROMOTE_EVERY` (scheduled jobs that other processes wrote, which this one cannot know of).
 Between those, a job another process scheduled may therefore wait up to that long past its ``run_at``:
-the same bound as an idle worker's poll."""
+the same bound as an idle worker's poll.
+
+On both engines, what the last promotion saw and what this process wrote since also tell an idle worker
+when to wake (:meth:`Promotions.next_due`, ``Backend.jobs_next_due``): a job known to be scheduled, a
+retry's backoff among them, starts at its ``run_at`` rather than at the next poll."""
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
+
+from conveyor.backends.base import NewJob
 
 #: The longest a queue goes without a promotion while it is being acquired from.
 PROMOTE_EVERY = timedelta(seconds=1)
@@ -24,9 +31,19 @@ PROMOTE_BATCH = 1_000
 MAX_QUEUES = 10_000
 
 
+def scheduled_earliest(jobs: Iterable[NewJob], now: datetime) -> dict[str, datetime]:
+    """Per queue, the earliest ``run_at`` among ``jobs`` that are written as scheduled at ``now``."""
+    earliest: dict[str, datetime] = {}
+    for j in jobs:
+        if j.run_at > now and (j.queue not in earliest or j.run_at < earliest[j.queue]):
+            earliest[j.queue] = j.run_at
+    return earliest
+
+
 class Promotions:
-    """Per queue, the earliest time an acquire must promote again. Thread-safe: every connection of
-    one backend (its pools' threads, the worker's event loop) shares one."""
+    """Per queue, the earliest time an acquire must promote again (PostgreSQL) and the next ``run_at``
+    known to come due. Thread-safe: every connection of one backend (its pools' threads, the worker's
+    event loop) shares one."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -35,6 +52,8 @@ class Promotions:
         self._next: dict[str, datetime] = {}
         # The earliest run_at of the scheduled jobs this process wrote since.
         self._written: dict[str, datetime] = {}
+        # From the last promotion: when the queue's next scheduled job is due (absent: none).
+        self._upcoming: dict[str, datetime] = {}
 
     def due(self, queue: str, now: datetime) -> bool:
         """Whether an acquire of ``queue`` at ``now`` must promote first."""
@@ -43,6 +62,13 @@ class Promotions:
             return True
         written = self._written.get(queue)
         return written is not None and now >= written
+
+    def next_due(self, queues: Sequence[str]) -> datetime | None:
+        """The earliest ``run_at`` this process knows of among the scheduled jobs of ``queues``: the
+        next one each queue's last promotion saw, and those it wrote since (None: none known)."""
+        with self._lock:
+            times = [t for q in queues for t in (self._upcoming.get(q), self._written.get(q)) if t is not None]
+        return min(times, default=None)
 
     def promoted(self, queue: str, now: datetime, row: tuple[Any, ...] | None) -> None:
         """Record a promotion of ``queue`` at ``now``: ``row`` is what ``jobs_promote`` returned (how
@@ -56,6 +82,10 @@ class Promotions:
                 at = next_run_at
         with self._lock:
             self._next[queue] = at
+            if next_run_at is None:
+                self._upcoming.pop(queue, None)
+            else:
+                self._upcoming[queue] = next_run_at
             written = self._written.get(queue)
             if written is not None and written <= now:
                 del self._written[queue]
@@ -73,5 +103,6 @@ class Promotions:
                     # queue promote at its next acquire, which is always correct.
                     self._written.clear()
                     self._next.clear()
+                    self._upcoming.clear()
                 if written is None or run_at < written:
                     self._written[queue] = run_at
