@@ -31,13 +31,18 @@ PROMOTE_BATCH = 1_000
 MAX_QUEUES = 10_000
 
 
+def earliest_by_queue(pairs: Iterable[tuple[str, datetime]]) -> dict[str, datetime]:
+    """Per queue, the earliest of the ``(queue, run_at)`` pairs."""
+    earliest: dict[str, datetime] = {}
+    for queue, run_at in pairs:
+        if queue not in earliest or run_at < earliest[queue]:
+            earliest[queue] = run_at
+    return earliest
+
+
 def scheduled_earliest(jobs: Iterable[NewJob], now: datetime) -> dict[str, datetime]:
     """Per queue, the earliest ``run_at`` among ``jobs`` that are written as scheduled at ``now``."""
-    earliest: dict[str, datetime] = {}
-    for j in jobs:
-        if j.run_at > now and (j.queue not in earliest or j.run_at < earliest[j.queue]):
-            earliest[j.queue] = j.run_at
-    return earliest
+    return earliest_by_queue((j.queue, j.run_at) for j in jobs if j.run_at > now)
 
 
 class Promotions:

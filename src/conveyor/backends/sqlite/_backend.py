@@ -12,7 +12,7 @@ from uuid import UUID
 
 from conveyor._errors import BackendError, ConfigurationError
 from conveyor.backends import base
-from conveyor.backends._promotion import Promotions, scheduled_earliest
+from conveyor.backends._promotion import Promotions, earliest_by_queue, scheduled_earliest
 from conveyor.backends._sql import load_migrations, load_queries
 from conveyor.backends.sqlite import _convert as cv
 from conveyor.backends.sqlite import _schema
@@ -234,11 +234,8 @@ class SqliteBackend:
             args = {"items": json.dumps(items), "now": cv.to_db_time(params.now)}
             rows = conn.execute(self._q["jobs_retry_many"], args).fetchall()
         # Retries whose backoff is ahead are scheduled: an idle worker wakes when they come due.
-        earliest: dict[str, float] = {}
-        for queue, run_at in rows:
-            if run_at is not None and (queue not in earliest or run_at < earliest[queue]):
-                earliest[queue] = run_at
-        self._promotions.scheduled_many({q: cv.from_db_time(t) for q, t in earliest.items()})
+        scheduled = ((queue, cv.from_db_time(run_at)) for queue, run_at in rows if run_at is not None)
+        self._promotions.scheduled_many(earliest_by_queue(scheduled))
         return len(rows)
 
     def jobs_release_many(self, params: base.JobsReleaseParams) -> int:
