@@ -321,7 +321,44 @@ def report(results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         growth = get("rss", "conveyor", "rss_growth", v)
         target("worker RSS flat (± 10 %) over the long drain", v, None if growth is None else 1 + growth, 1.0,
                "{a:.3f} × the RSS at a tenth of it", lambda r: abs(r - 1) <= 0.1)  # fmt: skip
+    lines += own_time(m, variants)
     return "\n".join(lines) + "\n"
+
+
+def own_time(m: dict[tuple[str, str, str], dict[str, float]], variants: list[str]) -> list[str]:
+    """The drain targets as time per job: what the queue adds to the body's own wall time (1/drain -
+    1/floor), against what the target leaves it (a drain at ``ratio`` of the floor adds (1/ratio - 1) of
+    the body's time). Unlike the ratio this moves little when the body gets faster or slower."""
+    rows = []
+    for path, ratio, floor, queue, drain in (
+        ("async def", 0.8, "floor_body_async", "floor_queue_async", "drain_async_io"),
+        ("def", 0.7, "floor_body_threads", "floor_queue_threads", "drain_def_io"),
+    ):
+        body = m.get((floor, "floor", ""), {}).get("rate")
+        if not body:
+            continue
+        minimal = m.get((queue, "floor", ""), {}).get("rate")
+        for v in variants:
+            rate = m.get((drain, "conveyor", v), {}).get("rate")
+            if not rate:
+                continue
+            cells = [
+                path,
+                v,
+                f"{1e6 / body:.0f}",
+                f"{1e6 / rate - 1e6 / body:.0f}",
+                f"{1e6 / minimal - 1e6 / body:.0f}" if minimal else "—",
+                f"{(1 / ratio - 1) * 1e6 / body:.0f}",
+            ]
+            rows.append("| " + " | ".join(cells) + " |")
+    if not rows:
+        return []
+    return [
+        "",
+        "| drain | variant | body µs/job | Conveyor adds µs/job | the minimal queue adds | the target allows |",
+        "| --- | --- | ---: | ---: | ---: | ---: |",
+        *rows,
+    ]
 
 
 def main() -> None:

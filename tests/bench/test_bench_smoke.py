@@ -99,25 +99,43 @@ def test_the_queue_floors_run_every_job_through_conveyors_statements(postgres_da
 
 def test_the_independent_report_checks_the_targets_met_before_issue_13(tmp_path: Path) -> None:
     # Section kept of bench.independent: the SQLite drain, big tables against empty ones, the RSS drain.
-    meta = {"figure": "meta", "started": 0.0, "command": "python -m bench.independent", "cluster": {}, "git": {},
-            "machine": {"postgres_commit_ms": 0.3, "loadavg_start": 0.1}}  # fmt: skip
     results: list[dict[str, object]] = [
-        meta,
         {"figure": "sqlite_drain", "lib": "conveyor", "ok": True, "rate": 3000.0},
         *({"figure": "drain_empty", "lib": "conveyor", "ok": True, "rate": r} for r in (9000.0, 10000.0, 11000.0)),
         *({"figure": "drain_big_tables", "lib": "conveyor", "ok": True, "rate": r} for r in (8000.0, 8500.0, 9900.0)),
         {"figure": "rss", "lib": "conveyor", "ok": True, "rate": 5000.0, "rss_growth": 0.02},
         {"figure": "drain_def_io", "lib": "conveyor", "ok": True, "rate": 4000.0, "worker_switches_per_job": 21.5},
     ]
-    out = tmp_path / "independent.jsonl"
-    out.write_text("".join(json.dumps(r) + "\n" for r in results))
-    proc = subprocess.run(
-        [sys.executable, "-m", "bench.independent", "--report", str(out)], cwd=ROOT, capture_output=True, text=True
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    text = out.with_suffix(".md").read_text()
+    text = _report(tmp_path, results)
     assert "| SQLite drain ≥ 2,500 jobs/s |  | 3,000 jobs/s | 1.20 | yes |" in text
     # The medians: 8,500 against 10,000 is 0.85, more than 10 % slower.
     assert "≥ 0.90 × empty |  | 8,500 vs 10,000 | 0.85 | no |" in text
     assert "| worker RSS flat (± 10 %) over the long drain |  | 1.020 × the RSS at a tenth of it | 1.02 | yes |" in text
     assert "| drain_def_io | conveyor |  | 1 | 4,000 |  |  |  | 21.5 |" in text
+
+
+def test_the_independent_report_gives_the_drain_targets_as_time_per_job(tmp_path: Path) -> None:
+    results: list[dict[str, object]] = [
+        {"figure": "floor_body_async", "lib": "floor", "ok": True, "rate": 10_000.0},  # 100 µs a body
+        {"figure": "floor_queue_async", "lib": "floor", "ok": True, "rate": 8_000.0},  # adds 25 µs
+        {"figure": "drain_async_io", "lib": "conveyor", "ok": True, "rate": 5_000.0},  # adds 100 µs
+        {"figure": "floor_body_threads", "lib": "floor", "ok": True, "rate": 5_000.0},  # 200 µs a body
+        {"figure": "drain_def_io", "lib": "conveyor", "ok": True, "rate": 4_000.0},  # adds 50 µs
+    ]
+    text = _report(tmp_path, results)
+    # 0.80 of the floor leaves a quarter of the body's time; 0.70 leaves 3/7 of it (no minimal queue: a dash).
+    assert "| async def |  | 100 | 100 | 25 | 25 |" in text
+    assert "| def |  | 200 | 50 | — | 86 |" in text
+
+
+def _report(tmp_path: Path, figures: list[dict[str, object]]) -> str:
+    """The markdown ``bench.independent --report`` renders from these figures (after a meta line)."""
+    meta = {"figure": "meta", "started": 0.0, "command": "python -m bench.independent", "cluster": {}, "git": {},
+            "machine": {"postgres_commit_ms": 0.3, "loadavg_start": 0.1}}  # fmt: skip
+    out = tmp_path / "independent.jsonl"
+    out.write_text("".join(json.dumps(r) + "\n" for r in [meta, *figures]))
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.independent", "--report", str(out)], cwd=ROOT, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return out.with_suffix(".md").read_text()

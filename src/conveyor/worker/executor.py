@@ -381,20 +381,27 @@ class Executor(Service):
         with self._tally:
             self._stuck -= 1
 
+    def _give_up(self, slot: _ThreadSlot, now: float) -> Outcome | None:
+        """Abandon ``slot`` if its handler ran past its deadline: its timed-out outcome, else None."""
+        with slot.lock:
+            if slot.job is None or slot.deadline is None or now < slot.deadline:
+                return None
+            delivery, task = slot.job
+            slot.timed_out = outcome = self._timed_out(task, delivery)
+            slot.abandoned = True
+            with self._tally:
+                self._stuck += 1
+        return outcome
+
     async def _watch(self) -> None:
         """Give up thread slots whose handler ran past its task's timeout (see :class:`_ThreadSlot`)."""
         while True:
             await asyncio.sleep(self.watch_interval)
             now = time.monotonic()
             for slot in list(self._slots):
-                with slot.lock:
-                    if slot.job is None or slot.deadline is None or now < slot.deadline:
-                        continue
-                    delivery, task = slot.job
-                    slot.timed_out = outcome = self._timed_out(task, delivery)
-                    slot.abandoned = True
-                    with self._tally:
-                        self._stuck += 1
+                outcome = self._give_up(slot, now)
+                if outcome is None:
+                    continue
                 self._slots.discard(slot)
                 self.completer.add(outcome)
                 self.buffer.release()
