@@ -46,7 +46,7 @@ from typing import Any
 
 from bench._cluster import Cluster
 from bench._common import ROOT
-from bench.run import PEERS_VENV, POSTGRES_PEERS, Runner, Sizes, fill_ready, git_state, machine, vacuum
+from bench.run import POSTGRES_PEERS, Runner, Sizes, ensure_peers, fill_ready, git_state, machine, vacuum
 
 RESULTS = ROOT / "bench" / "results"
 SECTIONS = ("body", "pickup", "limit", "batch", "single", "peers", "kept")
@@ -394,8 +394,8 @@ def main() -> None:
         import redis  # noqa: F401  (the job body of the drain, pickup and floor figures)
     except ImportError:
         sys.exit("redis-py is missing from this interpreter: .venv/bin/python -m pip install -e '.[bench]'")
-    if any(lib != "conveyor" for lib in args.libs.split(",")) and not (PEERS_VENV / "bin" / "python").exists():
-        sys.exit("bench/.venv-peers is missing: run `python -m bench --libs pgqueuer --workloads batch` once")
+    if any(lib != "conveyor" for lib in args.libs.split(",")):
+        ensure_peers(offline=False)  # bench/.venv-peers, created once (as `python -m bench` does)
 
     cluster = Cluster()
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
