@@ -50,6 +50,12 @@ from bench.run import POSTGRES_PEERS, Runner, Sizes, ensure_peers, fill_ready, g
 
 RESULTS = ROOT / "bench" / "results"
 SECTIONS = ("body", "pickup", "limit", "batch", "single", "peers", "kept")
+# The drain targets: handler kind, the least share of its body floor, and the figures of the body floor,
+# the minimal queue (bench.floors queue_*) and Conveyor's drain.
+DRAIN_TARGETS = (
+    ("async def", 0.8, "floor_body_async", "floor_queue_async", "drain_async_io"),
+    ("def", 0.7, "floor_body_threads", "floor_queue_threads", "drain_def_io"),
+)
 
 
 def flush_redis() -> None:
@@ -321,25 +327,23 @@ def report(results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         growth = get("rss", "conveyor", "rss_growth", v)
         target("worker RSS flat (± 10 %) over the long drain", v, None if growth is None else 1 + growth, 1.0,
                "{a:.3f} × the RSS at a tenth of it", lambda r: abs(r - 1) <= 0.1)  # fmt: skip
-    lines += own_time(m, variants)
+    lines += own_time(get, variants)
     return "\n".join(lines) + "\n"
 
 
-def own_time(m: dict[tuple[str, str, str], dict[str, float]], variants: list[str]) -> list[str]:
+def own_time(get: Callable[..., float | None], variants: list[str]) -> list[str]:
     """The drain targets as time per job: what the queue adds to the body's own wall time (1/drain -
     1/floor), against what the target leaves it (a drain at ``ratio`` of the floor adds (1/ratio - 1) of
-    the body's time). Unlike the ratio this moves little when the body gets faster or slower."""
+    the body's time). Unlike the ratio this moves little when the body gets faster or slower. ``get`` is
+    the report's lookup of a figure's median: (figure, lib, key, variant)."""
     rows = []
-    for path, ratio, floor, queue, drain in (
-        ("async def", 0.8, "floor_body_async", "floor_queue_async", "drain_async_io"),
-        ("def", 0.7, "floor_body_threads", "floor_queue_threads", "drain_def_io"),
-    ):
-        body = m.get((floor, "floor", ""), {}).get("rate")
+    for path, ratio, floor, queue, drain in DRAIN_TARGETS:
+        body = get(floor, "floor", "rate")
         if not body:
             continue
-        minimal = m.get((queue, "floor", ""), {}).get("rate")
+        minimal = get(queue, "floor", "rate")
         for v in variants:
-            rate = m.get((drain, "conveyor", v), {}).get("rate")
+            rate = get(drain, "conveyor", "rate", v)
             if not rate:
                 continue
             cells = [
