@@ -40,11 +40,26 @@ MODULES = (
 )
 
 
+#: Written into a directory this tool built: only such a directory's ``src`` is ever replaced.
+MARKER = ".conveyor-compiled"
+
+
 def build(target: Path) -> Path:
-    """Copy src/ into ``target`` and compile :data:`MODULES` there; return the copy's src directory."""
+    """Copy src/ into ``target`` and compile :data:`MODULES` there; return the copy's src directory.
+
+    Refuses a ``target`` whose ``src`` exists but that this tool did not build (the repository itself,
+    say: ``python -m bench.compiled .`` must not delete the tree it copies)."""
+    if target.exists() and not target.is_dir():
+        sys.exit(f"{target} is not a directory")
+    if target.is_relative_to(ROOT / "src"):
+        sys.exit(f"{target} is inside the src/ it would copy: choose a directory outside it")
     src = target / "src"
     if src.exists():
+        if not (target / MARKER).is_file():
+            sys.exit(f"{target} holds a src/ that bench.compiled did not build: choose an empty or new directory")
         shutil.rmtree(src)
+    target.mkdir(parents=True, exist_ok=True)
+    (target / MARKER).write_text("built by python -m bench.compiled\n")
     shutil.copytree(ROOT / "src", src, ignore=shutil.ignore_patterns("__pycache__", "*.so", "*.egg-info"))
     mypyc = Path(sys.executable).with_name("mypyc")
     done = subprocess.run([str(mypyc), *MODULES], cwd=src, capture_output=True, text=True, check=False)
@@ -55,7 +70,7 @@ def build(target: Path) -> Path:
 
 
 def main() -> None:
-    if len(sys.argv) != 2:
+    if len(sys.argv) != 2 or not sys.argv[1].strip():
         sys.exit("usage: python -m bench.compiled DIR")
     print(build(Path(sys.argv[1]).resolve()))
 

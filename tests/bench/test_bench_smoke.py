@@ -139,3 +139,21 @@ def _report(tmp_path: Path, figures: list[dict[str, object]]) -> str:
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return out.with_suffix(".md").read_text()
+
+
+def test_the_compiled_copy_refuses_a_directory_it_did_not_build(tmp_path: Path) -> None:
+    # bench.compiled replaces DIR/src: only one it built itself, never a foreign src/ (the repository's own, say:
+    # the copy below stands in for it, so that a regression deletes nothing of the checkout), a file or "".
+    foreign = tmp_path / "foreign"
+    (foreign / "src").mkdir(parents=True)
+    (foreign / "src" / "keep.txt").write_text("mine")
+    for target, says in [
+        (str(foreign), "did not build"),
+        (str(ROOT / "pyproject.toml"), "not a directory"),
+        ("", "usage"),
+    ]:
+        proc = subprocess.run(
+            [sys.executable, "-m", "bench.compiled", target], cwd=ROOT, capture_output=True, text=True
+        )
+        assert proc.returncode != 0 and says in proc.stderr, (target, proc.stderr[-2000:])
+    assert (foreign / "src" / "keep.txt").read_text() == "mine"
