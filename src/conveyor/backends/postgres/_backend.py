@@ -79,6 +79,7 @@ from conveyor.backends.base import (
     one_outcome_per_job,
 )
 from conveyor.backends.postgres._args import acquire_args, finish_args, promote_args, receipt_of
+from conveyor.backends.postgres._copy import TEXT_MAX, NotCopyable, copyable, write_binary, write_text
 from conveyor.backends.postgres._listener import PostgresListener
 from conveyor.backends.postgres._loop import PostgresLoopStatements, has_input
 from conveyor.backends.postgres._rows import record_row
@@ -104,24 +105,6 @@ R = TypeVar("R")
 # Batches of at least this many jobs without idempotency keys are inserted by COPY (see jobs_copy);
 # below it the single INSERT statement (one round trip) is quicker.
 _COPY_MIN = 64
-
-
-class _NotCopyable(Exception):
-    """A job in the batch needs the INSERT statement (an idempotency key, a replay)."""
-
-
-# jsonb's binary form is a version byte (1) and the JSON text. The backend prepends the byte to its
-# already-encoded JSON and sends the result through psycopg's text dumper, which runs in C (a jsonb
-# dumper would call back into Python for every value, and encode the JSON a second time).
-_COPY_TYPES = [
-    "uuid", "text", "text", "text", "text", "text", "integer", "timestamptz", "timestamptz", "timestamptz",
-    "integer", "integer", "text",
-]  # fmt: skip
-
-
-def _copyable(job: NewJob) -> bool:
-    """Whether COPY can insert the job: it has no key to claim, replays nothing, and its id is fresh."""
-    return job.fresh and job.idempotency_key is None and job.replay_of is None
 
 
 def _first_line(exc: BaseException) -> str:
@@ -372,18 +355,18 @@ class PostgresBackend:
             raise ConfigurationError(f"conn= must be an open psycopg (sync) Connection, not {type(conn).__name__}")
         # Decided on the first job, so that rows built lazily (see App.send_many) are built while
         # they stream; a later keyed or replayed job sends the batch down the statement path.
-        copyable = _copyable(jobs[0]) and len(jobs) >= _COPY_MIN
+        by_copy = copyable(jobs[0]) and len(jobs) >= _COPY_MIN
         with self._errors("jobs_insert_many"):
             if conn is not None:
-                if copyable and not conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE:
+                if by_copy and not conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE:
                     # Outside a transaction, conn.transaction() in _copy would begin *and commit*
                     # one; start the caller's transaction first so that it becomes a savepoint.
                     conn.execute(self._q["transaction_begin"])
-                if copyable and self._copy(conn, jobs, params.now, pooled=False):
+                if by_copy and self._copy(conn, jobs, params.now, pooled=False):
                     return [j.id for j in jobs]
                 return self._insert(psycopg.Cursor(conn, row_factory=tuple_row), jobs, params.now)
         with self._connection("jobs_insert_many") as pooled:
-            if copyable and self._copy(pooled, jobs, params.now, pooled=True):
+            if by_copy and self._copy(pooled, jobs, params.now, pooled=True):
                 return [j.id for j in jobs]
             multi = len(jobs) > _INSERT_CHUNK
             with pooled.transaction() if multi else nullcontext():
@@ -412,7 +395,7 @@ class PostgresBackend:
                 with suppress(psycopg.Error):  # a broken connection: the pool discards it
                     conn.rollback()
                 raise
-        except (psycopg.errors.UniqueViolation, _NotCopyable):
+        except (psycopg.errors.UniqueViolation, NotCopyable):
             return False
         return True
 
@@ -423,22 +406,10 @@ class PostgresBackend:
         # unsent rest is moved to the buffer's front at every partial send, which made
         # building a 1,000-job batch ~2 ms (15 %) slower (docs/benchmarks.md, session 19).
         scheduled: dict[str, datetime] = {}  # per queue, the earliest run_at written as scheduled
-        with cur.copy(self._q["jobs_copy"], writer=LibpqWriter(cur, flush_threshold=0)) as copy:
-            copy.set_types(_COPY_TYPES)
-            write = copy.write_row
-            for j in jobs:
-                if not _copyable(j):
-                    raise _NotCopyable
-                if j.run_at > now:
-                    state = "scheduled"
-                    if j.queue not in scheduled or j.run_at < scheduled[j.queue]:
-                        scheduled[j.queue] = j.run_at
-                else:
-                    state = "pending"
-                write((
-                    j.id, j.queue, j.task, "\x01" + j.payload, "\x01" + j.headers, state, j.priority, j.run_at,
-                    now, j.expires_at, j.max_attempts, j.max_deliveries, j.ordering_key,
-                ))  # fmt: skip
+        text = len(jobs) < TEXT_MAX
+        statement = self._q["jobs_copy_text" if text else "jobs_copy"]
+        with cur.copy(statement, writer=LibpqWriter(cur, flush_threshold=0)) as copy:
+            (write_text if text else write_binary)(copy, jobs, now, scheduled)
         self._promotions.scheduled_many(scheduled)
 
     def _notify(self, jobs: Sequence[NewJob], *, commit: bool) -> sql.Composed:

@@ -374,8 +374,8 @@ SELECT count(pg_notify('conveyor_jobs', queue)) FROM inserted WHERE state = 'pen
 
 -- name: jobs_copy
 -- The bulk path of jobs_insert_many: a batch of fresh ids without idempotency keys streams into jobs
--- with COPY (binary), which the server inserts while the client is still sending; measured 2-3x less
--- time than the unnested INSERT for 20,000 jobs. COPY has no ON CONFLICT: a batch that resends a live
+-- with COPY (binary; jobs_copy_text below for smaller batches), which the server inserts while the
+-- client is still sending; measured 2-3x less time than the unnested INSERT for 20,000 jobs. COPY has no ON CONFLICT: a batch that resends a live
 -- job id fails with a unique violation and is inserted again by jobs_insert_many_unkeyed. Fresh ids
 -- cannot be in the archive, so COPY needs no archive probe. The caller writes each row's state
 -- ('scheduled' when its run_at is still ahead, as the INSERT statements decide).
@@ -383,6 +383,14 @@ COPY jobs (
     id, queue, task, payload, headers, state, priority, run_at, enqueued_at, expires_at,
     max_attempts, max_deliveries, ordering_key
 ) FROM STDIN (FORMAT BINARY)
+
+-- name: jobs_copy_text
+-- jobs_copy in text format, for batches below a few thousand jobs: the server inserts a text COPY's
+-- rows every 64 KB as they arrive, a binary one's only every 1,000 rows (see postgres/_copy.py).
+COPY jobs (
+    id, queue, task, payload, headers, state, priority, run_at, enqueued_at, expires_at,
+    max_attempts, max_deliveries, ordering_key
+) FROM STDIN
 
 -- name: transaction_begin
 -- Any statement on a connection that is not in autocommit mode opens its transaction (psycopg sends
