@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg
@@ -41,6 +41,29 @@ def postgres_database(postgres_server_url: str) -> Iterator[str]:
         yield _with_db(postgres_server_url, name)
     finally:
         with psycopg.connect(postgres_server_url, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@pytest.fixture
+def postgres_database_in(postgres_server_url: str) -> Iterator[Callable[[str], str]]:
+    """Fresh databases of a given encoding, dropped afterwards: ``postgres_database_in("LATIN1")``
+    creates one and gives its URL."""
+    names: list[str] = []
+
+    def create(encoding: str) -> str:
+        name = f"conveyor_t_{uuid.uuid4().hex[:12]}"
+        with psycopg.connect(postgres_server_url, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL("CREATE DATABASE {} ENCODING {} LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0").format(
+                    sql.Identifier(name), sql.Literal(encoding)
+                )
+            )
+        names.append(name)
+        return _with_db(postgres_server_url, name)
+
+    yield create
+    with psycopg.connect(postgres_server_url, autocommit=True) as conn:
+        for name in names:
             conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -68,6 +69,27 @@ def test_one_bad_request_never_fails_the_others(server: Server) -> None:
         stats = {q.queue: q.pending for q in app.admin.queues()}
         assert stats == {"burst": len(good) + 1}  # the good ones and the first holder of "held", nothing else
         assert all(app.job(i).state == "pending" for i in good)
+
+
+def test_a_request_whose_text_the_database_cannot_hold_fails_alone(
+    postgres_database_in: Callable[[str], str], tmp_path: Path
+) -> None:
+    # A LATIN1 database holds 'é' but not '€': those requests get a 400, the rest of their groups 202.
+    db = postgres_database_in("LATIN1")
+    tokens = make_tokens(db)
+    server = start(db, tmp_path)
+    server.tokens = tokens
+    bodies: list[dict[str, object]] = [
+        {"task": "t", "payload": {"price": "5 €" if i % 10 == 4 else "café", "n": i}} for i in range(N)
+    ]
+    try:
+        responses = asyncio.run(_burst(server, bodies))
+    finally:
+        stop(server)
+    assert [r.status_code for r in responses] == [400 if i % 10 == 4 else 202 for i in range(N)]
+    assert "cannot store: '€'" in responses[4].json()["error"]["message"]
+    with App(db) as app:
+        assert sum(q.pending for q in app.admin.queues()) == N - N // 10
 
 
 def test_without_group_commit_each_request_is_its_own_transaction(postgres_database: str, tmp_path: Path) -> None:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import replace
+from datetime import UTC, datetime, timedelta, timezone
+from enum import Enum
 from typing import Any
 from uuid import UUID
 
@@ -184,3 +186,87 @@ def test_send_many_with_a_bad_message_in_a_large_batch_enqueues_nothing(pg: Post
 
     jobs = app.send_many(messages[: N // 2] + messages[N // 2 + 1 :])  # the connection is still good
     assert len(live_ids(pg, "bulk")) == len(jobs) == N - 1
+
+
+class Queue(str, Enum):  # noqa: UP042 - not StrEnum: a plain (str, Enum) formats as its name
+    EMAILS = "emails"
+
+
+class Priority(int, Enum):
+    HIGH = 7
+
+
+class Nanoseconds(datetime):
+    """A datetime whose isoformat writes nanoseconds, as pandas' Timestamp does."""
+
+    def isoformat(self, sep: str = "T", timespec: str = "auto") -> str:
+        return super().isoformat(sep, timespec).replace("+", "999+")
+
+
+def test_a_copied_batch_stores_values_not_their_subclass_spelling(
+    pg: PostgresBackend, admin: psycopg.Connection[tuple[object, ...]], copy_format: tuple[str, list[str]]
+) -> None:
+    # A (str, Enum) member formats as 'Queue.EMAILS' and an (int, Enum) one as 'Priority.HIGH': the rows
+    # hold their values, as the statements store them. A time is stored to the microsecond whatever
+    # its class writes, and whatever its offset (one with seconds).
+    odd_zone = timezone(timedelta(hours=5, minutes=30, seconds=15))
+    run_at = Nanoseconds(2030, 1, 1, 12, 0, 0, 999_999, tzinfo=UTC)
+    expires_at = datetime(2031, 6, 1, 0, 0, 0, 1, tzinfo=odd_zone)
+    jobs = [
+        make_job(
+            Queue.EMAILS,
+            task=Queue.EMAILS,
+            ordering_key=Queue.EMAILS if n == 0 else None,
+            priority=Priority.HIGH,
+            max_attempts=Priority.HIGH,
+            max_deliveries=Priority.HIGH,
+            run_at=run_at,
+            expires_at=expires_at,
+        )
+        for n in range(N)
+    ]
+    assert insert(pg, *jobs, now=T0) == [j.id for j in jobs]
+    assert copy_format[1] == [copy_format[0]]
+    rows = admin.execute(
+        "SELECT DISTINCT queue, task, priority, max_attempts, max_deliveries, run_at, expires_at FROM jobs"
+    ).fetchall()
+    assert rows == [("emails", "emails", 7, 7, 7, run_at.replace(tzinfo=UTC), expires_at)]
+    assert admin.execute("SELECT ordering_key FROM jobs WHERE ordering_key IS NOT NULL").fetchall() == [("emails",)]
+
+
+def test_a_sql_ascii_database_stores_a_copied_batch_as_utf8(
+    postgres_database_in: Callable[[str], str], copy_format: tuple[str, list[str]]
+) -> None:
+    # psycopg sends UTF-8 to a SQL_ASCII database (which takes any bytes); so does the text COPY.
+    backend = PostgresBackend(postgres_database_in("SQL_ASCII"))
+    try:
+        backend.migrate()
+        jobs = [make_job("café", payload=json.dumps({"price": "5 €"}, ensure_ascii=False)) for _ in range(N)]
+        assert insert(backend, *jobs) == [j.id for j in jobs]
+        assert copy_format[1] == [copy_format[0]]
+        stored = backend.jobs_list(JobsListParams(queue="café", limit=10 * N))
+        assert len(stored) == N and {json.loads(r.payload)["price"] for r in stored} == {"5 €"}
+    finally:
+        backend.close()
+
+
+def test_text_a_databases_encoding_cannot_hold_is_a_payload_error(
+    postgres_database_in: Callable[[str], str], copy_format: tuple[str, list[str]]
+) -> None:
+    # LATIN1 holds 'é' but not '€': the batch is refused as bad input (never half-written), and
+    # the backend goes on; the HTTP group commit then isolates the one request that holds it.
+    backend = PostgresBackend(postgres_database_in("LATIN1"))
+    try:
+        backend.migrate()
+        good = [make_job("q", payload=json.dumps({"name": "café"}, ensure_ascii=False)) for _ in range(N)]
+        bad = [*good[: N // 2], make_job("q", payload=json.dumps({"price": "5 €"}, ensure_ascii=False))]
+        bad += [make_job("q") for _ in range(N // 2)]
+        with pytest.raises(PayloadError, match="cannot store: '€'"):
+            insert(backend, *bad)
+        assert live_ids(backend, "q") == []
+        assert insert(backend, *good) == [j.id for j in good]
+        assert {json.loads(r.payload)["name"] for r in backend.jobs_list(JobsListParams(queue="q", limit=1000))} == {
+            "café"
+        }
+    finally:
+        backend.close()

@@ -19,7 +19,7 @@ from psycopg.pq import TransactionStatus
 from psycopg.rows import TupleRow, tuple_row
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from conveyor._errors import BackendError, BackendUnavailable, ConfigurationError
+from conveyor._errors import BackendError, BackendUnavailable, ConfigurationError, PayloadError
 from conveyor.backends._promotion import Promotions, scheduled_earliest
 from conveyor.backends._redact import hide, redact_url, scrub
 from conveyor.backends._sql import load_migrations, load_queries
@@ -353,6 +353,16 @@ class PostgresBackend:
         conn = params.conn
         if conn is not None and not isinstance(conn, psycopg.Connection):
             raise ConfigurationError(f"conn= must be an open psycopg (sync) Connection, not {type(conn).__name__}")
+        try:
+            return self._insert_many(jobs, params.now, conn)
+        except UnicodeEncodeError as exc:
+            # A database whose encoding is not UTF-8 (LATIN1, say) cannot hold every character.
+            raise PayloadError(
+                f"a job holds text the database's encoding ({exc.encoding}) cannot store: "
+                f"{exc.object[exc.start : exc.end]!r}"
+            ) from None
+
+    def _insert_many(self, jobs: Sequence[NewJob], now: datetime, conn: Conn | None) -> list[UUID]:
         # Decided on the first job, so that rows built lazily (see App.send_many) are built while
         # they stream; a later keyed or replayed job sends the batch down the statement path.
         by_copy = copyable(jobs[0]) and len(jobs) >= _COPY_MIN
@@ -362,15 +372,15 @@ class PostgresBackend:
                     # Outside a transaction, conn.transaction() in _copy would begin *and commit*
                     # one; start the caller's transaction first so that it becomes a savepoint.
                     conn.execute(self._q["transaction_begin"])
-                if by_copy and self._copy(conn, jobs, params.now, pooled=False):
+                if by_copy and self._copy(conn, jobs, now, pooled=False):
                     return [j.id for j in jobs]
-                return self._insert(psycopg.Cursor(conn, row_factory=tuple_row), jobs, params.now)
+                return self._insert(psycopg.Cursor(conn, row_factory=tuple_row), jobs, now)
         with self._connection("jobs_insert_many") as pooled:
-            if by_copy and self._copy(pooled, jobs, params.now, pooled=True):
+            if by_copy and self._copy(pooled, jobs, now, pooled=True):
                 return [j.id for j in jobs]
             multi = len(jobs) > _INSERT_CHUNK
             with pooled.transaction() if multi else nullcontext():
-                return self._insert(pooled.cursor(), jobs, params.now)
+                return self._insert(pooled.cursor(), jobs, now)
 
     def _copy(self, conn: Conn, jobs: Sequence[NewJob], now: datetime, *, pooled: bool) -> bool:
         """COPY ``jobs`` in a transaction and notify their queues: on a ``pooled`` connection
@@ -409,7 +419,10 @@ class PostgresBackend:
         text = len(jobs) < TEXT_MAX
         statement = self._q["jobs_copy_text" if text else "jobs_copy"]
         with cur.copy(statement, writer=LibpqWriter(cur, flush_threshold=0)) as copy:
-            (write_text if text else write_binary)(copy, jobs, now, scheduled)
+            if text:
+                write_text(copy, jobs, now, scheduled, conn.info.encoding)
+            else:
+                write_binary(copy, jobs, now, scheduled)
         self._promotions.scheduled_many(scheduled)
 
     def _notify(self, jobs: Sequence[NewJob], *, commit: bool) -> sql.Composed:

@@ -11,7 +11,7 @@ below ``TEXT_MAX`` go as text, larger ones as binary (docs/benchmarks.md, sessio
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 
 from psycopg import Copy
 
@@ -68,19 +68,34 @@ _BLOCK = 32_768  # characters handed to psycopg at a time, as its own row writer
 
 
 def _text(value: str) -> str:
-    """``value`` as a field of a text COPY row."""
+    """``value`` as a field of a text COPY row: its value, as psycopg's dumpers send it (not what
+    ``format`` makes of a ``str`` subclass, such as ``'Q.EMAILS'`` for a member of a ``(str, Enum)``)."""
+    if type(value) is not str:
+        value = str.__str__(value)
     if "\\" in value or "\t" in value or "\n" in value or "\r" in value:
         return value.translate(_ESCAPES)
     return value
 
 
 def _time(value: datetime | None) -> str:
-    # The producer's times are aware UTC datetimes, which isoformat writes as PostgreSQL reads them.
-    return _NULL if value is None else value.isoformat()
+    """A time as the binary COPY sends it: the instant in UTC, to the microsecond (``datetime``'s own
+    isoformat: a subclass's may write more digits, as pandas' Timestamp writes nanoseconds, which
+    PostgreSQL would round where psycopg's dumper drops them)."""
+    if value is None:
+        return _NULL
+    if value.tzinfo is not UTC:
+        value = value.astimezone(UTC)
+    return datetime.isoformat(value)
 
 
-def write_text(copy: Copy, jobs: Sequence[NewJob], now: datetime, scheduled: dict[str, datetime]) -> None:
-    """Write ``jobs`` to a text COPY (``jobs_copy_text``), as :func:`write_binary` does."""
+def write_text(
+    copy: Copy, jobs: Sequence[NewJob], now: datetime, scheduled: dict[str, datetime], encoding: str
+) -> None:
+    """Write ``jobs`` to a text COPY (``jobs_copy_text``), as :func:`write_binary` does, encoded in
+    the connection's ``encoding`` (Python's name for it). Raises UnicodeEncodeError for a text the
+    encoding cannot hold."""
+    # As psycopg's text dumpers: a SQL_ASCII database takes any bytes, and gets UTF-8.
+    codec = "utf-8" if encoding == "ascii" else encoding
     enqueued = _time(now)
     lines: list[str] = []
     size = 0
@@ -100,16 +115,16 @@ def write_text(copy: Copy, jobs: Sequence[NewJob], now: datetime, scheduled: dic
             head = f"\t{_text(j.queue)}\t{_text(j.task)}\t"
             key = _NULL if j.ordering_key is None else _text(j.ordering_key)
             tail = (
-                f"\t{_state(j, now, scheduled)}\t{j.priority}\t{_time(j.run_at)}\t{enqueued}\t{_time(j.expires_at)}"
-                f"\t{j.max_attempts}\t{j.max_deliveries}\t{key}\n"
+                f"\t{_state(j, now, scheduled)}\t{int(j.priority)}\t{_time(j.run_at)}\t{enqueued}"
+                f"\t{_time(j.expires_at)}\t{int(j.max_attempts)}\t{int(j.max_deliveries)}\t{key}\n"
             )
             last = j
         line = f"{j.id.hex}{head}{_text(j.payload)}\t{_text(j.headers)}{tail}"
         lines.append(line)
         size += len(line)
         if size >= _BLOCK:
-            copy.write("".join(lines))
+            copy.write("".join(lines).encode(codec))
             lines.clear()
             size = 0
     if lines:
-        copy.write("".join(lines))
+        copy.write("".join(lines).encode(codec))
