@@ -73,11 +73,14 @@ def _text_problem(value: str) -> str | None:
 
 
 def check_name(value: object, what: str, error: ErrorClass = PayloadError) -> str:
-    """``value`` if it is a usable queue/task/schedule/topic name; else raise ``error``."""
+    """``value`` as a plain ``str`` if it is a usable queue/task/schedule/topic name; else raise
+    ``error``. (A ``str`` subclass, such as a member of a ``(str, Enum)``, becomes its value: its own
+    ``str()`` and ``format()`` may spell it otherwise, as ``'Queue.EMAILS'``.)"""
     if type(value) is str and value in GOOD_NAMES:
         return value
     if not isinstance(value, str):
         _raise(error, f"{what} must be a string, got {type(value).__name__}")
+    value = str.__str__(value)
     if not value:
         _raise(error, f"{what} must not be empty")
     if len(value) > MAX_NAME_CHARS:
@@ -94,11 +97,13 @@ def check_name(value: object, what: str, error: ErrorClass = PayloadError) -> st
 
 
 def check_key(value: object, what: str, error: ErrorClass = PayloadError) -> str | None:
-    """``value`` if it is None or a usable idempotency/ordering/processed key; else raise ``error``."""
+    """``value`` (a plain ``str``, as :func:`check_name` gives it) if it is None or a usable
+    idempotency/ordering/processed key; else raise ``error``."""
     if value is None:
         return None
     if not isinstance(value, str):
         _raise(error, f"{what} must be a string, got {type(value).__name__}")
+    value = str.__str__(value)
     if not value:
         _raise(error, f"{what} must not be empty (give None for no key)")
     problem = _text_problem(value)

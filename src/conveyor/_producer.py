@@ -134,13 +134,13 @@ class Producer:
         # The hot path of send_many: kept to plain lookups (a 20,000-job batch calls it 20,000 times).
         task = message.task
         if type(task) is not str or task not in GOOD_NAMES:
-            check_name(task, "task")
+            task = check_name(task, "task")
         options = self.catalogue.task_options(task)
         queue = message.queue
         if queue is None:
             queue = options.queue if options else "default"
         elif type(queue) is not str or queue not in GOOD_NAMES:
-            check_name(queue, "queue")
+            queue = check_name(queue, "queue")
         max_attempts = message.max_attempts
         if max_attempts is None:
             max_attempts = options.max_attempts if options else DEFAULT_MAX_ATTEMPTS
@@ -158,12 +158,13 @@ class Producer:
             run_at, expires_at = resolve_times(message, now)
         idempotency_key = message.idempotency_key
         if idempotency_key is not None:
-            check_key(idempotency_key, "idempotency_key")
+            idempotency_key = check_key(idempotency_key, "idempotency_key")
             dedup_until: datetime | None = now + self.catalogue.dedup_window_of(queue)
         else:
             dedup_until = None
-        if message.ordering_key is not None:
-            check_key(message.ordering_key, "ordering_key")
+        ordering_key = message.ordering_key
+        if ordering_key is not None:
+            ordering_key = check_key(ordering_key, "ordering_key")
         return NewJob(
             message.id,
             queue,
@@ -176,7 +177,7 @@ class Producer:
             max(max_deliveries, max_attempts),
             expires_at,
             idempotency_key,
-            message.ordering_key,
+            ordering_key,
             None,
             dedup_until,
             type(message.id) is MintedId and message.id.first_use(),

@@ -70,10 +70,12 @@ class TaskOptions:
     def __post_init__(self) -> None:
         """Raise ConfigurationError for an option no job could run under (conveyor._limits)."""
         error = ConfigurationError
-        check_name(self.queue, "queue", error)
-        check_int(self.max_attempts, "max_attempts", 1, MAX_ATTEMPTS, error)
+        # The checked values are kept, as plain str and int (an Enum member becomes its value).
+        setattr_ = object.__setattr__
+        setattr_(self, "queue", check_name(self.queue, "queue", error))
+        setattr_(self, "max_attempts", check_int(self.max_attempts, "max_attempts", 1, MAX_ATTEMPTS, error))
         if self.max_deliveries is not None:
-            check_int(self.max_deliveries, "max_deliveries", 1, MAX_ATTEMPTS, error)
+            setattr_(self, "max_deliveries", check_int(self.max_deliveries, "max_deliveries", 1, MAX_ATTEMPTS, error))
         if isinstance(self.backoff, type) or not callable(getattr(self.backoff, "delay", None)):
             raise error(
                 f"backoff must be an ExponentialBackoff, a FixedSchedule or a list of seconds, got {self.backoff!r}"
@@ -87,8 +89,8 @@ class TaskOptions:
         check_seconds(self.visibility_timeout, "visibility_timeout", error, strict=True)
         if self.ack_policy not in ("auto", "manual"):
             raise error(f"ack_policy must be 'auto' or 'manual', got {self.ack_policy!r}")
-        check_int(self.priority, "priority", INT32_MIN, INT32_MAX, error)
-        check_int(self.version, "version", 1, INT32_MAX, error)
+        setattr_(self, "priority", check_int(self.priority, "priority", INT32_MIN, INT32_MAX, error))
+        setattr_(self, "version", check_int(self.version, "version", 1, INT32_MAX, error))
 
     @property
     def deliveries_limit(self) -> int:
