@@ -94,6 +94,11 @@ def send_span(task: str, queue: str | None, count: int, parent: str | None = Non
         yield carrier.get("traceparent", parent)
 
 
-def first_task(tasks: Sequence[str]) -> str:
-    """The span name's task for a batch: the task if all jobs share it, else ``many``."""
-    return tasks[0] if len(set(tasks)) == 1 else "many"
+def first_task(tasks: Sequence[object]) -> str:
+    """The span name's task for a batch: the task if all jobs share it, else ``many`` (also when
+    the first is not a string, such as a list from a hostile HTTP body: its batch is refused inside
+    the span; hashing it here was a 500)."""
+    first = tasks[0]
+    if type(first) is str and all(t == first for t in tasks):
+        return first
+    return "many"

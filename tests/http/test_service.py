@@ -94,6 +94,17 @@ def test_400_names_the_field(server: Server, body: dict[str, object], field: str
 
 
 @pytest.mark.parametrize(
+    ("jobs", "bad"), [([{"task": []}], 0), ([{"task": "t"}, {"task": {"a": 1}}], 1), ([{"task": 7}, {"task": 7}], 0)]
+)
+def test_a_batch_whose_task_is_not_a_string_gets_400(server: Server, jobs: list[dict[str, object]], bad: int) -> None:
+    # The batch's trace span is named after its task before each job is checked (hashing a list was a 500).
+    with server.client("admin") as c:
+        _error(c.post("/v1/queues/emails/jobs:batch", json={"jobs": jobs}), 400, f"jobs[{bad}].task")
+    with App(server.db) as app:
+        assert app.admin.queues() == []
+
+
+@pytest.mark.parametrize(
     "raw",
     [
         b"",
@@ -111,6 +122,7 @@ def test_400_names_the_field(server: Server, body: dict[str, object], field: str
         b'{"task": "t", "payload": ' + b'{"a":' * 150 + b"1" + b"}" * 150 + b"}",
         b'{"task": "t", "payload": ' + b"[" * 5000 + b"]" * 5000 + b"}",
         b'{"task": "t", "payload": {"s": "\\ud800"}}',
+        b'{"task": []}',
     ],
 )
 def test_hostile_bodies_get_400_never_500(server: Server, raw: bytes) -> None:
