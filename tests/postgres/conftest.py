@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import psycopg
 import pytest
@@ -18,6 +18,23 @@ def pg(postgres_database: str) -> Iterator[PostgresBackend]:
     try:
         yield backend
     finally:
+        backend.close()
+
+
+@pytest.fixture
+def pg_in(postgres_database_in: Callable[[str], str]) -> Iterator[Callable[[str], PostgresBackend]]:
+    """Migrated PostgresBackends on fresh databases of a given encoding (``pg_in("LATIN1")``); closed
+    afterwards."""
+    backends: list[PostgresBackend] = []
+
+    def create(encoding: str) -> PostgresBackend:
+        backend = PostgresBackend(postgres_database_in(encoding))
+        backends.append(backend)
+        backend.migrate()
+        return backend
+
+    yield create
+    for backend in backends:
         backend.close()
 
 

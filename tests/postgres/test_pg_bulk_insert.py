@@ -235,38 +235,28 @@ def test_a_copied_batch_stores_values_not_their_subclass_spelling(
 
 
 def test_a_sql_ascii_database_stores_a_copied_batch_as_utf8(
-    postgres_database_in: Callable[[str], str], copy_format: tuple[str, list[str]]
+    pg_in: Callable[[str], PostgresBackend], copy_format: tuple[str, list[str]]
 ) -> None:
     # psycopg sends UTF-8 to a SQL_ASCII database (which takes any bytes); so does the text COPY.
-    backend = PostgresBackend(postgres_database_in("SQL_ASCII"))
-    try:
-        backend.migrate()
-        jobs = [make_job("café", payload=json.dumps({"price": "5 €"}, ensure_ascii=False)) for _ in range(N)]
-        assert insert(backend, *jobs) == [j.id for j in jobs]
-        assert copy_format[1] == [copy_format[0]]
-        stored = backend.jobs_list(JobsListParams(queue="café", limit=10 * N))
-        assert len(stored) == N and {json.loads(r.payload)["price"] for r in stored} == {"5 €"}
-    finally:
-        backend.close()
+    backend = pg_in("SQL_ASCII")
+    jobs = [make_job("café", payload=json.dumps({"price": "5 €"}, ensure_ascii=False)) for _ in range(N)]
+    assert insert(backend, *jobs) == [j.id for j in jobs]
+    assert copy_format[1] == [copy_format[0]]
+    stored = backend.jobs_list(JobsListParams(queue="café", limit=10 * N))
+    assert len(stored) == N and {json.loads(r.payload)["price"] for r in stored} == {"5 €"}
 
 
 def test_text_a_databases_encoding_cannot_hold_is_a_payload_error(
-    postgres_database_in: Callable[[str], str], copy_format: tuple[str, list[str]]
+    pg_in: Callable[[str], PostgresBackend], copy_format: tuple[str, list[str]]
 ) -> None:
     # LATIN1 holds 'é' but not '€': the batch is refused as bad input (never half-written), and
     # the backend goes on; the HTTP group commit then isolates the one request that holds it.
-    backend = PostgresBackend(postgres_database_in("LATIN1"))
-    try:
-        backend.migrate()
-        good = [make_job("q", payload=json.dumps({"name": "café"}, ensure_ascii=False)) for _ in range(N)]
-        bad = [*good[: N // 2], make_job("q", payload=json.dumps({"price": "5 €"}, ensure_ascii=False))]
-        bad += [make_job("q") for _ in range(N // 2)]
-        with pytest.raises(PayloadError, match="cannot store: '€'"):
-            insert(backend, *bad)
-        assert live_ids(backend, "q") == []
-        assert insert(backend, *good) == [j.id for j in good]
-        assert {json.loads(r.payload)["name"] for r in backend.jobs_list(JobsListParams(queue="q", limit=1000))} == {
-            "café"
-        }
-    finally:
-        backend.close()
+    backend = pg_in("LATIN1")
+    good = [make_job("q", payload=json.dumps({"name": "café"}, ensure_ascii=False)) for _ in range(N)]
+    bad = [*good[: N // 2], make_job("q", payload=json.dumps({"price": "5 €"}, ensure_ascii=False))]
+    bad += [make_job("q") for _ in range(N // 2)]
+    with pytest.raises(PayloadError, match="cannot store: '€'"):
+        insert(backend, *bad)
+    assert live_ids(backend, "q") == []
+    assert insert(backend, *good) == [j.id for j in good]
+    assert {json.loads(r.payload)["name"] for r in backend.jobs_list(JobsListParams(queue="q", limit=1000))} == {"café"}
