@@ -16,7 +16,8 @@
     │   └── Forbidden             the token's role or queues do not allow the action (HTTP 403)
     ├── QueueFull                 backpressure: the queue is past its high-water mark (retry later)
     ├── BackendError              the database refused or failed a statement
-    │   └── BackendUnavailable    the database cannot be reached (retry later; nothing is lost)
+    │   ├── BackendUnavailable    the database cannot be reached (retry later; nothing is lost)
+    │   └── UnstorableText        a character the database's encoding cannot hold (also a PayloadError)
     ├── HandlerTimeout            recorded as a job's error: its handler ran past the task's timeout
     └── HandlerSignal             raised *by handlers* to steer the outcome
         ├── Retry                 run again after ``delay`` seconds (counts as an attempt)
@@ -24,6 +25,8 @@
 """
 
 from __future__ import annotations
+
+import unicodedata
 
 
 class ConveyorError(Exception):
@@ -107,6 +110,20 @@ class BackendError(ConveyorError):
 
 class BackendUnavailable(BackendError):
     """The database cannot be reached right now; callers retry with backoff."""
+
+
+class UnstorableText(BackendError, PayloadError):
+    """A value holds a character the database's encoding cannot store (``'€'`` in a LATIN1
+    PostgreSQL database): refused before anything was sent. A value the database refuses, and, where
+    a caller sent it (a job, a filter), a bad request (HTTP 400) rather than a database failure."""
+
+    def __init__(self, action: str, exc: UnicodeEncodeError) -> None:
+        characters = exc.object[exc.start : exc.end]
+        # ASCII only, so that the message itself can be stored (a dead-lettered job's error).
+        named = ", ".join(f"U+{ord(c):04X} {unicodedata.name(c, '')}".rstrip() for c in characters[:3])
+        super().__init__(f"the database's encoding ({exc.encoding}) cannot store {named} ({action})")
+        #: Python's name for the database's encoding (``latin-1``).
+        self.encoding = exc.encoding
 
 
 class HandlerTimeout(ConveyorError):

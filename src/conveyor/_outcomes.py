@@ -94,15 +94,16 @@ def on_success(delivery: Delivery, options: TaskOptions, result: Any) -> Finish:
     encoded: str | None = None
     if options.keep_result and result is not None:
         try:
-            encoded = json.dumps(result, separators=(",", ":"), allow_nan=False)
+            encoded = _json(result)
         except (TypeError, ValueError, RecursionError):
-            encoded = json.dumps({"repr": storable(_safe_repr(result))[:MAX_RESULT_BYTES]})
+            encoded = _json({"repr": storable(_safe_repr(result))[:MAX_RESULT_BYTES]})
         else:
-            if "\\u0000" in encoded or "\\ud" in encoded:
+            if "\\u0000" in encoded or not _utf8(encoded):
                 encoded = _storable_json(encoded)
-        if len(encoded) > MAX_RESULT_BYTES:
-            note = f"the result was {len(encoded)} bytes of JSON, over the {MAX_RESULT_BYTES}-byte limit: not kept"
-            encoded = json.dumps({"note": note})
+        size = len(encoded) if encoded.isascii() else len(encoded.encode("utf-8"))
+        if size > MAX_RESULT_BYTES:
+            note = f"the result was {size} bytes of JSON, over the {MAX_RESULT_BYTES}-byte limit: not kept"
+            encoded = _json({"note": note})
     return Finish(delivery.id, delivery.receipt, "completed", result=encoded)
 
 
@@ -168,18 +169,32 @@ def storable(text: str) -> str:
     (not UTF-8 at all) becomes its ``\\udXXX`` escape. Other text is returned as it is."""
     if "\x00" in text:
         text = text.replace("\x00", "\\u0000")
-    if not text.isascii():
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError:
-            text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    if not _utf8(text):
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
     return text
 
 
+def _json(value: Any) -> str:
+    """``value`` as JSON text, other than ASCII kept as it is (as payloads are): a ``\\u20ac`` escape
+    reaches jsonb only in a UTF-8 database (a SQL_ASCII one refuses every escape above ``\\u007f``)."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def _utf8(text: str) -> bool:
+    """Whether ``text`` is UTF-8-encodable (no lone surrogate)."""
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _storable_json(encoded: str) -> str:
-    # The JSON text escapes NUL as \u0000 and a surrogate as \udXXX; jsonb refuses the first and
-    # any unpaired second. Re-encode from the value with every string made storable.
-    return json.dumps(_map_strings(json.loads(encoded)), separators=(",", ":"), allow_nan=False)
+    # The JSON text escapes NUL as \u0000, which jsonb refuses, and keeps a lone surrogate, which is
+    # not UTF-8. Re-encode from the value with every string made storable.
+    return _json(_map_strings(json.loads(encoded)))
 
 
 def _map_strings(value: Any) -> Any:

@@ -255,7 +255,7 @@ def test_text_a_databases_encoding_cannot_hold_is_a_payload_error(
     good = [make_job("q", payload=json.dumps({"name": "café"}, ensure_ascii=False)) for _ in range(N)]
     bad = [*good[: N // 2], make_job("q", payload=json.dumps({"price": "5 €"}, ensure_ascii=False))]
     bad += [make_job("q") for _ in range(N // 2)]
-    with pytest.raises(PayloadError, match="cannot store: '€'"):
+    with pytest.raises(PayloadError, match=r"cannot store U\+20AC EURO SIGN"):
         insert(backend, *bad)
     assert live_ids(backend, "q") == []
     assert insert(backend, *good) == [j.id for j in good]

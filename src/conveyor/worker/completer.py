@@ -20,7 +20,7 @@ from datetime import datetime
 from typing import cast
 from uuid import UUID
 
-from conveyor._errors import BackendError, BackendUnavailable
+from conveyor._errors import BackendError, BackendUnavailable, UnstorableText
 from conveyor._outcomes import OUTCOME_REFUSED, Outcome, storable
 from conveyor.backends.base import (
     ErrorInfo,
@@ -218,6 +218,20 @@ class Completer(Service):
 
     async def _refused(self, outcome: Outcome, exc: BackendError) -> int:
         what = outcome.state if isinstance(outcome, Finish) else "retry"
+        if isinstance(exc, UnstorableText) and outcome.error is not None:
+            # What the handler raised holds text the database's encoding cannot store ('€' in a
+            # LATIN1 database): the same outcome (a retry stays a retry), that text escaped.
+            escaped = dataclasses.replace(outcome, error=_escaped(outcome.error, exc.encoding))
+            try:
+                applied = await self._statement([escaped])
+            except BackendUnavailable:
+                raise
+            except BackendError as again:  # something else of it is refused too (its result)
+                exc = again
+            else:
+                self._count([escaped])
+                self._observe([escaped], applied)
+                return applied
         log.error("the database refused the %s outcome of job %s (%s); dead-lettering it", what, outcome.id, exc)
         dead = Finish(
             outcome.id,
@@ -284,3 +298,10 @@ class Completer(Service):
         every outcome was written."""
         super().stop()
         self._wake.set()
+
+
+def _escaped(error: ErrorInfo, encoding: str) -> ErrorInfo:
+    """``error`` with each character ``encoding`` cannot hold as its backslash escape (``\\u20ac``)."""
+    return ErrorInfo(
+        *(text.encode(encoding, "backslashreplace").decode(encoding) for text in dataclasses.astuple(error))
+    )

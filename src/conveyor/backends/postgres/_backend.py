@@ -19,7 +19,7 @@ from psycopg.pq import TransactionStatus
 from psycopg.rows import TupleRow, tuple_row
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from conveyor._errors import BackendError, BackendUnavailable, ConfigurationError, PayloadError
+from conveyor._errors import BackendError, BackendUnavailable, ConfigurationError, UnstorableText
 from conveyor.backends._promotion import Promotions, scheduled_earliest
 from conveyor.backends._redact import hide, redact_url, scrub
 from conveyor.backends._sql import load_migrations, load_queries
@@ -250,6 +250,10 @@ class PostgresBackend:
                 f"PostgreSQL unreachable ({action}): no connection within {self._connect_timeout:g}s"
                 + (f" ({scrub(why, self._secrets)})" if why else "")
             ) from exc
+        except UnicodeEncodeError as exc:
+            # A database whose encoding is not UTF-8 (LATIN1, say) cannot hold every character;
+            # psycopg finds out while encoding the statement's parameters, before sending it.
+            raise UnstorableText(action, exc) from None
         except psycopg.errors.ProgramLimitExceeded as exc:
             # An OperationalError to psycopg, but no retry can fix it (an index entry too large, too
             # many parameters): reporting it as "unavailable" made callers retry it forever.
@@ -353,19 +357,10 @@ class PostgresBackend:
         conn = params.conn
         if conn is not None and not isinstance(conn, psycopg.Connection):
             raise ConfigurationError(f"conn= must be an open psycopg (sync) Connection, not {type(conn).__name__}")
-        try:
-            return self._insert_many(jobs, params.now, conn)
-        except UnicodeEncodeError as exc:
-            # A database whose encoding is not UTF-8 (LATIN1, say) cannot hold every character.
-            raise PayloadError(
-                f"a job holds text the database's encoding ({exc.encoding}) cannot store: "
-                f"{exc.object[exc.start : exc.end]!r}"
-            ) from None
-
-    def _insert_many(self, jobs: Sequence[NewJob], now: datetime, conn: Conn | None) -> list[UUID]:
         # Decided on the first job, so that rows built lazily (see App.send_many) are built while
         # they stream; a later keyed or replayed job sends the batch down the statement path.
         by_copy = copyable(jobs[0]) and len(jobs) >= _COPY_MIN
+        now = params.now
         with self._errors("jobs_insert_many"):
             if conn is not None:
                 if by_copy and not conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE:

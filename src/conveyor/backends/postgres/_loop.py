@@ -89,7 +89,9 @@ class PostgresLoopStatements:
                     yield conn
                 except BaseException as exc:
                     idle = not conn.closed and conn.info.transaction_status == TransactionStatus.IDLE
-                    if not (idle and isinstance(exc, psycopg.Error)):
+                    # An error of the server's, or text the connection's encoding cannot hold (found
+                    # before anything was sent), leaves the connection usable.
+                    if not (idle and isinstance(exc, psycopg.Error | UnicodeEncodeError)):
                         self._drop(action)
                     raise
 

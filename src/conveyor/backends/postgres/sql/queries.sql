@@ -22,7 +22,10 @@
 
 -- name: session_setup
 -- Times cross the seam as UTC; make the session hand them out in UTC.
-SET TIME ZONE 'UTC'
+-- A SQL_ASCII database stores bytes unchecked and psycopg then reads every text column as bytes
+-- (a task name b'send' matches no task): Conveyor's text is UTF-8, so the session says so.
+SET TIME ZONE 'UTC';
+SELECT set_config('client_encoding', 'UTF8', false) WHERE current_setting('server_encoding') = 'SQL_ASCII'
 
 -- name: migrations_lock
 -- A transaction-scoped advisory lock serialises concurrent migrators (several workers starting
@@ -230,7 +233,9 @@ SELECT
 
 -- name: listen
 -- One channel for every queue: a queue name is free text and may not fit an identifier, so it
--- travels as the notification's payload and the listener filters on it.
+-- travels as the notification's payload and the listener filters on it (read as UTF-8, as in
+-- session_setup).
+SELECT set_config('client_encoding', 'UTF8', false) WHERE current_setting('server_encoding') = 'SQL_ASCII';
 LISTEN conveyor_jobs
 
 -- name: jobs_insert_many
