@@ -10,9 +10,14 @@ fi
 # say which extras it stands for made `demo.sh` then `test.sh` skip the test extras.
 EXTRAS="${CONVEYOR_EXTRAS:-dev}"
 STAMP=".venv/.conveyor-installed-${EXTRAS//,/-}"
-if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ]; then
+# The test tools are pinned (see scripts/dev-constraints.txt); Conveyor's own dependencies are not.
+CONSTRAINTS=()
+if [[ ",$EXTRAS," == *",dev,"* ]]; then
+  CONSTRAINTS=(--constraint scripts/dev-constraints.txt)
+fi
+if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ] || [ scripts/dev-constraints.txt -nt "$STAMP" ]; then
   .venv/bin/python -m pip install --quiet --upgrade pip
-  .venv/bin/python -m pip install --quiet -e ".[${EXTRAS}]"
+  .venv/bin/python -m pip install --quiet "${CONSTRAINTS[@]}" -e ".[${EXTRAS}]"
   touch "$STAMP"
 fi
 export PATH="$ROOT/.venv/bin:$PATH"
