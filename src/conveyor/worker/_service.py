@@ -13,6 +13,8 @@ import asyncio
 import contextlib
 import logging
 
+from conveyor._errors import BackendError
+
 log = logging.getLogger("conveyor.worker")
 
 
@@ -69,9 +71,12 @@ class Service:
             first = False
             try:
                 await self.run_once()
-            except Exception:
+            except Exception as exc:
                 self.failures += 1
-                log.exception("%s failed (%d in a row)", self.name, self.failures)
+                if isinstance(exc, BackendError):  # the database's message says what; no traceback
+                    log.error("%s failed (%d in a row): %s", self.name, self.failures, exc)
+                else:
+                    log.exception("%s failed (%d in a row)", self.name, self.failures)
                 if self.failures >= self.max_failures:
                     raise
             else:

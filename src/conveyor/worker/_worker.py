@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import Any
 
 from conveyor._app import App
-from conveyor._errors import ConfigurationError
+from conveyor._errors import BackendError, ConfigurationError
 from conveyor._message import utcnow
 from conveyor.backends.base import JobsReleaseParams, LeaseRef, QueuesStatsParams
 from conveyor.worker._config import WorkerConfig
@@ -106,7 +106,11 @@ class Worker:
             # exit non-zero, so that a supervisor restarts the process.
             self.exit_code = 1
             error = task.exception()
-            if error is not None:
+            if isinstance(error, BackendError):
+                # The database refused the loop's statement (a read-only database, a missing schema):
+                # its message says what; a traceback would only bury it.
+                log.error("worker loop %s failed: %s; stopping", task.get_name(), error)
+            elif error is not None:
                 log.error("worker loop %s failed; stopping", task.get_name(), exc_info=error)
             else:
                 log.error("worker loop %s ended unexpectedly; stopping", task.get_name())

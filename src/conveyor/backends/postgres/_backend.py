@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import weakref
@@ -212,7 +213,11 @@ class PostgresBackend:
             "connect_timeout": max(2, int(self._connect_timeout)),
         }
         if not synchronous_commit:
-            kwargs["options"] = "-c synchronous_commit=off"
+            # Added to the URL's own options (or $PGOPTIONS, which libpq reads only when the
+            # connection names none): replacing them dropped a search_path given there, and the
+            # outcome pool and the worker's acquire then used another schema's tables.
+            given = conninfo_to_dict(self._url).get("options") or os.environ.get("PGOPTIONS", "")
+            kwargs["options"] = f"{given} -c synchronous_commit=off".strip()
         return kwargs
 
     def _new_pool(self, name: str, min_size: int, max_size: int, synchronous_commit: bool) -> _Pool:

@@ -21,10 +21,15 @@
 -- payload of the notification is the queue name, on the one channel conveyor_jobs.
 
 -- name: session_setup
--- Times cross the seam as UTC; make the session hand them out in UTC.
--- A SQL_ASCII database stores bytes unchecked and psycopg then reads every text column as bytes
--- (a task name b'send' matches no task): Conveyor's text is UTF-8, so the session says so.
+-- What a database or role may set otherwise (ALTER DATABASE ... SET), and Conveyor reads back:
+-- * times cross the seam as UTC; make the session hand them out in UTC;
+-- * in ISO style, the one psycopg reads ('SQL, DMY' made every acquire fail after taking its leases);
+-- * floats in full (extra_float_digits below 1 rounds them: a queue's oldest age 1749.3 s read 2000);
+-- * a SQL_ASCII database stores bytes unchecked and psycopg then reads every text column as bytes
+--   (a task name b'send' matches no task): Conveyor's text is UTF-8, so the session says so.
 SET TIME ZONE 'UTC';
+SET DateStyle = 'ISO';
+SET extra_float_digits = 1;
 SELECT set_config('client_encoding', 'UTF8', false) WHERE current_setting('server_encoding') = 'SQL_ASCII'
 
 -- name: migrations_lock

@@ -1,0 +1,107 @@
+"""Settings a database or role may carry (``ALTER DATABASE ... SET``, a URL's ``options``): Conveyor's sessions
+hold their own against those that change what it reads back, and honour those it is given."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import UTC, datetime, timedelta
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from conveyor import App, Worker
+
+
+def _alter(url: str, setting: str, value: str) -> None:
+    """``ALTER DATABASE <this one> SET setting = value`` (for the connections opened from now on)."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        name = conn.info.dbname
+        conn.execute(
+            sql.SQL("ALTER DATABASE {} SET {} = {}").format(
+                sql.Identifier(name), sql.Identifier(setting), sql.Literal(value)
+            )
+        )
+
+
+def _drain(app: App) -> Worker:
+    worker = Worker(app, burst=True, poll_interval=0.02)
+    asyncio.run(asyncio.wait_for(worker.run(), timeout=60))
+    return worker
+
+
+def test_a_database_whose_datestyle_is_not_iso_runs_jobs_and_reads_their_times(postgres_database: str) -> None:
+    # Before: psycopg reads times only in ISO style; every acquire took its leases, then failed to read
+    # them (NotImplementedError), the worker stopped, and app.job() raised the same.
+    _alter(postgres_database, "DateStyle", "SQL, DMY")
+    with App(postgres_database, migrate=True) as app:
+
+        @app.task(queue="q")
+        def t(i: int) -> int:
+            return i
+
+        before = datetime.now(UTC)
+        ids = [t.delay(i=i).id for i in range(5)]
+        worker = _drain(app)
+        assert worker.exit_code == 0
+        for i, job_id in enumerate(ids):
+            job = app.job(job_id)
+            assert (job.state, job.result) == ("completed", i)
+            assert job.finished_at is not None
+            assert before - timedelta(seconds=5) < job.finished_at < datetime.now(UTC) + timedelta(seconds=5)
+
+
+def test_a_queues_oldest_age_is_read_in_full_whatever_extra_float_digits(postgres_database: str) -> None:
+    # Before: extra_float_digits = -15 rounded the age to one digit (1749.3 s read 2000).
+    _alter(postgres_database, "extra_float_digits", "-15")
+    with App(postgres_database, migrate=True) as app:
+        app.send("t", queue="q")
+        with psycopg.connect(postgres_database, autocommit=True) as conn:
+            conn.execute("UPDATE jobs SET run_at = run_at - interval '1749.3 seconds'")
+        (stats,) = app.admin.queues()
+        assert stats.oldest_pending_age is not None
+        assert 1749.3 <= stats.oldest_pending_age < 1760, stats.oldest_pending_age
+
+
+def test_a_search_path_in_the_urls_options_holds_for_every_connection_of_a_worker(postgres_database: str) -> None:
+    # Conveyor in a schema of its own, named by the URL (a table called jobs in public, several tenants).
+    # Before: the outcome pool and the worker's acquire replaced the URL's options with their own, so
+    # the tenant's worker ran public's jobs with the tenant's handlers and never found its own.
+    with psycopg.connect(postgres_database, autocommit=True) as conn:
+        conn.execute("CREATE SCHEMA tenant_a")
+    tenant_url = f"{postgres_database}?options=-c%20search_path%3Dtenant_a"
+    ran: list[str] = []
+    with App(postgres_database, migrate=True) as public, App(tenant_url, migrate=True) as tenant:
+
+        @tenant.task(queue="q")
+        def t(who: str) -> None:
+            ran.append(who)
+
+        for _ in range(3):
+            public.send(t.name, {"who": "public"}, queue="q")
+            tenant.send(t.name, {"who": "tenant"}, queue="q")
+        assert _drain(tenant).exit_code == 0
+        assert ran == ["tenant"] * 3
+        assert [q.pending for q in public.admin.queues()] == [3]
+        assert [(q.pending, q.completed) for q in tenant.admin.queues()] == [(0, 3)]
+
+
+def test_a_worker_whose_database_refuses_its_statements_says_why_in_one_line(
+    postgres_database: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    with App(postgres_database, migrate=True) as app:
+        app.send("t", queue="q")
+    _alter(postgres_database, "default_transaction_read_only", "on")
+    with App(postgres_database) as app, caplog.at_level(logging.ERROR, logger="conveyor.worker"):
+
+        @app.task(queue="q")
+        def t() -> None:
+            pass
+
+        assert _drain(app).exit_code == 1
+    failed = [r for r in caplog.records if "failed" in r.getMessage()]
+    assert any("worker loop" in r.getMessage() for r in failed), [r.getMessage() for r in caplog.records]
+    for record in failed:
+        assert "read-only transaction" in record.getMessage()
+        assert record.exc_info is None  # the database's message, not a traceback
