@@ -11,7 +11,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from conveyor import App, Worker
+from conveyor import App, BackendError, BackendUnavailable, Worker
 
 
 def _alter(url: str, setting: str, value: str) -> None:
@@ -105,3 +105,22 @@ def test_a_worker_whose_database_refuses_its_statements_says_why_in_one_line(
     for record in failed:
         assert "read-only transaction" in record.getMessage()
         assert record.exc_info is None  # the database's message, not a traceback
+
+
+def test_a_statement_timeout_is_reported_as_such_not_as_a_lost_server(postgres_database: str) -> None:
+    # Before: "PostgreSQL unavailable (queues_stats): canceling statement due to statement timeout".
+    with App(postgres_database, migrate=True) as app:
+        app.send("t", queue="q")
+    _alter(postgres_database, "statement_timeout", "100ms")
+    with App(postgres_database) as app, psycopg.connect(postgres_database) as holder:
+        holder.execute("LOCK TABLE jobs IN ACCESS EXCLUSIVE MODE")  # held until the block ends
+        with pytest.raises(BackendUnavailable, match=r"^PostgreSQL cancelled queues_stats: .*statement timeout"):
+            app.admin.queues()
+
+
+def test_a_schema_off_the_search_path_is_named_as_a_cause(postgres_database: str) -> None:
+    with App(postgres_database, migrate=True):
+        pass
+    elsewhere = f"{postgres_database}?options=-c%20search_path%3Delsewhere"
+    with App(elsewhere) as app, pytest.raises(BackendError, match="or is not on this connection's search_path"):
+        app.admin.queues()

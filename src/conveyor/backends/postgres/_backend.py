@@ -263,11 +263,16 @@ class PostgresBackend:
             # An OperationalError to psycopg, but no retry can fix it (an index entry too large, too
             # many parameters): reporting it as "unavailable" made callers retry it forever.
             raise BackendError(f"PostgreSQL refused {action}: {self._line(exc)}") from exc
+        except psycopg.errors.QueryCanceled as exc:
+            # A statement_timeout (or an operator's pg_cancel_backend): retried like a lost server,
+            # but not reported as one.
+            raise BackendUnavailable(f"PostgreSQL cancelled {action}: {self._line(exc)}") from exc
         except psycopg.OperationalError as exc:
             raise BackendUnavailable(f"PostgreSQL unavailable ({action}): {self._line(exc)}") from exc
         except psycopg.errors.UndefinedTable as exc:
             raise BackendError(
-                f"the Conveyor schema is missing in this database ({self._line(exc)}): run `conveyor migrate`"
+                f"the Conveyor schema is missing in this database, or is not on this connection's search_path "
+                f"({self._line(exc)}): run `conveyor migrate` with the same URL"
             ) from exc
         except psycopg.Error as exc:
             raise BackendError(f"PostgreSQL failed {action}: {self._line(exc)}") from exc
