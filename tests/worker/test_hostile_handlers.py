@@ -12,7 +12,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from conveyor import App, JobContext, Worker
+from conveyor import App, BackendUnavailable, JobContext, Worker
 from conveyor.backends.base import JobsListParams
 
 
@@ -246,3 +246,32 @@ def test_a_failed_loop_stops_the_worker_non_zero_and_loses_nothing(app: App) -> 
     assert set(states) <= {"completed", "pending"}
     assert [r.state for r in real.jobs_list(JobsListParams())] == ["pending"] * states.count("pending")
     assert all(j.status().deliveries == (1 if j.status().state == "completed" else 0) for j in jobs)
+
+
+def test_a_finished_job_keeps_its_lease_while_its_outcome_cannot_be_written(app: App) -> None:
+    # The finish failing for longer than the lease while the database is otherwise there (a
+    # statement_timeout that only the finish hits, a lock on its rows). Before: the heartbeat stopped
+    # extending a job's lease once its outcome was queued, so the lease expired, the job was rescued
+    # and ran again though it had completed.
+    runs: list[int] = []
+
+    @app.task(queue="q", visibility_timeout=1)
+    def t(i: int) -> None:
+        runs.append(i)
+
+    job = t.delay(i=1)
+    real = app.backend.jobs_finish_many
+    failing_until: list[float] = []
+
+    def finish_many(params: Any) -> int:
+        if not failing_until:
+            failing_until.append(time.monotonic() + 3.5)
+        if time.monotonic() < failing_until[0]:
+            raise BackendUnavailable("injected: the finish statement timed out")
+        return real(params)
+
+    app.backend.jobs_finish_many = finish_many  # type: ignore[method-assign]
+    worker = run(app, rescue_interval=0.2)
+    assert runs == [1]
+    assert app.job(job.id).state == "completed"
+    assert worker.counters.rescued == 0 and worker.counters.stale_acks == 0

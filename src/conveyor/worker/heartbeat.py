@@ -19,7 +19,8 @@ log = logging.getLogger("conveyor.worker")
 
 
 class Heartbeat(Service):
-    """Every ``visibility_timeout / 3`` extends the leases of held deliveries (buffered and running).
+    """Every ``visibility_timeout / 3`` extends the leases of held deliveries (buffered, running, and
+    finished with their outcome not yet written).
 
     Buffered deliveries are extended too: a job waiting in the prefetch buffer behind slow handlers
     must not be rescued and handed to another worker meanwhile. A lease found gone is marked lost,
@@ -72,7 +73,10 @@ class Heartbeat(Service):
         """Extend every held lease; return how many were extended."""
         groups: dict[float, list[LeaseRef]] = defaultdict(list)
         for held in list(self.registry.held.values()):
-            if not held.lost and held.state != "finishing":
+            # A job whose outcome is queued keeps its lease too: its finish may fail for longer than
+            # the lease (a statement timeout, a lock) while the database is otherwise there, and a
+            # lease let go then is rescued, and the job runs again though it completed.
+            if not held.lost:
                 ref = LeaseRef(held.delivery.id, held.delivery.receipt)
                 groups[held.visibility_timeout].append(ref)
                 if held.state == "running" and not held.counted and self.completer is not None:
