@@ -251,3 +251,18 @@ def test_migrate_with_a_malformed_url_is_one_line(where: str) -> None:
     run = conveyor(url, "migrate") if where == "before" else conveyor(None, "migrate", "--db", url)
     line = assert_one_line_error(run, "malformed PostgreSQL URL")
     assert SECRET not in line
+
+
+@pytest.mark.parametrize("url", ["memory://", "sqlite:///:memory:"])
+def test_a_private_in_memory_database_is_refused_by_every_command(url: str) -> None:
+    # Before: each command got a database of its own that died with it: `send` answered with an id for a
+    # job nobody could ever run, `stats` showed nothing, and a worker drained nothing, all with exit 0.
+    for args in (
+        ("send", "e2e", e2e_app.WORK, "--payload", "{}"),
+        ("stats",),
+        ("dlq", "list"),
+        ("worker", APP_PATH, "--burst"),
+        ("serve", "--port", "0"),
+    ):
+        result = conveyor(url, *args)
+        assert_one_line_error(result, "private in-memory database")

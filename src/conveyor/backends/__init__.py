@@ -9,6 +9,13 @@ from conveyor.backends.base import Backend
 DEFAULT_DATABASE_URL = "sqlite:///conveyor.db"
 
 
+def in_memory(url: str) -> bool:
+    """Whether ``url`` names a private in-memory database, which lives and dies with one process
+    (``memory://``, ``sqlite:///:memory:``)."""
+    scheme, _, rest = url.partition("://")
+    return scheme == "memory" or (scheme == "sqlite" and rest in (":memory:", "/:memory:"))
+
+
 def open_backend(url: str) -> Backend:
     """Open the backend a database URL names.
 

@@ -16,6 +16,7 @@ from rich.text import Text
 
 from conveyor._app import App
 from conveyor._limits import MAX_JSON_DEPTH
+from conveyor.backends import in_memory
 
 console = Console()
 
@@ -47,6 +48,17 @@ def settings(ctx: click.Context) -> dict[str, Any]:
     return obj
 
 
+def shared(url: str) -> str:
+    """``url``, if other processes can reach its database; else the command fails: a private in-memory
+    database dies with the command, and what it sent or ran with it (or saw in it) would be lost."""
+    if in_memory(url):
+        fail(
+            f"{url} is a private in-memory database, which lives and dies with one process: no other "
+            "command, worker or service could reach it; give a file (sqlite:///conveyor.db) or a PostgreSQL URL"
+        )
+    return url
+
+
 def app_of(ctx: click.Context) -> App:
     """The App the command works on, made on first use: by then every --db/--app is parsed,
     including those given after the subcommand."""
@@ -61,6 +73,8 @@ def app_of(ctx: click.Context) -> App:
                 app.database_url = found["database_url"]
         else:
             app = App(found["database_url"])
+        if isinstance(app.database_url, str):
+            shared(app.database_url)
         found["app"] = app
         ctx.find_root().call_on_close(app.close)
     return app

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from conveyor.cli._common import fail, settings
+from conveyor.cli._common import fail, settings, shared
 from conveyor.worker import WorkerConfig
 
 
@@ -73,7 +73,10 @@ def worker(
     """Run workers for APP (module:attribute, e.g. myproject.tasks:app)."""
     from conveyor.worker.supervisor import load_app, run_processes
 
-    load_app(app_path)
+    loaded = load_app(app_path)
+    found = settings(ctx)
+    db = found["database_url"] if found["db_given"] else None
+    shared(db or loaded.database_url)
     lanes, weights = _lanes(queues)
     # Checked here, before any process is forked: a child that refuses its options would be restarted forever.
     config = WorkerConfig(
@@ -87,8 +90,6 @@ def worker(
         metrics_port=metrics_port,
         metrics_host=metrics_host,
     )
-    found = settings(ctx)
-    db = found["database_url"] if found["db_given"] else None
     ctx.exit(run_processes(app_path, db, processes, config))
 
 
