@@ -35,21 +35,23 @@ _UNAVAILABLE = (
 )
 
 
-def translate(exc: sqlite3.Error) -> BackendError:
-    """Map a sqlite3 error to Conveyor's exception tree (raise the result ``from exc``)."""
+def translate(exc: sqlite3.Error, path: str | None = None) -> BackendError:
+    """Map a sqlite3 error to Conveyor's exception tree (raise the result ``from exc``); ``path``, the
+    database file, is named in the message (SQLite's own never says which file it could not open)."""
     message = str(exc)
+    where = f" ({path})" if path else ""
     if isinstance(exc, sqlite3.OperationalError) and message.lower().startswith(_UNAVAILABLE):
-        return BackendUnavailable(f"SQLite database unavailable: {message}")
-    return BackendError(f"SQLite statement failed: {message}")
+        return BackendUnavailable(f"SQLite database unavailable{where}: {message}")
+    return BackendError(f"SQLite statement failed{where}: {message}")
 
 
 @contextmanager
-def translated() -> Iterator[None]:
+def translated(path: str | None = None) -> Iterator[None]:
     """Re-raise any sqlite3 error inside the block as BackendError / BackendUnavailable."""
     try:
         yield
     except sqlite3.Error as exc:
-        raise translate(exc) from exc
+        raise translate(exc, path) from exc
 
 
 def _open(path: str) -> sqlite3.Connection:
@@ -107,7 +109,7 @@ class ConnectionPool:
                 raise BackendError("the SQLite backend is closed")
             if self._idle:
                 return self._idle.pop()
-        with translated():
+        with translated(self.path):
             return _open(self.path)
 
     def _give_back(self, conn: sqlite3.Connection) -> None:
@@ -123,7 +125,7 @@ class ConnectionPool:
         with self._writer:
             conn = self._borrow()
             try:
-                with translated():
+                with translated(self.path):
                     conn.execute("BEGIN IMMEDIATE")
                     try:
                         yield conn
@@ -140,7 +142,7 @@ class ConnectionPool:
         """A connection inside a deferred ``BEGIN``: every statement sees one snapshot."""
         conn = self._borrow()
         try:
-            with translated():
+            with translated(self.path):
                 conn.execute("BEGIN")
                 try:
                     yield conn
