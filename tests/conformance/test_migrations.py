@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import sqlite3
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import closing, contextmanager
@@ -21,6 +22,7 @@ import pytest
 from _factory import acquire, complete, get
 from psycopg import sql
 
+from conveyor import App, ConfigurationError
 from conveyor.backends import open_backend
 from conveyor.backends._sql import Migration, load_migrations
 
@@ -151,3 +153,44 @@ def test_a_database_migrated_step_by_step_equals_a_fresh_one(
         finally:
             fresh.close()
         assert _catalogue(database_url) == _catalogue(fresh_url)
+
+
+def _record_version(url: str, version: int) -> None:
+    """Record a migration this Conveyor does not know, as a newer release would have."""
+    if url.startswith("sqlite"):
+        with closing(sqlite3.connect(url.removeprefix("sqlite:///"))) as conn, conn:
+            conn.execute(
+                "INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, 'future', 0)", (version,)
+            )
+        return
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("INSERT INTO conveyor_schema_migrations (version, name) VALUES (%s, 'future')", (version,))
+
+
+def test_a_database_migrated_by_a_newer_conveyor_is_refused(database_url: str) -> None:
+    # Before: migrate applied nothing and said so with success, and the old code ran on the new schema.
+    backend = open_backend(database_url)
+    backend.migrate()
+    backend.close()
+    _record_version(database_url, 9999)
+    backend = open_backend(database_url)
+    try:
+        with pytest.raises(ConfigurationError, match=r"migrated by a newer Conveyor .*migration 9999"):
+            backend.migrate()
+    finally:
+        backend.close()
+
+
+def test_opening_a_current_sqlite_database_needs_no_write_lock(tmp_path: Path) -> None:
+    # Before: every open took the write lock to check the schema, so `conveyor stats` waited out the
+    # busy timeout behind another process's long write transaction, then failed.
+    url = f"sqlite:///{tmp_path}/q.db"
+    with App(url) as app:
+        app.send("t", queue="q")
+    with closing(sqlite3.connect(f"{tmp_path}/q.db", isolation_level=None)) as holder:
+        holder.execute("BEGIN IMMEDIATE")
+        began = time.monotonic()
+        with App(url) as app:
+            assert [q.pending for q in app.admin.queues()] == [1]
+        assert time.monotonic() - began < 5
+        holder.execute("ROLLBACK")

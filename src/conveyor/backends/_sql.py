@@ -10,8 +10,11 @@ would read as a placeholder (a ``%(name)s`` in one made psycopg ask for a parame
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from importlib import resources
+
+from conveyor._errors import ConfigurationError
 
 _NAME = re.compile(r"^--\s*name:\s*([A-Za-z_][A-Za-z0-9_]*)\s*$")
 _COMMENT = re.compile(r"^\s*--")
@@ -54,3 +57,18 @@ def load_migrations(package: str) -> list[Migration]:
             found.append(Migration(int(match.group(1)), entry.name, entry.read_text(encoding="utf-8")))
     found.sort(key=lambda m: m.version)
     return found
+
+
+def pending(done: Iterable[int], migrations: Sequence[Migration]) -> list[Migration]:
+    """The migrations not among the ``done`` versions. Raises :class:`ConfigurationError` if a newer
+    Conveyor migrated this database (a version past the newest known): its schema may hold what this
+    version's statements do not expect, and nothing here can undo a migration."""
+    done = set(done)
+    newest = max((m.version for m in migrations), default=0)
+    ahead = max(done, default=0)
+    if ahead > newest:
+        raise ConfigurationError(
+            f"this database was migrated by a newer Conveyor (its schema is at migration {ahead}; this "
+            f"version knows up to {newest}): upgrade Conveyor here, or give this version a database of its own"
+        )
+    return [m for m in migrations if m.version not in done]

@@ -23,7 +23,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from conveyor._errors import BackendError, BackendUnavailable, ConfigurationError, UnstorableText
 from conveyor.backends._promotion import Promotions, scheduled_earliest
 from conveyor.backends._redact import hide, redact_url, scrub
-from conveyor.backends._sql import load_migrations, load_queries
+from conveyor.backends._sql import load_migrations, load_queries, pending
 from conveyor.backends.base import (
     AlertsSetParams,
     AlertState,
@@ -329,10 +329,8 @@ class PostgresBackend:
         with self._connection("migrate") as conn, conn.transaction():
             conn.execute(self._q["migrations_lock"])
             conn.execute(self._q["migrations_table"])
-            done = {row[0] for row in conn.execute(self._q["migrations_applied"]).fetchall()}
-            for migration in load_migrations(_PACKAGE):
-                if migration.version in done:
-                    continue
+            done = [row[0] for row in conn.execute(self._q["migrations_applied"]).fetchall()]
+            for migration in pending(done, load_migrations(_PACKAGE)):
                 conn.execute(migration.sql)
                 conn.execute(self._q["migrations_record"], {"version": migration.version, "name": migration.name})
                 applied.append(migration.name)

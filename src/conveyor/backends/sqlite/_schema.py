@@ -7,7 +7,7 @@ import threading
 import time
 from collections.abc import Iterator
 
-from conveyor.backends._sql import Migration, load_migrations
+from conveyor.backends._sql import Migration, load_migrations, pending
 from conveyor.backends.sqlite._connection import Connections, MemoryConnection
 
 _PACKAGE = "conveyor.backends.sqlite"
@@ -42,12 +42,17 @@ def migrate(pool: Connections, queries: dict[str, str]) -> list[str]:
     this at the same time waits for the write lock, then finds the versions already recorded."""
     migrations: list[Migration] = load_migrations(_PACKAGE)
     applied: list[str] = []
+    # Read first: a database that is current needs no write lock, so that opening it works on a
+    # read-only file and while another process holds a long write transaction (a `conveyor stats`
+    # waited out the busy timeout, then failed, though WAL lets readers through).
+    with pool.read() as conn:
+        ledger = conn.execute(queries["migrations_ledger_exists"]).fetchone() is not None
+        if ledger and not pending([row[0] for row in conn.execute(queries["migrations_applied"])], migrations):
+            return applied
     with pool.write() as conn:
         conn.execute(queries["migrations_table"])
-        done = {row[0] for row in conn.execute(queries["migrations_applied"])}
-        for migration in migrations:
-            if migration.version in done:
-                continue
+        done = [row[0] for row in conn.execute(queries["migrations_applied"])]
+        for migration in pending(done, migrations):
             for statement in statements(migration.sql):
                 conn.execute(statement)
             conn.execute(
