@@ -35,7 +35,7 @@ from conveyor._task import (
     TaskOptions,
 )
 from conveyor._topics import matches, parse_filter
-from conveyor.backends import DEFAULT_DATABASE_URL, open_backend
+from conveyor.backends import DEFAULT_DATABASE_URL, in_memory_url, open_backend
 from conveyor.backends.base import (
     Backend,
     Schedule,
@@ -92,6 +92,14 @@ class App:
                         backend.migrate()
                     self._backend = backend
         return self._backend
+
+    @property
+    def in_memory(self) -> bool:
+        """Whether the database is a private in-memory one (``memory://``, ``sqlite:///:memory:``),
+        which lives and dies with this process: no other process can send to it or drain it."""
+        if self._backend is not None:
+            return self._backend.engine == "memory"
+        return in_memory_url(self.database_url)
 
     def close(self) -> None:
         """Close the backend's connections (a later call opens them again)."""

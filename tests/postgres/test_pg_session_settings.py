@@ -12,6 +12,7 @@ import pytest
 from psycopg import sql
 
 from conveyor import App, BackendError, BackendUnavailable, Worker
+from conveyor.backends.postgres import PostgresBackend
 
 
 def _alter(url: str, setting: str, value: str) -> None:
@@ -124,3 +125,27 @@ def test_a_schema_off_the_search_path_is_named_as_a_cause(postgres_database: str
     elsewhere = f"{postgres_database}?options=-c%20search_path%3Delsewhere"
     with App(elsewhere) as app, pytest.raises(BackendError, match="or is not on this connection's search_path"):
         app.admin.queues()
+
+
+def test_outcome_connections_commit_asynchronously_without_a_startup_option(postgres_database: str) -> None:
+    # Before: the outcome pool and the worker's acquire and finish connections carried a startup option
+    # (-c synchronous_commit=off), which PgBouncer refuses ("unsupported startup parameter: options"):
+    # behind it, no worker could connect and every job stayed pending. Now it is a SET after connecting.
+    backend = PostgresBackend(postgres_database)
+    statements = backend.loop_statements()
+
+    async def on_the_loop() -> tuple[object, object]:
+        conn = await statements._connection("jobs_finish_many")
+        row = await (await conn.execute("SHOW synchronous_commit")).fetchone()
+        return conn.info.get_parameters().get("options"), row
+
+    try:
+        with backend._acks.connection() as conn:
+            assert conn.info.get_parameters().get("options") is None
+            assert conn.execute("SHOW synchronous_commit").fetchone() == ("off",)
+        with backend._pool.connection() as conn:  # inserts wait for the WAL flush
+            assert conn.execute("SHOW synchronous_commit").fetchone() == ("on",)
+        assert asyncio.run(on_the_loop()) == (None, ("off",))
+    finally:
+        statements.close()
+        backend.close()

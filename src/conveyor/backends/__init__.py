@@ -9,7 +9,7 @@ from conveyor.backends.base import Backend
 DEFAULT_DATABASE_URL = "sqlite:///conveyor.db"
 
 
-def in_memory(url: str) -> bool:
+def in_memory_url(url: str) -> bool:
     """Whether ``url`` names a private in-memory database, which lives and dies with one process
     (``memory://``, ``sqlite:///:memory:``)."""
     scheme, _, rest = url.partition("://")

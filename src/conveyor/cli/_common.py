@@ -16,7 +16,6 @@ from rich.text import Text
 
 from conveyor._app import App
 from conveyor._limits import MAX_JSON_DEPTH
-from conveyor.backends import in_memory
 
 console = Console()
 
@@ -48,15 +47,15 @@ def settings(ctx: click.Context) -> dict[str, Any]:
     return obj
 
 
-def shared(url: str) -> str:
-    """``url``, if other processes can reach its database; else the command fails: a private in-memory
+def shared(app: App) -> App:
+    """``app``, if other processes can reach its database; else the command fails: a private in-memory
     database dies with the command, and what it sent or ran with it (or saw in it) would be lost."""
-    if in_memory(url):
+    if app.in_memory:
         fail(
-            f"{url} is a private in-memory database, which lives and dies with one process: no other "
-            "command, worker or service could reach it; give a file (sqlite:///conveyor.db) or a PostgreSQL URL"
+            f"{app.database_url} is a private in-memory database, which lives and dies with one process: no "
+            "other command, worker or service could reach it; give a file (sqlite:///conveyor.db) or a PostgreSQL URL"
         )
-    return url
+    return app
 
 
 def app_of(ctx: click.Context) -> App:
@@ -73,9 +72,7 @@ def app_of(ctx: click.Context) -> App:
                 app.database_url = found["database_url"]
         else:
             app = App(found["database_url"])
-        if isinstance(app.database_url, str):
-            shared(app.database_url)
-        found["app"] = app
+        found["app"] = shared(app)
         ctx.find_root().call_on_close(app.close)
     return app
 

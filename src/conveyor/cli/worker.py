@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from conveyor._app import App
 from conveyor.cli._common import fail, settings, shared
 from conveyor.worker import WorkerConfig
 
@@ -76,7 +77,7 @@ def worker(
     loaded = load_app(app_path)
     found = settings(ctx)
     db = found["database_url"] if found["db_given"] else None
-    shared(db or loaded.database_url)
+    shared(App(db) if db else loaded)
     lanes, weights = _lanes(queues)
     # Checked here, before any process is forked: a child that refuses its options would be restarted forever.
     config = WorkerConfig(

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext, suppress
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import Any, TypeVar
 from uuid import UUID
 
@@ -205,20 +205,20 @@ class PostgresBackend:
     # Connections
     # ---------------------------------------------------------------------------------------
 
-    def _connect_kwargs(self, synchronous_commit: bool) -> dict[str, Any]:
-        """psycopg's connection arguments (for the pools and for :meth:`loop_statements`)."""
-        kwargs: dict[str, Any] = {
+    def _connect_kwargs(self) -> dict[str, Any]:
+        """psycopg's connection arguments (for the pools and for :meth:`loop_statements`). No startup
+        ``options`` of Conveyor's own: PgBouncer refuses a connection that carries them (``unsupported
+        startup parameter``), and the URL's own (a ``search_path``) must reach the server as given."""
+        return {
             "autocommit": True,
             # libpq wants whole seconds and at least 2.
             "connect_timeout": max(2, int(self._connect_timeout)),
         }
-        if not synchronous_commit:
-            # Added to the URL's own options (or $PGOPTIONS, which libpq reads only when the
-            # connection names none): replacing them dropped a search_path given there, and the
-            # outcome pool and the worker's acquire then used another schema's tables.
-            given = conninfo_to_dict(self._url).get("options") or os.environ.get("PGOPTIONS", "")
-            kwargs["options"] = f"{given} -c synchronous_commit=off".strip()
-        return kwargs
+
+    def _setup(self, synchronous_commit: bool) -> list[str]:
+        """The statements every new connection runs first; outcome connections commit asynchronously
+        unless ``durable_acks``."""
+        return [self._q["session_setup"], *([] if synchronous_commit else [self._q["session_async_commit"]])]
 
     def _new_pool(self, name: str, min_size: int, max_size: int, synchronous_commit: bool) -> _Pool:
         pool = _Pool(
@@ -228,15 +228,16 @@ class PostgresBackend:
             timeout=self._connect_timeout,
             open=False,
             name=name,
-            kwargs=self._connect_kwargs(synchronous_commit),
-            configure=self._configure,
+            kwargs=self._connect_kwargs(),
+            configure=partial(self._configure, self._setup(synchronous_commit)),
             check=self._check,
         )
         pool.open(wait=False)
         return pool
 
-    def _configure(self, conn: Conn) -> None:
-        conn.execute(self._q["session_setup"])
+    def _configure(self, setup: Sequence[str], conn: Conn) -> None:
+        for statement in setup:
+            conn.execute(statement)
         self._last_used[conn] = time.monotonic()
 
     def _check(self, conn: Conn) -> None:
@@ -718,7 +719,8 @@ class PostgresBackend:
         """Acquire and finish as coroutines for one worker run (see :class:`PostgresLoopStatements`)."""
         return PostgresLoopStatements(
             self._url,
-            self._connect_kwargs(synchronous_commit=self._durable_acks),
+            self._connect_kwargs(),
+            self._setup(synchronous_commit=self._durable_acks),
             self._q,
             self._errors,
             self._promotions,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import select
 from collections import defaultdict
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, asynccontextmanager
 from typing import Any
 
@@ -39,6 +39,7 @@ class PostgresLoopStatements:
         self,
         url: str,
         connect_kwargs: Mapping[str, Any],
+        setup: Sequence[str],
         queries: Mapping[str, str],
         errors: Callable[[str], AbstractContextManager[None]],
         promotions: Promotions,
@@ -46,6 +47,7 @@ class PostgresLoopStatements:
         self._url = url
         self._promotions = promotions
         self._connect_kwargs = dict(connect_kwargs)
+        self._setup = list(setup)
         self._q = queries
         self._errors = errors
         self._conns: dict[str, _AsyncConn] = {}
@@ -104,7 +106,8 @@ class PostgresLoopStatements:
             with self._errors(action):
                 conn = await psycopg.AsyncConnection.connect(self._url, **self._connect_kwargs)
                 try:
-                    await conn.execute(self._q["session_setup"])
+                    for statement in self._setup:
+                        await conn.execute(statement)
                 except BaseException:
                     conn.pgconn.finish()
                     raise

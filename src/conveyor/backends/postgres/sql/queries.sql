@@ -236,6 +236,11 @@ SELECT
     (SELECT count(*) FROM archive
      WHERE queue = %(queue)s AND finished_at >= %(since)s AND finished_at <= %(now)s)
 
+-- name: session_async_commit
+-- The outcome connections' commits do not wait for the WAL flush (unless durable_acks): set here
+-- rather than as a startup option, which PgBouncer refuses and which replaced the URL's own options.
+SET synchronous_commit = off
+
 -- name: listen
 -- One channel for every queue: a queue name is free text and may not fit an identifier, so it
 -- travels as the notification's payload and the listener filters on it (read as UTF-8, as in
