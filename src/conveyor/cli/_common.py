@@ -58,9 +58,11 @@ def shared(app: App) -> App:
     return app
 
 
-def app_of(ctx: click.Context) -> App:
+def app_of(ctx: click.Context, database: bool = True) -> App:
     """The App the command works on, made on first use: by then every --db/--app is parsed,
-    including those given after the subcommand."""
+    including those given after the subcommand. ``database``: the command uses its database, which
+    must then be one other processes can reach (see :func:`shared`); False for a command that only
+    reads what the App declares (the pipeline's report)."""
     found = settings(ctx)
     app: App | None = found.get("app")
     if app is None:
@@ -72,9 +74,9 @@ def app_of(ctx: click.Context) -> App:
                 app.database_url = found["database_url"]
         else:
             app = App(found["database_url"])
-        found["app"] = shared(app)
+        found["app"] = app
         ctx.find_root().call_on_close(app.close)
-    return app
+    return shared(app) if database else app
 
 
 def actor(given: str | None) -> str:

@@ -95,7 +95,7 @@ def _resolve_slas(
         if root is not ctx and isinstance(root.obj, dict) and root.obj.get("app_path"):
             from conveyor.cli._common import app_of
 
-            app = app_of(ctx)  # the main CLI's --app, loaded on first use
+            app = app_of(ctx, database=False)  # the main CLI's --app, loaded on first use: its declarations
     slas, depths = declared(app) if app is not None else ({}, {})
     slas.update(parse_sla(list(sla)))
     default_us = sla_micros(default_sla, "--default-sla")
