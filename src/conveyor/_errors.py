@@ -112,6 +112,12 @@ class BackendUnavailable(BackendError):
     """The database cannot be reached right now; callers retry with backoff."""
 
 
+class BackendCorrupt(BackendError):
+    """The database's storage is damaged (a corrupt SQLite file, a corrupt PostgreSQL page or index):
+    no retry can fix it and no job is at fault, so a worker stops (exit 1) instead of re-running jobs
+    whose outcomes it cannot store or dead-lettering them; an operator restores or repairs it."""
+
+
 class UnstorableText(BackendError, PayloadError):
     """A value holds a character the database's encoding cannot store (``'€'`` in a LATIN1
     PostgreSQL database): refused before anything was sent. A value the database refuses, and, where

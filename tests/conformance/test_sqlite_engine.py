@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections.abc import Iterator
 from contextlib import closing
+from pathlib import Path
 
 import pytest
 from _factory import acquire, insert, new_job
@@ -62,6 +64,31 @@ def test_acquire_uses_the_partial_ready_index(sqlite_backend: SqliteBackend) -> 
     assert "jobs_ready" in plan
     assert "jobs_ordering" in plan
     assert "TEMP B-TREE" not in plan  # the index already gives hand-out order
+
+
+def test_the_write_ahead_log_is_cut_back_once_checkpointed(
+    sqlite_backend: SqliteBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before: the log kept the size of its largest run of writes for good (here ~15 MB, written while
+    # a reader held its snapshot, as a long `conveyor stats` or a full disk holds a checkpoint back).
+    monkeypatch.setattr(_connection, "WAL_SIZE_LIMIT", 256 * 1024)
+    backend = SqliteBackend(sqlite_backend.path)
+    wal = Path(sqlite_backend.path + "-wal")
+    big = json.dumps({"x": "y" * 1024})
+    try:
+        insert(backend, new_job())
+        with _raw(sqlite_backend) as reader:
+            reader.execute("BEGIN")
+            reader.execute("SELECT count(*) FROM jobs").fetchone()
+            for _ in range(10):
+                insert(backend, *(new_job(payload=big) for _ in range(1000)))
+            assert wal.stat().st_size > 8 * 1024 * 1024
+            reader.execute("COMMIT")
+        insert(backend, new_job())  # its commit checkpoints the whole log, now that nobody reads
+        insert(backend, new_job())  # and this write starts the log over, cut back first
+        assert wal.stat().st_size <= 256 * 1024
+    finally:
+        backend.close()
 
 
 def test_a_file_locked_past_the_busy_timeout_is_unavailable(

@@ -140,9 +140,26 @@ def test_unmigrated_postgres_is_one_line(postgres_database: str) -> None:
     assert_one_line_error(conveyor(postgres_database, "stats"), "jobs")
 
 
-def test_bad_database_url_is_one_line() -> None:
+def test_bad_database_url_is_one_line(tmp_path: Path) -> None:
     assert_one_line_error(conveyor("mysql://nobody@localhost/x", "stats"), "mysql")
     assert_one_line_error(conveyor("not a url", "stats"), "not a database URL")
+    # Before: a new, empty database in a file named 'x.db?mode=ro'.
+    assert_one_line_error(
+        conveyor(f"sqlite:///{tmp_path}/x.db?mode=ro", "migrate"),
+        "sqlite URLs take no options (?mode=ro in",
+        f"name the file alone (sqlite:///{tmp_path}/x.db)",
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_file_that_is_not_a_database_is_one_line(tmp_path: Path) -> None:
+    notes = tmp_path / "notes.db"
+    notes.write_bytes(b"these are my notes, not a database\n" * 200)
+    assert_one_line_error(
+        conveyor(f"sqlite:///{notes}", "stats"),
+        f"{notes} is not an SQLite database, or is damaged: file is not a database; check that the URL",
+    )
+    assert notes.read_bytes().startswith(b"these are my notes")  # nothing written over it
 
 
 def test_dlq_list_show_replay_purge_and_audit(database_url: str) -> None:

@@ -39,6 +39,13 @@ def open_backend(url: str) -> Backend:
         path = rest[1:] if rest.startswith("/") else rest
         if not path:
             raise ConfigurationError(f"sqlite URL has no file path: {redact_url(url)!r} (try sqlite:///conveyor.db)")
+        path, question, options = path.partition("?")
+        if question:
+            # Taken as part of the file name, it made a new, empty database ('x.db?mode=ro').
+            raise ConfigurationError(
+                f"sqlite URLs take no options (?{options} in {redact_url(url)!r}): Conveyor opens the file "
+                f"itself, read-write in WAL mode; name the file alone (sqlite:///{path})"
+            )
         return SqliteBackend(path)
     if scheme == "memory":
         from conveyor.backends.sqlite import MemoryBackend

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 from uuid import UUID
 
-from conveyor._errors import BackendUnavailable, ConveyorError
+from conveyor._errors import BackendCorrupt, BackendUnavailable, ConveyorError
 
 #: A prepared job (``App.prepare``); the committer only passes it on.
 J = TypeVar("J")
@@ -97,10 +97,10 @@ class GroupCommit(Generic[J]):
 
     def _isolating(self, jobs: Sequence[J]) -> list[UUID | ConveyorError]:
         """Insert ``jobs`` in one transaction; if the database refuses it (other than by being
-        unreachable), insert each half on its own, down to the single job it refuses."""
+        unreachable or damaged), insert each half on its own, down to the single job it refuses."""
         try:
             return list(self._insert(jobs))
-        except BackendUnavailable as exc:
+        except (BackendUnavailable, BackendCorrupt) as exc:  # no one job's fault
             return [exc] * len(jobs)
         except ConveyorError as exc:
             if len(jobs) == 1:

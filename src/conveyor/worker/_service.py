@@ -4,8 +4,9 @@ repeats it until ``stop()``.
 A test calls ``run_once()`` instead of sleeping. A loop that ticks on an interval inherits ``run()``:
 it waits ``next_interval()`` seconds (or until stopped), runs a round, and logs a round that fails;
 after ``max_failures`` failed rounds in a row the loop ends with the error, and the worker stops
-non-zero so that a supervisor restarts it. (A database that is away is not a failure: backend calls
-retry it themselves.) Event-driven loops (fetch, complete, execute) override ``run()``."""
+non-zero so that a supervisor restarts it; a damaged database ends it at the first failure. (A
+database that is away is not a failure: backend calls retry it themselves.) Event-driven loops
+(fetch, complete, execute) override ``run()``."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 
-from conveyor._errors import BackendError
+from conveyor._errors import BackendCorrupt, BackendError
 
 log = logging.getLogger("conveyor.worker")
 
@@ -77,7 +78,7 @@ class Service:
                     log.error("%s failed (%d in a row): %s", self.name, self.failures, exc)
                 else:
                     log.exception("%s failed (%d in a row)", self.name, self.failures)
-                if self.failures >= self.max_failures:
+                if self.failures >= self.max_failures or isinstance(exc, BackendCorrupt):
                     raise
             else:
                 self.failures = 0

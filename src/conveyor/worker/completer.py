@@ -20,7 +20,7 @@ from datetime import datetime
 from typing import cast
 from uuid import UUID
 
-from conveyor._errors import BackendError, BackendUnavailable, UnstorableText
+from conveyor._errors import BackendCorrupt, BackendError, BackendUnavailable, UnstorableText
 from conveyor._outcomes import OUTCOME_REFUSED, Outcome, storable
 from conveyor.backends.base import (
     ErrorInfo,
@@ -38,6 +38,10 @@ from conveyor.worker._state import Counters, Registry
 from conveyor.worker._threads import LoopRef
 
 log = logging.getLogger("conveyor.worker")
+
+#: What a statement of outcomes can fail with that is no outcome's fault: raised as it is (the
+#: worker retries an unavailable database, and stops on a damaged one), never bisected or dead-lettered.
+_NOT_THE_OUTCOMES = (BackendUnavailable, BackendCorrupt)
 
 
 class Completer(Service):
@@ -185,10 +189,11 @@ class Completer(Service):
 
         One outcome the database refuses (a value it cannot store, a constraint) must not take its
         batch down with it: a refused statement is split in halves until the refused outcomes are
-        found, and each of those alone ends its job dead (reason ``outcome_refused``)."""
+        found, and each of those alone ends its job dead (reason ``outcome_refused``). A database that is
+        away or damaged refuses every outcome alike: that is raised, no job is dead-lettered for it."""
         try:
             applied = await self._statement(items)
-        except BackendUnavailable:
+        except _NOT_THE_OUTCOMES:
             raise
         except BackendError as exc:
             if len(items) > 1:
@@ -224,7 +229,7 @@ class Completer(Service):
             escaped = dataclasses.replace(outcome, error=_escaped(outcome.error, exc.encoding))
             try:
                 applied = await self._statement([escaped])
-            except BackendUnavailable:
+            except _NOT_THE_OUTCOMES:
                 raise
             except BackendError as again:  # something else of it is refused too (its result)
                 exc = again
@@ -244,7 +249,7 @@ class Completer(Service):
         )
         try:
             applied = await self._statement([dead])
-        except BackendUnavailable:
+        except _NOT_THE_OUTCOMES:
             raise
         except BackendError as again:
             # Nothing more can be written for this job: its lease will expire and it runs again.

@@ -20,7 +20,7 @@ from psycopg.pq import TransactionStatus
 from psycopg.rows import TupleRow, tuple_row
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from conveyor._errors import BackendError, BackendUnavailable, ConfigurationError, UnstorableText
+from conveyor._errors import BackendCorrupt, BackendError, BackendUnavailable, ConfigurationError, UnstorableText
 from conveyor.backends._promotion import Promotions, scheduled_earliest
 from conveyor.backends._redact import hide, redact_url, scrub
 from conveyor.backends._sql import load_migrations, load_queries, pending
@@ -270,6 +270,11 @@ class PostgresBackend:
             raise BackendUnavailable(f"PostgreSQL cancelled {action}: {self._line(exc)}") from exc
         except psycopg.OperationalError as exc:
             raise BackendUnavailable(f"PostgreSQL unavailable ({action}): {self._line(exc)}") from exc
+        except (psycopg.errors.DataCorrupted, psycopg.errors.IndexCorrupted) as exc:
+            raise BackendCorrupt(
+                f"PostgreSQL found damaged data ({action}): {self._line(exc)}; an operator must repair it "
+                "(REINDEX a corrupt index, restore a damaged table)"
+            ) from exc
         except psycopg.errors.UndefinedTable as exc:
             raise BackendError(
                 f"the Conveyor schema is missing in this database, or is not on this connection's search_path "

@@ -18,10 +18,15 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from conveyor._errors import BackendError, BackendUnavailable
+from conveyor._errors import BackendCorrupt, BackendError, BackendUnavailable
 
 #: How long a statement waits for another connection's write lock before giving up.
 BUSY_TIMEOUT_S = 30.0
+
+#: What the write-ahead log is cut back to once it has been checkpointed. Without a limit it keeps
+#: the size of its largest run of writes between two checkpoints for good (SQLite reuses the file
+#: rather than truncate it): gigabytes after a burst under a long-reading process or a full disk.
+WAL_SIZE_LIMIT = 64 * 1024 * 1024
 
 # Messages of sqlite3.OperationalError that mean "the database cannot be used right now" rather
 # than "this statement is wrong": the caller should back off and retry, nothing is lost.
@@ -40,6 +45,16 @@ def translate(exc: sqlite3.Error, path: str | None = None) -> BackendError:
     database file, is named in the message (SQLite's own never says which file it could not open)."""
     message = str(exc)
     where = f" ({path})" if path else ""
+    name = getattr(exc, "sqlite_errorname", "")
+    if name.startswith("SQLITE_CORRUPT") or name == "SQLITE_NOTADB":
+        # Not a moment's trouble: every statement touching the damaged pages fails alike.
+        if name == "SQLITE_NOTADB":
+            return BackendCorrupt(
+                f"{path or 'the file'} is not an SQLite database, or is damaged: {message}; check that the URL "
+                "names the right file, else restore it from a backup"
+            )
+        recover = f" (`sqlite3 {path} .recover` saves what it can)" if path else ""
+        return BackendCorrupt(f"the SQLite database{where} is damaged: {message}; restore it from a backup{recover}")
     if isinstance(exc, sqlite3.OperationalError) and message.lower().startswith(_UNAVAILABLE):
         return BackendUnavailable(f"SQLite database unavailable{where}: {message}")
     return BackendError(f"SQLite statement failed{where}: {message}")
@@ -64,6 +79,7 @@ def _open(path: str) -> sqlite3.Connection:
         if path == ":memory:":
             return conn
         _enable_wal(conn)
+        conn.execute(f"PRAGMA journal_size_limit = {int(WAL_SIZE_LIMIT)}")
         # NORMAL is durable against application crashes in WAL mode and skips an fsync per commit;
         # only an OS crash or power loss can lose the last few transactions.
         conn.execute("PRAGMA synchronous = NORMAL")
