@@ -64,12 +64,20 @@ def _text_problem(value: str) -> str | None:
     """Why ``value`` cannot be stored as text by every engine, or None."""
     if "\x00" in value:
         return "contains a NUL character (\\x00), which PostgreSQL cannot store"
-    if not value.isascii():
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            return "is not valid Unicode (it contains a lone surrogate), so it cannot be stored as UTF-8"
+    if not is_utf8(value):
+        return "is not valid Unicode (it contains a lone surrogate), so it cannot be stored as UTF-8"
     return None
+
+
+def is_utf8(text: str) -> bool:
+    """Whether ``text`` can be encoded as UTF-8 (it holds no lone surrogate)."""
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def check_name(value: object, what: str, error: ErrorClass = PayloadError) -> str:

@@ -12,6 +12,7 @@ from typing import Any
 
 from conveyor._context import JobContext
 from conveyor._errors import PayloadError, Reject, Retry
+from conveyor._limits import is_utf8
 from conveyor._message import SCHEMA_VERSION
 from conveyor._task import TaskOptions
 from conveyor.backends.base import Delivery, ErrorInfo, Finish, RetryItem
@@ -98,7 +99,7 @@ def on_success(delivery: Delivery, options: TaskOptions, result: Any) -> Finish:
         except (TypeError, ValueError, RecursionError):
             encoded = _json({"repr": storable(_safe_repr(result))[:MAX_RESULT_BYTES]})
         else:
-            if "\\u0000" in encoded or not _utf8(encoded):
+            if "\\u0000" in encoded or not is_utf8(encoded):
                 encoded = _storable_json(encoded)
         size = len(encoded) if encoded.isascii() else len(encoded.encode("utf-8"))
         if size > MAX_RESULT_BYTES:
@@ -169,7 +170,7 @@ def storable(text: str) -> str:
     (not UTF-8 at all) becomes its ``\\udXXX`` escape. Other text is returned as it is."""
     if "\x00" in text:
         text = text.replace("\x00", "\\u0000")
-    if not _utf8(text):
+    if not is_utf8(text):
         text = text.encode("utf-8", "backslashreplace").decode("utf-8")
     return text
 
@@ -178,17 +179,6 @@ def _json(value: Any) -> str:
     """``value`` as JSON text, other than ASCII kept as it is (as payloads are): a ``\\u20ac`` escape
     reaches jsonb only in a UTF-8 database (a SQL_ASCII one refuses every escape above ``\\u007f``)."""
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-
-
-def _utf8(text: str) -> bool:
-    """Whether ``text`` is UTF-8-encodable (no lone surrogate)."""
-    if text.isascii():
-        return True
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _storable_json(encoded: str) -> str:
