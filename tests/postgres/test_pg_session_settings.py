@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
+import time
 from datetime import UTC, datetime, timedelta
 
 import psycopg
@@ -93,7 +95,12 @@ def test_a_worker_whose_database_refuses_its_statements_says_why_in_one_line(
 ) -> None:
     with App(postgres_database, migrate=True) as app:
         app.send("t", queue="q")
-    _alter(postgres_database, "default_transaction_read_only", "on")
+    with psycopg.connect(postgres_database, autocommit=True) as conn:  # a policy of the database's own
+        conn.execute(
+            "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+            "RAISE EXCEPTION 'leases are refused by policy'; END $$; "
+            "CREATE TRIGGER refuse BEFORE UPDATE ON jobs FOR EACH ROW EXECUTE FUNCTION refuse()"
+        )
     with App(postgres_database) as app, caplog.at_level(logging.ERROR, logger="conveyor.worker"):
 
         @app.task(queue="q")
@@ -104,8 +111,53 @@ def test_a_worker_whose_database_refuses_its_statements_says_why_in_one_line(
     failed = [r for r in caplog.records if "failed" in r.getMessage()]
     assert any("worker loop" in r.getMessage() for r in failed), [r.getMessage() for r in caplog.records]
     for record in failed:
-        assert "read-only transaction" in record.getMessage()
+        assert "leases are refused by policy" in record.getMessage()
         assert record.exc_info is None  # the database's message, not a traceback
+
+
+def test_a_read_only_database_is_waited_out_on_new_connections(postgres_database: str) -> None:
+    # A standby (a failover under way, a name still pointing at the old primary) or a database set
+    # read-only for maintenance. Before: a BackendError, so the worker stopped at its first acquire and
+    # a producer was told the database had failed; and a pooled connection to it stayed read-only.
+    with App(postgres_database, migrate=True) as app:
+        ids = [app.send("t", queue="q").id for _ in range(5)]
+    _alter(postgres_database, "default_transaction_read_only", "on")
+    with App(postgres_database) as app:
+
+        @app.task(queue="q", name="t")
+        def t() -> None:
+            pass
+
+        with pytest.raises(BackendUnavailable, match=r"^PostgreSQL is read-only \(jobs_insert_many\): .* primary"):
+            app.send("t", queue="q")
+
+        def writable_again() -> None:  # only connections opened from now on see it
+            with psycopg.connect(postgres_database, autocommit=True) as conn:
+                conn.execute("SET default_transaction_read_only = off")
+                conn.execute(
+                    sql.SQL("ALTER DATABASE {} RESET default_transaction_read_only").format(
+                        sql.Identifier(conn.info.dbname)
+                    )
+                )
+
+        timer = threading.Timer(1.0, writable_again)
+        timer.start()
+        try:
+            worker = _drain(app)
+        finally:
+            timer.join()
+        assert worker.exit_code == 0
+        assert {app.job(job_id).state for job_id in ids} == {"completed"}
+        # The producer's pool, too, leaves each read-only connection at its first refusal: a producer
+        # retrying BackendUnavailable gets through (before, never).
+        for _ in range(10):
+            try:
+                app.send("t", queue="q")
+                break
+            except BackendUnavailable:
+                time.sleep(0.05)
+        else:
+            pytest.fail("every send still met a read-only connection")
 
 
 def test_a_statement_timeout_is_reported_as_such_not_as_a_lost_server(postgres_database: str) -> None:

@@ -264,6 +264,13 @@ class PostgresBackend:
             # An OperationalError to psycopg, but no retry can fix it (an index entry too large, too
             # many parameters): reporting it as "unavailable" made callers retry it forever.
             raise BackendError(f"PostgreSQL refused {action}: {self._line(exc)}") from exc
+        except psycopg.errors.ReadOnlySqlTransaction as exc:
+            # A standby (a failover under way, a URL or DNS name still pointing at the old primary) or
+            # default_transaction_read_only: waited out like a lost server, on a new connection each
+            # time (the session that said so never writes; see _connection).
+            raise BackendUnavailable(
+                f"PostgreSQL is read-only ({action}): {self._line(exc)}; waiting for a writable primary"
+            ) from exc
         except psycopg.errors.QueryCanceled as exc:
             # A statement_timeout (or an operator's pg_cancel_backend): retried like a lost server,
             # but not reported as one.
@@ -292,6 +299,9 @@ class PostgresBackend:
         with self._errors(action), (self._acks if ack else self._pool).connection() as conn:
             try:
                 yield conn
+            except psycopg.errors.ReadOnlySqlTransaction:
+                conn.close()  # the pool replaces it: the next one may reach the new primary
+                raise
             finally:
                 # Stamped here rather than in a pool ``reset`` hook: with one, psycopg_pool hands
                 # every returned connection to its worker thread (a thread wake-up per statement,

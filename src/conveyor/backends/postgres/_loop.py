@@ -92,8 +92,12 @@ class PostgresLoopStatements:
                 except BaseException as exc:
                     idle = not conn.closed and conn.info.transaction_status == TransactionStatus.IDLE
                     # An error of the server's, or text the connection's encoding cannot hold (found
-                    # before anything was sent), leaves the connection usable.
-                    if not (idle and isinstance(exc, psycopg.Error | UnicodeEncodeError)):
+                    # before anything was sent), leaves the connection usable; one that is read-only
+                    # (a standby) never writes, and is replaced.
+                    usable = isinstance(exc, psycopg.Error | UnicodeEncodeError) and not isinstance(
+                        exc, psycopg.errors.ReadOnlySqlTransaction
+                    )
+                    if not (idle and usable):
                         self._drop(action)
                     raise
 
