@@ -4,7 +4,9 @@ A damaged SQLite file (a torn page, a disk fault) or a PostgreSQL page that fail
 every statement touching it, whatever the job: before, a worker whose outcomes could not be stored
 split its batches down to each job and tried to dead-letter them one by one, and when that failed too
 the job's lease expired and it ran again, a burst that never ended. Now the worker stops at once,
-exit 1, with one line saying what is damaged; the jobs stay where they were for after the repair."""
+exit 74 (EX_IOERR), with one line saying what is damaged, and a prefork supervisor restarts none of its
+processes (a restart would lease and run more jobs it cannot finish); the jobs stay where they were for
+after the repair."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import pytest
 
 from conveyor import App, Message, Worker
 from conveyor._errors import BackendCorrupt
+from conveyor.worker._worker import EXIT_DAMAGED
 
 from . import e2e_app
 from ._support import Procs, worker_argv
@@ -36,9 +39,7 @@ def _damage(path: Path, index: str) -> None:
         fh.write(b"\xff" * 64)
 
 
-def test_a_worker_on_a_damaged_sqlite_file_stops_and_leaves_the_jobs_for_after_the_repair(
-    tmp_path: Path, procs: Procs
-) -> None:
+def _damaged_database(tmp_path: Path) -> tuple[Path, str]:
     path = tmp_path / "damaged.db"
     url = f"sqlite:///{path}"
     producer = App(url, migrate=True)
@@ -47,19 +48,31 @@ def test_a_worker_on_a_damaged_sqlite_file_stops_and_leaves_the_jobs_for_after_t
         producer.send_many([Message(task=e2e_app.WORK, payload={"kind": e2e_app.OK, "n": n}) for n in range(JOBS)])
     # Finishing a job writes the archive: its index is damaged, leasing and running still work.
     _damage(path, "archive_finished")
+    return path, url
 
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_a_worker_on_a_damaged_sqlite_file_stops_and_leaves_the_jobs_for_after_the_repair(
+    tmp_path: Path, procs: Procs, processes: int
+) -> None:
+    path, url = _damaged_database(tmp_path)
     worker = procs.start(
         "worker",
-        worker_argv(url, "--queues", e2e_app.WORK_QUEUE, "--burst", "--visibility-timeout", "1"),
+        worker_argv(url, "--queues", e2e_app.WORK_QUEUE, "--burst", "--visibility-timeout", "1", "-p", str(processes)),
         env={"E2E_VISIBILITY_TIMEOUT": "1"},
     )
-    code = worker.wait(timeout=60)  # before: leases expired, the jobs ran again, the burst never ended
+    # Before: leases expired and the jobs ran again, the burst never ended; under a supervisor, each
+    # process that stopped was restarted and ran more.
+    code = worker.wait(timeout=60)
     output = worker.output()
-    assert code == 1, output
+    assert code == EXIT_DAMAGED, output
     assert "is damaged: database disk image is malformed; restore it from a backup" in output
     assert str(path) in output
     assert "Traceback" not in output
     assert "dead-letter" not in output
+    assert "restarting it" not in output
+    if processes > 1:
+        assert "found the database damaged; stopping the others, restarting none" in output
     with closing(sqlite3.connect(path)) as conn:
         states = conn.execute("SELECT state, count(*) FROM jobs GROUP BY state").fetchall()
         archived = conn.execute("SELECT count(*) FROM archive NOT INDEXED").fetchone()[0]
@@ -89,7 +102,7 @@ def test_a_worker_stops_when_postgresql_reports_damaged_data(postgres_database: 
             )
         worker = Worker(app, burst=True, poll_interval=0.02, visibility_timeout=1.0)
         asyncio.run(asyncio.wait_for(worker.run(), timeout=60))
-        assert worker.exit_code == 1
+        assert worker.exit_code == EXIT_DAMAGED
         with psycopg.connect(postgres_database, autocommit=True) as conn:
             assert conn.execute("SELECT count(*) FROM archive").fetchone() == (0,)
             assert conn.execute("SELECT count(*) FROM jobs").fetchone() == (JOBS,)

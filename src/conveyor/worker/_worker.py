@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import Any
 
 from conveyor._app import App
-from conveyor._errors import BackendError, ConfigurationError
+from conveyor._errors import BackendCorrupt, BackendError, ConfigurationError
 from conveyor._message import utcnow
 from conveyor.backends.base import JobsReleaseParams, LeaseRef, QueuesStatsParams
 from conveyor.worker._config import WorkerConfig
@@ -20,6 +20,12 @@ from conveyor.worker._observe import NO_OBSERVER, Observer, Observers
 from conveyor.worker._state import Counters
 
 log = logging.getLogger("conveyor.worker")
+
+
+#: ``Worker.exit_code`` when the database is damaged (sysexits' EX_IOERR): a restart cannot help and would
+#: run the jobs it leases again, so the prefork supervisor does not restart it (under systemd:
+#: ``RestartPreventExitStatus=74``).
+EXIT_DAMAGED = 74
 
 
 class Worker:
@@ -31,7 +37,8 @@ class Worker:
     its queues hold no live job (ready, scheduled or processing). Stop it with :meth:`stop` (or
     SIGTERM/SIGINT under :meth:`run_sync`): fetching stops, buffered jobs go back to pending at once,
     running handlers get ``graceful_timeout`` seconds to finish, outcomes are flushed. ``exit_code``
-    is then 0, or 1 if a loop failed or outcomes could not be written.
+    is then 0, or 1 if a loop failed or outcomes could not be written, or ``EXIT_DAMAGED`` (74) if the
+    database is damaged.
 
     ``observer`` hears what the loops do (:class:`conveyor.worker.Observer`); the worker adds its own
     for ``metrics_port`` (Prometheus, served from a thread) and ``tracing`` (OpenTelemetry)."""
@@ -103,11 +110,11 @@ class Worker:
                 continue
             # A loop ended on its own: the worker cannot go on without it. Stop the way that loses
             # nothing (what is buffered goes back, running handlers finish, outcomes are flushed) and
-            # exit non-zero, so that a supervisor restarts the process.
-            self.exit_code = 1
+            # exit non-zero, so that a supervisor restarts the process (unless the database is damaged).
             error = task.exception()
+            self.exit_code = max(self.exit_code, EXIT_DAMAGED if isinstance(error, BackendCorrupt) else 1)
             if isinstance(error, BackendError):
-                # The database refused the loop's statement (a read-only database, a missing schema):
+                # The database refused the loop's statement (a trigger, a missing schema, damage):
                 # its message says what; a traceback would only bury it.
                 log.error("worker loop %s failed: %s; stopping", task.get_name(), error)
             elif error is not None:
@@ -140,7 +147,7 @@ class Worker:
         loops.completer.stop()
         await asyncio.wait({tasks[loops.completer]})
         if not loops.completer.flushed_all:
-            self.exit_code = 1
+            self.exit_code = max(self.exit_code, 1)
         for loop in (loops.heartbeat, loops.rescuer, loops.scheduler, loops.pruner, loops.presence):
             loop.stop()
         # The presence loop ends its round rather than being cancelled: a cancelled round's write runs

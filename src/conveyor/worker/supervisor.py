@@ -16,7 +16,7 @@ import time
 from conveyor._app import App
 from conveyor._errors import ConfigurationError
 from conveyor.worker._config import WorkerConfig
-from conveyor.worker._worker import Worker
+from conveyor.worker._worker import EXIT_DAMAGED, Worker
 
 log = logging.getLogger("conveyor.worker")
 
@@ -82,8 +82,9 @@ def _child_main(
 
 def run_processes(app_path: str, database_url: str | None, processes: int, config: WorkerConfig) -> int:
     """Run ``processes`` worker processes and supervise them until a signal (or, with burst, until
-    all have drained). A child that dies unexpectedly is restarted. Returns 0 when every child
-    stopped cleanly."""
+    all have drained). A child that dies unexpectedly is restarted, unless it cannot work (its
+    configuration, a damaged database: every other child is stopped). Returns 0 when every child
+    stopped cleanly, ``EXIT_DAMAGED`` when one found the database damaged, else 1."""
     if processes <= 1:
         return run_worker(app_path, database_url, config)
     load_app(app_path)  # fail fast, in the parent, with a clear message
@@ -127,7 +128,7 @@ def run_processes(app_path: str, database_url: str | None, processes: int, confi
         children.append(spawn(index))
         forward(children[-1])  # a signal that came while it was being started
     burst = config.burst
-    failed = False
+    failed = damaged = False
     while True:
         alive = False
         for i, p in enumerate(children):
@@ -138,9 +139,10 @@ def run_processes(app_path: str, database_url: str | None, processes: int, confi
             if stopping[0] or (burst and code == 0):
                 failed = failed or not _stopped_cleanly(code, bool(stopping[0]))
                 continue
-            if code == EXIT_CONFIG:
-                log.error("worker process %s cannot run with its configuration; stopping the others", p.pid)
-                failed = True
+            if code in (EXIT_CONFIG, EXIT_DAMAGED):
+                why = "cannot run with its configuration" if code == EXIT_CONFIG else "found the database damaged"
+                log.error("worker process %s %s; stopping the others, restarting none", p.pid, why)
+                failed, damaged = True, damaged or code == EXIT_DAMAGED
                 on_signal(signal.SIGTERM, None)
                 continue
             log.warning("worker process %s exited with %s; restarting it", p.pid, code)
@@ -156,7 +158,7 @@ def run_processes(app_path: str, database_url: str | None, processes: int, confi
     for p in children:
         p.join()
         failed = failed or not _stopped_cleanly(p.exitcode, bool(stopping[0]))
-    return 1 if failed else 0
+    return EXIT_DAMAGED if damaged else 1 if failed else 0
 
 
 def _stopped_cleanly(code: int | None, stopping: bool) -> bool:
