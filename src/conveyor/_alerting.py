@@ -172,12 +172,13 @@ class Webhooks:
 
 class AlertLoop(Service):
     """Evaluates the alert rules every ``interval`` seconds and notifies each change. A round that
-    fails (the database is away) is logged and the next one tries again: alerts must not stop the
-    service."""
+    fails (the database is away, or damaged until it is repaired) is logged and the next one tries
+    again: alerts must not stop the service."""
 
     name = "alerts"
     run_first = True
     max_failures = 1_000_000
+    ends_on_damage = False
 
     def __init__(self, admin: Admin, rules: AlertRules, webhooks: Webhooks | None, interval: float = 15.0) -> None:
         super().__init__()

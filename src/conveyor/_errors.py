@@ -17,6 +17,7 @@
     ├── QueueFull                 backpressure: the queue is past its high-water mark (retry later)
     ├── BackendError              the database refused or failed a statement
     │   ├── BackendUnavailable    the database cannot be reached (retry later; nothing is lost)
+    │   ├── BackendCorrupt        the database's storage is damaged: a worker stops, exit ``EXIT_DAMAGED``
     │   └── UnstorableText        a character the database's encoding cannot hold (also a PayloadError)
     ├── HandlerTimeout            recorded as a job's error: its handler ran past the task's timeout
     └── HandlerSignal             raised *by handlers* to steer the outcome
@@ -114,8 +115,15 @@ class BackendUnavailable(BackendError):
 
 class BackendCorrupt(BackendError):
     """The database's storage is damaged (a corrupt SQLite file, a corrupt PostgreSQL page or index):
-    no retry can fix it and no job is at fault, so a worker stops (exit 1) instead of re-running jobs
-    whose outcomes it cannot store or dead-lettering them; an operator restores or repairs it."""
+    no retry can fix it and no job is at fault, so a worker stops (exit ``EXIT_DAMAGED``) instead of
+    re-running jobs whose outcomes it cannot store or dead-lettering them; an operator restores or
+    repairs it (HTTP 500, ``database_damaged``)."""
+
+
+#: The exit code of a process that stopped on :class:`BackendCorrupt` (sysexits' EX_IOERR): a restart
+#: cannot help and would lease and run more jobs it cannot finish, so the prefork supervisor restarts
+#: none (under systemd: ``RestartPreventExitStatus=74``); every CLI command exits with it too.
+EXIT_DAMAGED = 74
 
 
 class UnstorableText(BackendError, PayloadError):

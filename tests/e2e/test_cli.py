@@ -149,6 +149,10 @@ def test_bad_database_url_is_one_line(tmp_path: Path) -> None:
         "sqlite URLs take no options (?mode=ro in",
         f"name the file alone (sqlite:///{tmp_path}/x.db)",
     )
+    # Before: SQLite read 'file:' as a URI, a private in-memory database: a send answered with an id,
+    # and the job was gone with the process.
+    assert_one_line_error(conveyor("sqlite:///file::memory:", "send", "q", "t"), "a 'file:' URI")
+    assert_one_line_error(conveyor(f"sqlite:///{tmp_path}/x.db#main", "migrate"), "without '#'")
     assert list(tmp_path.iterdir()) == []
 
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import threading
+import time
 from contextlib import closing
 from pathlib import Path
 
@@ -19,8 +21,7 @@ import psycopg
 import pytest
 
 from conveyor import App, Message, Worker
-from conveyor._errors import BackendCorrupt
-from conveyor.worker._worker import EXIT_DAMAGED
+from conveyor._errors import EXIT_DAMAGED, BackendCorrupt
 
 from . import e2e_app
 from ._support import Procs, worker_argv
@@ -28,7 +29,7 @@ from ._support import Procs, worker_argv
 JOBS = 20
 
 
-def _damage(path: Path, index: str) -> None:
+def damage(path: Path, index: str) -> None:
     """Overwrite the first bytes of ``index``'s root page, as a torn write would."""
     with closing(sqlite3.connect(path, isolation_level=None)) as conn:
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
@@ -39,23 +40,25 @@ def _damage(path: Path, index: str) -> None:
         fh.write(b"\xff" * 64)
 
 
-def _damaged_database(tmp_path: Path) -> tuple[Path, str]:
+def _damaged_database(tmp_path: Path, index: str) -> tuple[Path, str]:
     path = tmp_path / "damaged.db"
     url = f"sqlite:///{path}"
     producer = App(url, migrate=True)
     e2e_app.register(producer)
     with producer:
         producer.send_many([Message(task=e2e_app.WORK, payload={"kind": e2e_app.OK, "n": n}) for n in range(JOBS)])
-    # Finishing a job writes the archive: its index is damaged, leasing and running still work.
-    _damage(path, "archive_finished")
+    damage(path, index)
     return path, url
 
 
+# Where the damage is found: finishing a job writes the archive's index (leasing and running still work);
+# the migrations' ledger is read before the worker's loops start.
+@pytest.mark.parametrize("index", ["archive_finished", "schema_migrations"])
 @pytest.mark.parametrize("processes", [1, 2])
 def test_a_worker_on_a_damaged_sqlite_file_stops_and_leaves_the_jobs_for_after_the_repair(
-    tmp_path: Path, procs: Procs, processes: int
+    tmp_path: Path, procs: Procs, processes: int, index: str
 ) -> None:
-    path, url = _damaged_database(tmp_path)
+    path, url = _damaged_database(tmp_path, index)
     worker = procs.start(
         "worker",
         worker_argv(url, "--queues", e2e_app.WORK_QUEUE, "--burst", "--visibility-timeout", "1", "-p", str(processes)),
@@ -71,12 +74,62 @@ def test_a_worker_on_a_damaged_sqlite_file_stops_and_leaves_the_jobs_for_after_t
     assert "Traceback" not in output
     assert "dead-letter" not in output
     assert "restarting it" not in output
-    if processes > 1:
+    if processes > 1:  # before, for damage found at start: a traceback and a restart every 0.5 s
         assert "found the database damaged; stopping the others, restarting none" in output
     with closing(sqlite3.connect(path)) as conn:
         states = conn.execute("SELECT state, count(*) FROM jobs GROUP BY state").fetchall()
         archived = conn.execute("SELECT count(*) FROM archive NOT INDEXED").fetchone()[0]
     assert sum(n for _, n in states) == JOBS and archived == 0, states
+
+
+def test_a_burst_worker_whose_drained_check_meets_damage_stops(tmp_path: Path, procs: Procs) -> None:
+    # The dead-letter index is read only by the check that the queues are drained: every job runs and is
+    # archived, then the check fails. Before: that failure went unseen and the worker never exited.
+    path, url = _damaged_database(tmp_path, "archive_dlq_queue")
+    worker = procs.start("worker", worker_argv(url, "--queues", e2e_app.WORK_QUEUE, "--burst"))
+    code = worker.wait(timeout=60)
+    output = worker.output()
+    assert code == EXIT_DAMAGED, output
+    assert "the burst's watch failed: the SQLite database" in output
+    assert "Traceback" not in output
+    with closing(sqlite3.connect(path)) as conn:
+        assert conn.execute("SELECT count(*) FROM archive NOT INDEXED WHERE state = 'completed'").fetchone() == (JOBS,)
+
+
+def test_a_damaged_release_on_stopping_still_flushes_the_running_jobs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Handing buffered jobs back is the stop's first write. Before: its error escaped Worker.run(), the
+    # running handlers were cut and their outcomes never written; now it is one line, and the stop goes on.
+    with App(f"sqlite:///{tmp_path}/q.db", migrate=True) as app:
+        started = threading.Event()
+
+        @app.task(queue="q", name="slow")
+        def slow(i: int) -> int:
+            started.set()
+            time.sleep(0.3)
+            return i
+
+        ids = [slow.delay(i=i).id for i in range(30)]
+
+        def refused(params: object) -> int:
+            raise BackendCorrupt("the SQLite database (q.db) is damaged: database disk image is malformed")
+
+        monkeypatch.setattr(app.backend, "jobs_release_many", refused)
+        worker = Worker(app, concurrency=2, prefetch=20, graceful_timeout=10)
+
+        async def run() -> None:
+            running = asyncio.create_task(worker.run())
+            await asyncio.to_thread(started.wait, 10)
+            worker.stop()
+            await asyncio.wait_for(running, 30)
+
+        asyncio.run(run())
+        assert worker.exit_code == EXIT_DAMAGED
+        states = [app.job(job_id).state for job_id in ids]
+        assert states.count("completed") == 2, states  # the two that were running when it stopped
+        # The buffered ones keep their leases until they expire; the rest were never leased.
+        assert "processing" in states and set(states) <= {"completed", "processing", "pending"}, states
 
 
 def test_a_worker_stops_when_postgresql_reports_damaged_data(postgres_database: str) -> None:

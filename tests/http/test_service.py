@@ -412,3 +412,27 @@ def test_insecure_no_auth_says_so_on_every_start(sqlite_url: str, tmp_path: Path
         stop(server)
     with App(sqlite_url) as app:
         assert app.admin.audit(1)[0].actor == "insecure-no-auth"
+
+
+def test_a_damaged_database_is_a_500_without_retry_after_and_the_service_stays_up(tmp_path: Path) -> None:
+    # Before: 503 + Retry-After, which a client retries for ever: no retry repairs a damaged file.
+    from tests.e2e.test_damaged_database import damage
+    from tests.http.conftest import make_tokens
+
+    db = f"sqlite:///{tmp_path}/damaged.db"
+    tokens = make_tokens(db)
+    damage(tmp_path / "damaged.db", "jobs_ready")  # every insert writes it; the tokens stay readable
+    server = start(db, tmp_path, wait_ready=False)
+    try:
+        with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {tokens['producer']}"}) as c:
+            for _ in range(2):
+                sent = c.post("/v1/queues/emails/jobs", json=JOB)
+                assert sent.status_code == 500, sent.text
+                assert sent.json()["error"]["code"] == "database_damaged"
+                assert "is damaged: database disk image is malformed" in _error(sent, 500)
+                assert "retry-after" not in sent.headers
+            assert c.get("/healthz").status_code == 200
+        assert server.proc.poll() is None
+        assert "Traceback" not in server.stderr()
+    finally:
+        stop(server)

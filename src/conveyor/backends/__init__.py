@@ -16,6 +16,25 @@ def in_memory_url(url: str) -> bool:
     return scheme == "memory" or (scheme == "sqlite" and rest in (":memory:", "/:memory:"))
 
 
+def _check_sqlite_path(path: str, url: str) -> None:
+    """Refuse what a sqlite URL's path would open other than the file it seems to name: a new, empty
+    database named 'x.db?mode=ro' or 'x.db#main', a URI SQLite reads itself ('file::memory:', a private
+    in-memory database whose jobs are lost with the process), control characters."""
+    name, question, options = path.partition("?")
+    if not name:
+        raise ConfigurationError(f"sqlite URL has no file path: {redact_url(url)!r} (try sqlite:///conveyor.db)")
+    if question:
+        raise ConfigurationError(
+            f"sqlite URLs take no options (?{options} in {redact_url(url)!r}): Conveyor opens the file "
+            f"itself, read-write in WAL mode; name the file alone (sqlite:///{name})"
+        )
+    if "#" in name or name.startswith("file:") or any(ord(c) < 0x20 or c == "\x7f" for c in name):
+        raise ConfigurationError(
+            f"a sqlite URL names a plain file path, without '#', a 'file:' URI or control characters: "
+            f"{redact_url(url)!a}"
+        )
+
+
 def open_backend(url: str) -> Backend:
     """Open the backend a database URL names.
 
@@ -37,15 +56,7 @@ def open_backend(url: str) -> Backend:
         from conveyor.backends.sqlite import SqliteBackend
 
         path = rest[1:] if rest.startswith("/") else rest
-        if not path:
-            raise ConfigurationError(f"sqlite URL has no file path: {redact_url(url)!r} (try sqlite:///conveyor.db)")
-        path, question, options = path.partition("?")
-        if question:
-            # Taken as part of the file name, it made a new, empty database ('x.db?mode=ro').
-            raise ConfigurationError(
-                f"sqlite URLs take no options (?{options} in {redact_url(url)!r}): Conveyor opens the file "
-                f"itself, read-write in WAL mode; name the file alone (sqlite:///{path})"
-            )
+        _check_sqlite_path(path, url)
         return SqliteBackend(path)
     if scheme == "memory":
         from conveyor.backends.sqlite import MemoryBackend

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import click
 
-from conveyor._errors import ConveyorError
+from conveyor._errors import EXIT_DAMAGED, BackendCorrupt, ConveyorError
 from conveyor.cli._common import configure_logging, printable, settings
 from conveyor.cli.dlq import audit, dlq
 from conveyor.cli.jobs import contract, job, migrate, publish, send, stats
@@ -137,7 +137,8 @@ _accept_global_options(cli)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point: run the CLI; user errors end in one line on stderr and exit code 1 or 2."""
+    """Entry point: run the CLI; user errors end in one line on stderr and exit code 1 or 2 (74, EX_IOERR, for
+    a damaged database)."""
     try:
         result = cli.main(args=list(argv) if argv is not None else None, prog_name="conveyor", standalone_mode=False)
     except click.exceptions.Abort:
@@ -159,7 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConveyorError as exc:
         first, *_ = str(exc).strip().splitlines() or [type(exc).__name__]
         click.echo(f"conveyor: error: {printable(first)}", err=True)
-        return 1
+        return EXIT_DAMAGED if isinstance(exc, BackendCorrupt) else 1
     except KeyboardInterrupt:
         return 130
     return result if isinstance(result, int) else 0

@@ -32,6 +32,7 @@ from conveyor._alerting import AlertLoop, Webhooks
 from conveyor._alerts import AlertRules
 from conveyor._app import App
 from conveyor._errors import (
+    BackendCorrupt,
     BackendError,
     BackendUnavailable,
     ConfigurationError,
@@ -119,8 +120,9 @@ def _error(status: int, code: str, message: str, field: str | None = None, **hea
 
 def error_response(exc: Exception, prefix: str = "") -> Response:
     """The response for an exception the Python API raised: 400 naming the field, 401, 403, 404,
-    413, 429 with Retry-After, 503 with Retry-After. Messages carry no token or password: the
-    API's own messages never quote a secret, and a database URL is redacted by the backends."""
+    413, 429 with Retry-After, 503 with Retry-After, 500 for a damaged database. Messages carry no
+    token or password: the API's own messages never quote a secret, and a database URL is redacted
+    by the backends."""
     message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     if isinstance(exc, BadRequest):
         return _error(400, "bad_request", message, exc.field)
@@ -137,6 +139,8 @@ def error_response(exc: Exception, prefix: str = "") -> Response:
     if isinstance(exc, QueueFull):
         seconds = str(max(1, math.ceil(exc.retry_after)))
         return _error(429, "queue_full", message, retry_after=seconds)
+    if isinstance(exc, BackendCorrupt):  # no retry helps: no Retry-After
+        return _error(500, "database_damaged", message)
     if isinstance(exc, BackendUnavailable):
         return _error(503, "unavailable", message, retry_after=str(UNAVAILABLE_RETRY_AFTER))
     if isinstance(exc, BackendError):
@@ -273,6 +277,8 @@ class Service:
         """The database answers and its schema is current."""
         try:
             pending = await self.run(self.app.admin.ready)
+        except BackendCorrupt as exc:
+            return _error(500, "database_damaged", str(exc).splitlines()[0])
         except BackendError as exc:
             return _error(503, "unavailable", str(exc).splitlines()[0], retry_after=str(UNAVAILABLE_RETRY_AFTER))
         if pending:

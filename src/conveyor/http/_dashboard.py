@@ -37,6 +37,7 @@ from starlette.staticfiles import StaticFiles
 
 from conveyor import _tokens
 from conveyor._errors import (
+    BackendCorrupt,
     BackendError,
     ConfigurationError,
     ConveyorError,
@@ -565,6 +566,8 @@ def _status_of(exc: ConveyorError) -> tuple[int, str]:
         return 404, "Not found"
     if isinstance(exc, ConfigurationError | PayloadError):
         return 400, "Bad request"
+    if isinstance(exc, BackendCorrupt):
+        return 500, "The database is damaged"
     if isinstance(exc, BackendError):
         return 503, "The database is unavailable"
     return 400, "Refused"

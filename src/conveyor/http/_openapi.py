@@ -44,10 +44,12 @@ def _errors(*codes: int) -> dict[str, Any]:
         409: "The idempotency key is held by a job with a different task or payload",
         413: "The body, a payload or the headers are over their size limit",
         429: "The queue is past its high-water mark: retry after Retry-After seconds",
+        500: "The database is damaged (database_damaged): no retry helps until an operator repairs it",
         503: "The database cannot be reached: retry after Retry-After seconds",
     }
     out: dict[str, Any] = {}
-    for code in codes:
+    # Wherever the database can be away, it can be damaged.
+    for code in sorted({*codes, *((500,) if 503 in codes else ())}):
         response = _json(_ref("Error"), text[code])
         if code in (429, 503):
             response["headers"] = {"Retry-After": {"schema": {"type": "integer"}, "description": "seconds"}}

@@ -28,6 +28,9 @@ class Service:
     interval = 1.0
     run_first = False
     max_failures = 5
+    #: End at the first failure that says the database is damaged (a worker's loops: the worker then
+    #: stops, exit EXIT_DAMAGED); a loop that must outlive it (the HTTP service's alerts) says False.
+    ends_on_damage = True
 
     def __init__(self) -> None:
         self._stopped = asyncio.Event()
@@ -73,12 +76,14 @@ class Service:
             try:
                 await self.run_once()
             except Exception as exc:
+                if self.ends_on_damage and isinstance(exc, BackendCorrupt):
+                    raise  # whoever runs the loop says so, once
                 self.failures += 1
                 if isinstance(exc, BackendError):  # the database's message says what; no traceback
                     log.error("%s failed (%d in a row): %s", self.name, self.failures, exc)
                 else:
                     log.exception("%s failed (%d in a row)", self.name, self.failures)
-                if self.failures >= self.max_failures or isinstance(exc, BackendCorrupt):
+                if self.failures >= self.max_failures:
                     raise
             else:
                 self.failures = 0

@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import Any
 
 from conveyor._app import App
-from conveyor._errors import BackendCorrupt, BackendError, ConfigurationError
+from conveyor._errors import EXIT_DAMAGED, BackendCorrupt, BackendError, ConfigurationError
 from conveyor._message import utcnow
 from conveyor.backends.base import JobsReleaseParams, LeaseRef, QueuesStatsParams
 from conveyor.worker._config import WorkerConfig
@@ -20,12 +20,6 @@ from conveyor.worker._observe import NO_OBSERVER, Observer, Observers
 from conveyor.worker._state import Counters
 
 log = logging.getLogger("conveyor.worker")
-
-
-#: ``Worker.exit_code`` when the database is damaged (sysexits' EX_IOERR): a restart cannot help and would
-#: run the jobs it leases again, so the prefork supervisor does not restart it (under systemd:
-#: ``RestartPreventExitStatus=74``).
-EXIT_DAMAGED = 74
 
 
 class Worker:
@@ -112,14 +106,10 @@ class Worker:
             # nothing (what is buffered goes back, running handlers finish, outcomes are flushed) and
             # exit non-zero, so that a supervisor restarts the process (unless the database is damaged).
             error = task.exception()
-            self.exit_code = max(self.exit_code, EXIT_DAMAGED if isinstance(error, BackendCorrupt) else 1)
-            if isinstance(error, BackendError):
-                # The database refused the loop's statement (a trigger, a missing schema, damage):
-                # its message says what; a traceback would only bury it.
-                log.error("worker loop %s failed: %s; stopping", task.get_name(), error)
-            elif error is not None:
-                log.error("worker loop %s failed; stopping", task.get_name(), exc_info=error)
+            if error is not None:
+                self._failed(f"worker loop {task.get_name()} failed", error, "stopping")
             else:
+                self.exit_code = max(self.exit_code, 1)
                 log.error("worker loop %s ended unexpectedly; stopping", task.get_name())
         watch.cancel()
         stop_wait.cancel()
@@ -156,10 +146,28 @@ class Worker:
         for loop in (loops.heartbeat, loops.rescuer, loops.scheduler, loops.pruner, loops.presence):
             tasks[loop].cancel()
         await asyncio.gather(*tasks.values(), return_exceptions=True)
-        await loops.presence.leave()
+        try:
+            await loops.presence.leave()
+        except BackendCorrupt as exc:  # anything else only leaves the row to go stale (see leave)
+            self._failed("leaving the worker registry failed", exc, "stopping")
         loops.calls.shutdown()
 
+    def _failed(self, what: str, error: BaseException, then: str) -> None:
+        """A loop or a step of the stop failed: one line (the database's message says what; a traceback
+        only for what is not the database's), and a non-zero exit, ``EXIT_DAMAGED`` for a damaged one."""
+        self.exit_code = max(self.exit_code, EXIT_DAMAGED if isinstance(error, BackendCorrupt) else 1)
+        if isinstance(error, BackendError):
+            log.error("%s: %s; %s", what, error, then)
+        else:
+            log.error("%s; %s", what, then, exc_info=error)
+
     async def _release_buffered(self, loops: Loops) -> None:
+        try:
+            await self._release(loops)
+        except Exception as exc:  # the stop goes on: running handlers finish, outcomes are flushed
+            self._failed("handing buffered jobs back failed", exc, "their leases will expire")
+
+    async def _release(self, loops: Loops) -> None:
         refs: list[LeaseRef] = []
         for delivery in loops.buffer.drain():
             held = loops.registry.held.get(delivery.id)
@@ -181,6 +189,13 @@ class Worker:
         """With ``burst``: stop once the worker is idle and its queues hold no live job."""
         if not self.config.burst:
             return
+        try:
+            await self._until_drained(loops)
+        except Exception as exc:  # it could no longer tell: stop rather than run on unseen
+            self._failed("the burst's watch failed", exc, "stopping")
+            self.stop()
+
+    async def _until_drained(self, loops: Loops) -> None:
         calls = loops.calls
         while True:
             await asyncio.sleep(0.1)

@@ -8,6 +8,7 @@ import socket
 from collections.abc import Callable, Sequence
 from datetime import datetime
 
+from conveyor._errors import BackendCorrupt
 from conveyor.backends.base import WorkerInfo, WorkersBeatParams, WorkersRemoveParams
 from conveyor.worker._calls import BackendCalls
 from conveyor.worker._service import Service
@@ -58,8 +59,11 @@ class Presence(Service):
         return 1
 
     async def leave(self) -> None:
-        """Delete this worker's row (a clean stop); a failure only leaves it to go stale."""
+        """Delete this worker's row (a clean stop); a failure only leaves it to go stale, unless the
+        database is damaged (raised: the worker then exits ``EXIT_DAMAGED``)."""
         try:
             await self.calls.once(self.calls.backend.workers_remove, WorkersRemoveParams(self.info.id))
+        except BackendCorrupt:
+            raise
         except Exception as exc:  # the row then goes stale and is pruned; stopping must go on
             log.warning("could not remove worker %s from the registry: %s", self.info.id, exc)

@@ -14,9 +14,9 @@ import sys
 import time
 
 from conveyor._app import App
-from conveyor._errors import ConfigurationError
+from conveyor._errors import EXIT_DAMAGED, BackendCorrupt, ConfigurationError, ConveyorError
 from conveyor.worker._config import WorkerConfig
-from conveyor.worker._worker import EXIT_DAMAGED, Worker
+from conveyor.worker._worker import Worker
 
 log = logging.getLogger("conveyor.worker")
 
@@ -73,10 +73,16 @@ def _child_main(
     logging.basicConfig(level=level, format=fmt or logging.BASIC_FORMAT)
     try:
         code = run_worker(app_path, database_url, config, child=True)
-    except ConfigurationError as exc:
-        # Its own options cannot work (its metrics port is taken): a restart would fail the same way.
-        print(f"conveyor: error: {exc}", file=sys.stderr, flush=True)
-        code = EXIT_CONFIG
+    except ConveyorError as exc:
+        # Before its loops started (the schema check, its metrics port): one line, as the CLI prints it.
+        # Its own options that cannot work, or a damaged database: a restart would fail the same way.
+        first, *_ = str(exc).strip().splitlines() or [type(exc).__name__]
+        print(f"conveyor: error: {first}", file=sys.stderr, flush=True)
+        code = 1
+        if isinstance(exc, ConfigurationError):
+            code = EXIT_CONFIG
+        elif isinstance(exc, BackendCorrupt):
+            code = EXIT_DAMAGED
     sys.exit(code)
 
 

@@ -269,7 +269,7 @@ class PostgresBackend:
             # default_transaction_read_only: waited out like a lost server, on a new connection each
             # time (the session that said so never writes; see _connection).
             raise BackendUnavailable(
-                f"PostgreSQL is read-only ({action}): {self._line(exc)}; waiting for a writable primary"
+                f"PostgreSQL is read-only ({action}): {self._line(exc)} (a standby, or default_transaction_read_only)"
             ) from exc
         except psycopg.errors.QueryCanceled as exc:
             # A statement_timeout (or an operator's pg_cancel_backend): retried like a lost server,
