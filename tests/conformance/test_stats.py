@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from uuid import UUID
 
 from _factory import acquire, at, complete, insert, make_dead, new_job
@@ -91,3 +92,12 @@ def test_dlq_depth_excludes_replayed_dead_letters(backend: Backend) -> None:
 
 def test_no_queues_no_stats(backend: Backend) -> None:
     assert backend.queues_stats(QueuesStatsParams(now=at(0))) == []
+
+
+def test_the_database_clock_is_the_servers_where_it_has_one(backend: Backend) -> None:
+    # Workers keep the server's time when their host's clock is off (Worker._keep_database_time).
+    now = backend.database_now()
+    if backend.engine == "postgres":
+        assert now is not None and abs(now - datetime.now(UTC)) < timedelta(seconds=60)
+    else:  # a SQLite file is read by this host's clock
+        assert now is None

@@ -14,7 +14,9 @@ import pytest
 from psycopg import sql
 
 from conveyor import App, BackendError, BackendUnavailable, Worker
+from conveyor.backends.base import JobsAcquireParams
 from conveyor.backends.postgres import PostgresBackend
+from conveyor.worker import _worker as worker_module
 
 
 def _alter(url: str, setting: str, value: str) -> None:
@@ -203,3 +205,39 @@ def test_outcome_connections_commit_asynchronously_without_a_startup_option(post
     finally:
         statements.close()
         backend.close()
+
+
+def test_a_worker_whose_host_clock_runs_ahead_keeps_the_databases_time(
+    postgres_database: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Leases are judged by each worker's clock. Before: a worker on a host 5 minutes ahead found the
+    # 30 s lease another worker held on a running job expired, rescued it and ran it again.
+    monkeypatch.setattr(worker_module, "utcnow", lambda: datetime.now(UTC) + timedelta(minutes=5))
+    with App(postgres_database, migrate=True) as app:
+
+        @app.task(queue="q", name="t")
+        def t() -> None:
+            pass
+
+        held = t.delay().id
+        leased = app.backend.jobs_acquire(JobsAcquireParams("q", 1, 30.0, "elsewhere", datetime.now(UTC)))
+        assert [d.id for d in leased] == [held]
+        done = t.delay().id
+        worker = Worker(app, poll_interval=0.02, rescue_interval=0.05)
+
+        async def run_a_while() -> None:
+            running = asyncio.create_task(worker.run())
+            await asyncio.sleep(1.5)
+            worker.stop()
+            await asyncio.wait_for(running, 30)
+
+        with caplog.at_level(logging.WARNING, logger="conveyor.worker"):
+            asyncio.run(run_a_while())
+        assert worker.exit_code == 0
+        assert app.job(done).state == "completed"
+        still = app.job(held)
+        assert (still.state, still.attempts) == ("processing", 0), still  # its lease holds
+        finished = app.job(done).finished_at
+        assert finished is not None and abs(finished - datetime.now(UTC)) < timedelta(seconds=30)
+    skew = [r.getMessage() for r in caplog.records if "clock" in r.getMessage()]
+    assert len(skew) == 1 and "is 300.0 s ahead of the database's" in skew[0], skew

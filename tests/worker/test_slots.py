@@ -143,13 +143,17 @@ def test_async_and_def_handlers_share_the_concurrency(app: App) -> None:
 
 
 def test_a_def_task_registered_after_the_worker_started_still_runs(app: App) -> None:
+    started = threading.Event()
+
     @app.task(queue="q")
-    async def early() -> None: ...
+    async def early() -> None:
+        started.set()
 
     async def scenario() -> list[str]:
+        early.delay()
         worker = Worker(app, queues=["q"], poll_interval=0.02, concurrency=2)
         running = asyncio.create_task(worker.run())
-        await asyncio.sleep(0.3)
+        await asyncio.to_thread(started.wait, 20)  # its slots are made: it ran a job
         ran: list[str] = []
 
         @app.task(queue="q")

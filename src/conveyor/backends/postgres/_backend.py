@@ -927,6 +927,11 @@ class PostgresBackend:
     # Schema and API tokens
     # ---------------------------------------------------------------------------------------
 
+    def database_now(self) -> datetime | None:
+        """The database server's clock."""
+        row = self._fetchone("database_now", {})
+        return row[0] if row is not None else None
+
     def migrations_pending(self) -> list[str]:
         """The names of the migrations not yet applied to this database."""
         with self._connection("migrations_pending") as conn:

@@ -599,6 +599,10 @@ class SqliteBackend:
 
     # ------------------------------------------------------------------ schema and API tokens
 
+    def database_now(self) -> datetime | None:
+        """None: a SQLite file has no clock but this host's."""
+        return None
+
     def migrations_pending(self) -> list[str]:
         """The names of the migrations not yet applied to this database."""
         with self._pool.read() as conn:

@@ -52,6 +52,10 @@ SELECT version FROM conveyor_schema_migrations ORDER BY version
 -- Whether migrate() has ever run here (readiness checks ask before the ledger exists).
 SELECT to_regclass('conveyor_schema_migrations') IS NOT NULL
 
+-- name: database_now
+-- The server's clock (not the transaction's start): workers keep time by it (Worker, clock skew).
+SELECT clock_timestamp()
+
 -- name: migrations_record
 INSERT INTO conveyor_schema_migrations (version, name) VALUES (%(version)s, %(name)s)
 
