@@ -125,6 +125,22 @@ class BackendCorrupt(BackendError):
 #: none (under systemd: ``RestartPreventExitStatus=74``); every CLI command exits with it too.
 EXIT_DAMAGED = 74
 
+#: What a statement can fail with that is the whole database's doing, not one of its rows': a batch
+#: that fails so is raised (or answered) as a whole, never split to find the row at fault.
+DATABASE_WIDE = (BackendUnavailable, BackendCorrupt)
+
+
+def exit_code(exc: BaseException) -> int:
+    """The exit code of a process that stops on ``exc``: ``EXIT_DAMAGED`` for a damaged database, else 1."""
+    return EXIT_DAMAGED if isinstance(exc, BackendCorrupt) else 1
+
+
+def first_line(exc: BaseException) -> str:
+    """An error's message as one line (a database's message without its ``LINE n:``, caret and HINT
+    lines), or its class's name when it has none."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
 
 class UnstorableText(BackendError, PayloadError):
     """A value holds a character the database's encoding cannot store (``'€'`` in a LATIN1

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import click
 
-from conveyor._errors import EXIT_DAMAGED, BackendCorrupt, ConveyorError
+from conveyor._errors import ConveyorError, exit_code, first_line
 from conveyor.cli._common import configure_logging, printable, settings
 from conveyor.cli.dlq import audit, dlq
 from conveyor.cli.jobs import contract, job, migrate, publish, send, stats
@@ -158,9 +158,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         click.echo(f"conveyor: error: {printable(exc.format_message())}", err=True)
         return exc.exit_code
     except ConveyorError as exc:
-        first, *_ = str(exc).strip().splitlines() or [type(exc).__name__]
-        click.echo(f"conveyor: error: {printable(first)}", err=True)
-        return EXIT_DAMAGED if isinstance(exc, BackendCorrupt) else 1
+        click.echo(f"conveyor: error: {printable(first_line(exc))}", err=True)
+        return exit_code(exc)
     except KeyboardInterrupt:
         return 130
     return result if isinstance(result, int) else 0

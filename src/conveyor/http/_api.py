@@ -43,6 +43,7 @@ from conveyor._errors import (
     PayloadTooLarge,
     QueueFull,
     Unauthenticated,
+    first_line,
 )
 from conveyor._job import JobStatus
 from conveyor._limits import check_name, check_seconds
@@ -123,7 +124,7 @@ def error_response(exc: Exception, prefix: str = "") -> Response:
     413, 429 with Retry-After, 503 with Retry-After, 500 for a damaged database. Messages carry no
     token or password: the API's own messages never quote a secret, and a database URL is redacted
     by the backends."""
-    message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    message = first_line(exc)
     if isinstance(exc, BadRequest):
         return _error(400, "bad_request", message, exc.field)
     if isinstance(exc, Unauthenticated):
@@ -278,9 +279,9 @@ class Service:
         try:
             pending = await self.run(self.app.admin.ready)
         except BackendCorrupt as exc:
-            return _error(500, "database_damaged", str(exc).splitlines()[0])
+            return error_response(exc)
         except BackendError as exc:
-            return _error(503, "unavailable", str(exc).splitlines()[0], retry_after=str(UNAVAILABLE_RETRY_AFTER))
+            return _error(503, "unavailable", first_line(exc), retry_after=str(UNAVAILABLE_RETRY_AFTER))
         if pending:
             return _error(
                 503,

@@ -45,6 +45,7 @@ from conveyor._errors import (
     NotFoundError,
     PayloadError,
     Unauthenticated,
+    first_line,
 )
 from conveyor._job import JobStatus
 from conveyor._limits import check_name
@@ -249,7 +250,7 @@ class Dashboard:
                 # The header shows who is logged in, if that can still be read (not when the database is down).
                 with contextlib.suppress(Page, ConveyorError):
                     token = await self.token(request)
-                message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                message = first_line(exc)
                 return self.render(request, "error.html", status, title=title, message=message, token=token)
 
         answer.__doc__ = handler.__doc__

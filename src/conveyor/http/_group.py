@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 from uuid import UUID
 
-from conveyor._errors import BackendCorrupt, BackendUnavailable, ConveyorError
+from conveyor._errors import DATABASE_WIDE, BackendUnavailable, ConveyorError
 
 #: A prepared job (``App.prepare``); the committer only passes it on.
 J = TypeVar("J")
@@ -100,7 +100,7 @@ class GroupCommit(Generic[J]):
         unreachable or damaged), insert each half on its own, down to the single job it refuses."""
         try:
             return list(self._insert(jobs))
-        except (BackendUnavailable, BackendCorrupt) as exc:  # no one job's fault
+        except DATABASE_WIDE as exc:  # no one job's fault
             return [exc] * len(jobs)
         except ConveyorError as exc:
             if len(jobs) == 1:

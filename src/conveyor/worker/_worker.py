@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import Any
 
 from conveyor._app import App
-from conveyor._errors import EXIT_DAMAGED, BackendCorrupt, BackendError, ConfigurationError
+from conveyor._errors import BackendCorrupt, BackendError, ConfigurationError, exit_code
 from conveyor._message import utcnow
 from conveyor.backends.base import Backend, JobsReleaseParams, LeaseRef, QueuesStatsParams
 from conveyor.worker._config import WorkerConfig
@@ -195,7 +195,7 @@ class Worker:
     def _failed(self, what: str, error: BaseException, then: str) -> None:
         """A loop or a step of the stop failed: one line (the database's message says what; a traceback
         only for what is not the database's), and a non-zero exit, ``EXIT_DAMAGED`` for a damaged one."""
-        self.exit_code = max(self.exit_code, EXIT_DAMAGED if isinstance(error, BackendCorrupt) else 1)
+        self.exit_code = max(self.exit_code, exit_code(error))
         if isinstance(error, BackendError):
             log.error("%s: %s; %s", what, error, then)
         else:

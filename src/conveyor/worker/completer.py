@@ -20,7 +20,7 @@ from datetime import datetime
 from typing import cast
 from uuid import UUID
 
-from conveyor._errors import BackendCorrupt, BackendError, BackendUnavailable, UnstorableText
+from conveyor._errors import DATABASE_WIDE, BackendError, UnstorableText
 from conveyor._outcomes import OUTCOME_REFUSED, Outcome, storable
 from conveyor.backends.base import (
     ErrorInfo,
@@ -38,10 +38,6 @@ from conveyor.worker._state import Counters, Registry
 from conveyor.worker._threads import LoopRef
 
 log = logging.getLogger("conveyor.worker")
-
-#: What a statement of outcomes can fail with that is no outcome's fault: raised as it is (the
-#: worker retries an unavailable database, and stops on a damaged one), never bisected or dead-lettered.
-_NOT_THE_OUTCOMES = (BackendUnavailable, BackendCorrupt)
 
 
 class Completer(Service):
@@ -193,7 +189,7 @@ class Completer(Service):
         away or damaged refuses every outcome alike: that is raised, no job is dead-lettered for it."""
         try:
             applied = await self._statement(items)
-        except _NOT_THE_OUTCOMES:
+        except DATABASE_WIDE:  # the worker retries it, or stops on damage
             raise
         except BackendError as exc:
             if len(items) > 1:
@@ -229,7 +225,7 @@ class Completer(Service):
             escaped = dataclasses.replace(outcome, error=_escaped(outcome.error, exc.encoding))
             try:
                 applied = await self._statement([escaped])
-            except _NOT_THE_OUTCOMES:
+            except DATABASE_WIDE:  # the worker retries it, or stops on damage
                 raise
             except BackendError as again:  # something else of it is refused too (its result)
                 exc = again
@@ -249,7 +245,7 @@ class Completer(Service):
         )
         try:
             applied = await self._statement([dead])
-        except _NOT_THE_OUTCOMES:
+        except DATABASE_WIDE:  # the worker retries it, or stops on damage
             raise
         except BackendError as again:
             # Nothing more can be written for this job: its lease will expire and it runs again.

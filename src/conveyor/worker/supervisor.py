@@ -14,7 +14,7 @@ import sys
 import time
 
 from conveyor._app import App
-from conveyor._errors import EXIT_DAMAGED, BackendCorrupt, ConfigurationError, ConveyorError
+from conveyor._errors import EXIT_DAMAGED, ConfigurationError, ConveyorError, exit_code, first_line
 from conveyor.worker._config import WorkerConfig
 from conveyor.worker._worker import Worker
 
@@ -76,13 +76,8 @@ def _child_main(
     except ConveyorError as exc:
         # Before its loops started (the schema check, its metrics port): one line, as the CLI prints it.
         # Its own options that cannot work, or a damaged database: a restart would fail the same way.
-        first, *_ = str(exc).strip().splitlines() or [type(exc).__name__]
-        print(f"conveyor: error: {first}", file=sys.stderr, flush=True)
-        code = 1
-        if isinstance(exc, ConfigurationError):
-            code = EXIT_CONFIG
-        elif isinstance(exc, BackendCorrupt):
-            code = EXIT_DAMAGED
+        print(f"conveyor: error: {first_line(exc)}", file=sys.stderr, flush=True)
+        code = EXIT_CONFIG if isinstance(exc, ConfigurationError) else exit_code(exc)
     sys.exit(code)
 
 

@@ -20,7 +20,14 @@ from psycopg.pq import TransactionStatus
 from psycopg.rows import TupleRow, tuple_row
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from conveyor._errors import BackendCorrupt, BackendError, BackendUnavailable, ConfigurationError, UnstorableText
+from conveyor._errors import (
+    BackendCorrupt,
+    BackendError,
+    BackendUnavailable,
+    ConfigurationError,
+    UnstorableText,
+    first_line,
+)
 from conveyor.backends._promotion import Promotions, scheduled_earliest
 from conveyor.backends._redact import hide, redact_url, scrub
 from conveyor.backends._sql import load_migrations, load_queries, pending
@@ -108,11 +115,6 @@ R = TypeVar("R")
 _COPY_MIN = 64
 
 
-def _first_line(exc: BaseException) -> str:
-    """psycopg's message without the ``LINE n:`` / caret / HINT lines that follow the first."""
-    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-
-
 def _check_url(url: str, secrets: set[str]) -> None:
     """Raise ConfigurationError for a URL libpq cannot parse, or with a port that is not a number,
     at once: the pool would otherwise retry it in the background until every call timed out."""
@@ -120,7 +122,7 @@ def _check_url(url: str, secrets: set[str]) -> None:
         params = conninfo_to_dict(url)
     except psycopg.Error as exc:
         raise ConfigurationError(
-            f"malformed PostgreSQL URL {redact_url(url)!r}: {scrub(_first_line(exc), secrets)}"
+            f"malformed PostgreSQL URL {redact_url(url)!r}: {scrub(first_line(exc), secrets)}"
         ) from None
     for port in str(params.get("port") or "").split(","):
         if port and not (port.isdigit() and 0 < int(port) < 65536):
@@ -140,7 +142,7 @@ class _Pool(ConnectionPool[Conn]):
         try:
             conn = super()._connect(timeout)
         except Exception as exc:
-            self.last_error = _first_line(exc)
+            self.last_error = first_line(exc)
             raise
         self.last_error = ""
         return conn
@@ -291,7 +293,7 @@ class PostgresBackend:
             raise BackendError(f"PostgreSQL failed {action}: {self._line(exc)}") from exc
 
     def _line(self, exc: BaseException) -> str:
-        return scrub(_first_line(exc), self._secrets)
+        return scrub(first_line(exc), self._secrets)
 
     @contextmanager
     def _connection(self, action: str, ack: bool = False) -> Iterator[Conn]:
