@@ -469,6 +469,29 @@ def pg_app(postgres_database: str) -> Iterator[App]:
     a.close()
 
 
+def _listeners(url: str) -> set[int]:
+    """The server pids of the sessions listening for jobs on ``url``'s database (a worker's idle fetcher)."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+            " AND query LIKE '%LISTEN conveyor_jobs%' AND pid <> pg_backend_pid()"
+        ).fetchall()
+    return {pid for (pid,) in rows}
+
+
+async def _listening(url: str, besides: frozenset[int] = frozenset()) -> set[int]:
+    """Wait until a worker listens for jobs on ``url``'s database on a session not in ``besides`` (a
+    notification sent before that is lost, and these tests' workers poll once an hour); their pids."""
+    for _ in range(1000):
+        pids = await asyncio.to_thread(_listeners, url)
+        if pids - besides:
+            return pids
+        await asyncio.sleep(0.01)
+    raise AssertionError("no worker listened within 10 s")
+
+
 def _idle_then(worker: Worker, idle: float, scenario: Callable[[], float]) -> float:
     """Run ``worker``; after ``idle`` seconds run ``scenario`` on a thread; stop the worker; return what it returned."""
 
@@ -552,7 +575,7 @@ def test_a_worker_wakes_for_a_job_another_process_scheduled_that_its_acquire_saw
     assert -0.05 < late < 0.4, late
 
 
-def test_an_idle_worker_picks_up_by_notification_not_by_polling(pg_app: App) -> None:
+def test_an_idle_worker_picks_up_by_notification_not_by_polling(pg_app: App, postgres_database: str) -> None:
     ran = threading.Event()
 
     @pg_app.task(queue="q")
@@ -565,7 +588,7 @@ def test_an_idle_worker_picks_up_by_notification_not_by_polling(pg_app: App) -> 
 
     async def scenario() -> float:
         task = asyncio.create_task(worker.run())
-        await asyncio.sleep(0.5)  # idle, waiting on the listener
+        await _listening(postgres_database)
         picked = await _time_pickup(ping.delay, ran)
         worker.stop()
         await task
@@ -639,9 +662,9 @@ def test_an_idle_worker_whose_sessions_are_killed_still_picks_up_by_notification
 
     async def scenario() -> tuple[int, float]:
         task = asyncio.create_task(worker.run())
-        await asyncio.sleep(0.5)
+        before = await _listening(postgres_database)
         killed = await asyncio.to_thread(kill_sessions)
-        await asyncio.sleep(1.5)  # the listener notices and reconnects
+        await _listening(postgres_database, besides=frozenset(before))  # the listener noticed and reconnected
         picked = await _time_pickup(ping.delay, ran)
         worker.stop()
         await task
@@ -653,7 +676,9 @@ def test_an_idle_worker_whose_sessions_are_killed_still_picks_up_by_notification
     assert worker.counters.completed == 1
 
 
-def test_an_idle_worker_runs_a_chain_of_keyed_jobs_without_waiting_for_polls(pg_app: App) -> None:
+def test_an_idle_worker_runs_a_chain_of_keyed_jobs_without_waiting_for_polls(
+    pg_app: App, postgres_database: str
+) -> None:
     # Jobs of one ordering key run one after another: each becomes ready when the one before it
     # ends, which wakes the workers (a poll interval of an hour: no poll can start them in time).
     order: list[int] = []
@@ -666,7 +691,7 @@ def test_an_idle_worker_runs_a_chain_of_keyed_jobs_without_waiting_for_polls(pg_
 
     async def scenario() -> float:
         task = asyncio.create_task(worker.run())
-        await asyncio.sleep(0.5)
+        await _listening(postgres_database)
         sent = time.monotonic()
         for n in range(5):
             await asyncio.to_thread(step.send, {"n": n}, ordering_key="account-7")
@@ -792,7 +817,7 @@ def test_acquire_and_finish_run_on_the_loop_unless_the_backend_replaces_them(pg_
         del backend.jobs_acquire
 
 
-def test_a_job_picked_up_by_notification_starts_before_the_next_acquire(pg_app: App) -> None:
+def test_a_job_picked_up_by_notification_starts_before_the_next_acquire(pg_app: App, postgres_database: str) -> None:
     # The pickup path: the listener's thread acquires, the event loop buffers the job, and its slot
     # starts it before the fetch loop's next acquire goes to a database thread (which would compete
     # with the handler for the GIL, and did run first: ~0.15 ms of every pickup).
@@ -816,7 +841,9 @@ def test_a_job_picked_up_by_notification_starts_before_the_next_acquire(pg_app: 
 
     async def scenario() -> None:
         task = asyncio.create_task(worker.run())
-        await asyncio.sleep(0.5)  # idle, waiting on the listener
+        await _listening(postgres_database)
+        while "acquired 0" not in events:  # the first acquire found nothing: idle, waiting on the listener
+            await asyncio.sleep(0.01)
         del events[:]
         await asyncio.to_thread(ping.delay)
         for _ in range(500):
@@ -830,7 +857,7 @@ def test_a_job_picked_up_by_notification_starts_before_the_next_acquire(pg_app: 
     assert events[:4] == ["acquire", "acquired 1", "handler", "acquire"], events
 
 
-def test_stopping_an_idle_worker_leaves_no_job_leased(pg_app: App) -> None:
+def test_stopping_an_idle_worker_leaves_no_job_leased(pg_app: App, postgres_database: str) -> None:
     @pg_app.task(queue="q")
     def noop() -> None:
         pass
@@ -839,7 +866,7 @@ def test_stopping_an_idle_worker_leaves_no_job_leased(pg_app: App) -> None:
 
     async def scenario() -> None:
         task = asyncio.create_task(worker.run())
-        await asyncio.sleep(0.3)
+        await _listening(postgres_database)
         # Jobs arrive while the worker is told to stop: whatever its listener's thread leased must
         # come back to pending (released) or run, never stay leased until the lease expires.
         await asyncio.to_thread(lambda: pg_app.send_many([Message(noop.name) for _ in range(5)]))
