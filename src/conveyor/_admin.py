@@ -24,7 +24,6 @@ from conveyor._errors import ConfigurationError, JobNotFoundError, NotFoundError
 from conveyor._ids import uuid7
 from conveyor._job import JobStatus
 from conveyor._limits import check_name
-from conveyor._message import utcnow
 from conveyor.backends import open_backend
 from conveyor.backends.base import (
     AlertsSetParams,
@@ -141,7 +140,7 @@ class Admin:
         """Counts for every queue with a live or archived job, by name: depth by state and the oldest
         ready job's age from the live table, terminal totals from the per-queue counters, the DLQ depth
         from an index of unreplayed dead letters. Costs the same on a 10M-row archive as on an empty one."""
-        return self.app.backend.queues_stats(QueuesStatsParams(utcnow()))
+        return self.app.backend.queues_stats(QueuesStatsParams(self.app.clock.now()))
 
     def task_totals(self, queue: str | None = None) -> list[TaskTotals]:
         """Terminal totals per (queue, task) since the counters began (monotonic), from the counters:
@@ -153,12 +152,12 @@ class Admin:
     def database_health(self) -> DatabaseHealth:
         """Database-wide signals: the oldest open transaction's age and the jobs table's dead tuples
         (None where the engine has no such thing: SQLite)."""
-        return self.app.backend.database_health(DatabaseHealthParams(utcnow()))
+        return self.app.backend.database_health(DatabaseHealthParams(self.app.clock.now()))
 
     def workers(self, *, stale_after: timedelta = WORKER_STALE_AFTER) -> list[WorkerInfo]:
         """Worker processes seen within the last hour, by id, each with the ids of the jobs it holds
         leases on now (``in_flight``) and whether it reported within ``stale_after`` (``alive``)."""
-        now = utcnow()
+        now = self.app.clock.now()
         found = self.app.backend.workers_list(WorkersListParams(seen_after=now - WORKER_FORGET_AFTER))
         return [replace(w, alive=now - w.last_seen <= stale_after) for w in found]
 
@@ -174,7 +173,7 @@ class Admin:
         --workers N``) exactly one gets each change back. ``rules`` default to the App's queue
         declarations (SLA, max_depth) with the default thresholds."""
         rules = rules if rules is not None else AlertRules(queues=self.app.catalogue.queues)
-        now = utcnow()
+        now = self.app.clock.now()
         states = evaluate(rules, self.queues(), self.workers(), self.database_health(), now)
         return self.app.backend.alerts_set(AlertsSetParams(states, now))
 
@@ -305,7 +304,7 @@ class Admin:
         for start in range(0, len(selected), chunk):
             began = time.monotonic()
             part = selected[start : start + chunk]
-            params = DeadReplayParams([(dead, uuid7()) for dead in part], actor, reason, utcnow())
+            params = DeadReplayParams([(dead, uuid7()) for dead in part], actor, reason, self.app.clock.now())
             replayed.extend(self.app.backend.dead_replay_many(params))
             if on_progress is not None:
                 on_progress(min(start + chunk, len(selected)), len(selected))
@@ -330,7 +329,7 @@ class Admin:
         purged = 0
         for start in range(0, len(selected), REPLAY_CHUNK):
             part = selected[start : start + REPLAY_CHUNK]
-            purged += self.app.backend.dead_purge_many(DeadPurgeParams(part, actor, reason, utcnow()))
+            purged += self.app.backend.dead_purge_many(DeadPurgeParams(part, actor, reason, self.app.clock.now()))
         return PurgeResult(purged, len(selected))
 
     # -- schedules ---------------------------------------------------------------------------------
@@ -362,7 +361,7 @@ class Admin:
     def resume_schedule(self, name: str, *, actor: str) -> Schedule:
         """Fire a paused schedule again, from its next tick after now (missed ticks are not fired)."""
         schedule = self._schedule(name)
-        following = Cron.parse(schedule.cron).next_after(utcnow())
+        following = Cron.parse(schedule.cron).next_after(self.app.clock.now())
         self._update(name, SchedulesUpdateParams(name, paused=False, next_run_at=following))
         self._audit(actor, "schedule.resume", {"schedule": name})
         return self._schedule(name)
@@ -370,7 +369,10 @@ class Admin:
     def set_schedule(self, name: str, cron: str, *, actor: str) -> Schedule:
         """Give a schedule a new cron expression (its next tick is recomputed from now)."""
         parsed = Cron.parse(cron)
-        self._update(name, SchedulesUpdateParams(name, cron=parsed.expression, next_run_at=parsed.next_after(utcnow())))
+        self._update(
+            name,
+            SchedulesUpdateParams(name, cron=parsed.expression, next_run_at=parsed.next_after(self.app.clock.now())),
+        )
         self._audit(actor, "schedule.set", {"schedule": name, "cron": parsed.expression})
         return self._schedule(name)
 
@@ -428,7 +430,7 @@ class Admin:
             if isinstance(queues, str) or not queues:
                 raise ConfigurationError("queues must be a non-empty list of queue names (or none: every queue)")
             queues = tuple(dict.fromkeys(check_name(q, "queue", ConfigurationError) for q in queues))
-        now = utcnow()
+        now = self.app.clock.now()
         if expires_at is not None and (expires_at.tzinfo is None or expires_at <= now):
             raise ConfigurationError("expires_at must be a timezone-aware time in the future")
         token_id, secret, bearer = _tokens.mint()
@@ -447,7 +449,7 @@ class Admin:
         """Revoke a token for good. Raises NotFoundError if no unrevoked token has that name.
         A service that caches tokens (``authenticate(max_age=...)``) refuses it within max_age."""
         check_name(name, "token name", ConfigurationError)
-        if not self.app.backend.tokens_revoke(TokensRevokeParams(name, utcnow())):
+        if not self.app.backend.tokens_revoke(TokensRevokeParams(name, self.app.clock.now())):
             raise NotFoundError(f"no unrevoked token named {name!r}")
         self._audit(actor, "token.revoke", {"token": name})
 
@@ -469,14 +471,15 @@ class Admin:
                     self._tokens_seen.clear()
                 self._tokens_seen[token_id] = (token, time.monotonic())
             found = (token,)
-        return _tokens.verify(found[0], token_id, secret, utcnow())
+        return _tokens.verify(found[0], token_id, secret, self.app.clock.now())
 
     def authenticate_cached(self, bearer: str | None, *, max_age: float) -> Token | None:
         """:meth:`authenticate` without reading the database: None when the token was not read
         within ``max_age`` seconds (call :meth:`authenticate` then, off the event loop)."""
         token_id, secret = _tokens.parse_bearer(bearer)
         found = self._token_seen(token_id, max_age)
-        return None if found is None else _tokens.verify(found[0], token_id, secret, utcnow())
+        # self.app.clock(): on the event loop, the database's clock is not read (authenticate reads it).
+        return None if found is None else _tokens.verify(found[0], token_id, secret, self.app.clock())
 
     def _token_seen(self, token_id: str, max_age: float) -> tuple[Token | None] | None:
         seen = self._tokens_seen.get(token_id)
@@ -489,7 +492,7 @@ class Admin:
     def _audit(self, actor: str, action: str, details: Mapping[str, Any], reason: str = "") -> None:
         check_name(actor, "actor", ConfigurationError)
         text = json.dumps(details, separators=(",", ":"), sort_keys=True, default=str)
-        self.app.backend.audit_insert(AuditInsertParams(actor, action, reason, utcnow(), (), text))
+        self.app.backend.audit_insert(AuditInsertParams(actor, action, reason, self.app.clock.now(), (), text))
 
 
 def _uuid(value: UUID | str) -> UUID:

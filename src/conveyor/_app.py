@@ -19,6 +19,7 @@ from uuid import UUID
 from conveyor._admin import Admin
 from conveyor._backoff import Backoff, ExponentialBackoff, FixedSchedule
 from conveyor._catalogue import Catalogue
+from conveyor._clock import DatabaseClock
 from conveyor._cron import Cron
 from conveyor._errors import ConfigurationError, JobNotFoundError, PayloadError
 from conveyor._job import Job, JobStatus
@@ -75,7 +76,9 @@ class App:
         self._lock = threading.Lock()
         self.max_payload_bytes = check_int(max_payload_bytes, "max_payload_bytes", 1, 2**30, ConfigurationError)
         self.catalogue = Catalogue(dedup_window, self.max_payload_bytes)
-        self.producer = Producer(self.catalogue, lambda: self.backend, self.max_payload_bytes)
+        #: The time this app writes and judges rows by (see :class:`conveyor._clock.DatabaseClock`).
+        self.clock = DatabaseClock(lambda: self.backend)
+        self.producer = Producer(self.catalogue, lambda: self.backend, self.max_payload_bytes, self.clock)
         self.admin = Admin(self)
 
     # -- storage -------------------------------------------------------------------------------

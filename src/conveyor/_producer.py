@@ -11,11 +11,12 @@ from typing import Any
 from uuid import UUID
 
 from conveyor._catalogue import Catalogue
+from conveyor._clock import DatabaseClock
 from conveyor._ids import MintedId, uuid7
 from conveyor._lazy import Lazy
 from conveyor._limits import GOOD_NAMES, INT32_MAX, INT32_MIN, MAX_ATTEMPTS, check_int, check_key, check_name
 from conveyor._load import LoadGauge
-from conveyor._message import Message, encode_headers, encode_json_object, new_traceparent, resolve_times, utcnow
+from conveyor._message import Message, encode_headers, encode_json_object, new_traceparent, resolve_times
 from conveyor._otel import available as tracing_available
 from conveyor._otel import configured as tracing_configured
 from conveyor._task import DEFAULT_MAX_ATTEMPTS, deliveries_limit
@@ -23,12 +24,17 @@ from conveyor.backends.base import Backend, JobsInsertParams, NewJob
 
 
 class Producer:
-    """Builds and inserts the rows of sends for one App's catalogue."""
+    """Builds and inserts the rows of sends for one App's catalogue, timed by the app's ``clock``
+    (the database's time where this host's is off it: a row's ``run_at`` is compared with the
+    workers' clocks)."""
 
-    def __init__(self, catalogue: Catalogue, backend: Callable[[], Backend], max_payload_bytes: int) -> None:
+    def __init__(
+        self, catalogue: Catalogue, backend: Callable[[], Backend], max_payload_bytes: int, clock: DatabaseClock
+    ) -> None:
         self.catalogue = catalogue
         self.max_payload_bytes = max_payload_bytes
         self._backend = backend
+        self.clock = clock
         self.load = LoadGauge(catalogue, backend)
         #: Whether sends run in an OpenTelemetry producer span (the API is importable).
         self.tracing = tracing_available()
@@ -70,7 +76,7 @@ class Producer:
         return self._insert_payloads(task, payloads, conn, None)
 
     def _insert(self, messages: Sequence[Message], conn: Any, traceparent: str | None) -> list[UUID]:
-        now = utcnow()
+        now = self.clock.now()
         # One send is one trace: without a tracer, the jobs of a batch share one fresh traceparent,
         # as they share the send span's with one.
         parent = traceparent or new_traceparent()
@@ -80,7 +86,7 @@ class Producer:
     def _insert_payloads(
         self, task: str, payloads: Sequence[Mapping[str, Any]], conn: Any, traceparent: str | None
     ) -> list[UUID]:
-        now = utcnow()
+        now = self.clock.now()
         parent = traceparent or new_traceparent()
         # Every row is the row of Message(task) (checked, defaulted once) with its own id and payload.
         shared = self.new_job(Message(task), now, parent)
@@ -113,20 +119,22 @@ class Producer:
         send's trace context (:func:`conveyor._otel.send_span`) for a message whose headers give none.
 
         Raises PayloadError (PayloadTooLarge past the size limit) with nothing written."""
-        return self.new_job(message, now if now is not None else utcnow(), traceparent)
+        # self.clock(), not .now(): the HTTP service prepares on its event loop, which must not wait
+        # for the database's clock; its inserts (insert_prepared, on a thread) read it.
+        return self.new_job(message, now if now is not None else self.clock(), traceparent)
 
     def admit(self, job: NewJob, now: datetime | None = None) -> None:
         """The backpressure verdict for one prepared job: raise QueueFull if its queue is past its
         high-water mark for the job's priority class, else count the job as sent. May read the
         queue's depth from the database (at most every 100 ms per queue), so it can block."""
-        self.load.check([job], now if now is not None else utcnow())
+        self.load.check([job], now if now is not None else self.clock.now())
 
     def insert_prepared(self, jobs: Sequence[NewJob]) -> list[UUID]:
         """Insert prepared jobs (:meth:`prepare`, :meth:`admit`) in one transaction; return the
         stored id of each, in order (a duplicate idempotency key answers the holder's id)."""
         if not jobs:
             return []
-        return self._backend().jobs_insert_many(JobsInsertParams(jobs, utcnow()))
+        return self._backend().jobs_insert_many(JobsInsertParams(jobs, self.clock.now()))
 
     def new_job(self, message: Message, now: datetime, traceparent: str | None = None) -> NewJob:
         """The row of one message (``traceparent``: the send's trace span, for the headers). Raises

@@ -95,7 +95,7 @@ def test_no_queues_no_stats(backend: Backend) -> None:
 
 
 def test_the_database_clock_is_the_servers_where_it_has_one(backend: Backend) -> None:
-    # Workers keep the server's time when their host's clock is off (Worker._keep_database_time).
+    # Apps keep the server's time when their host's clock is off (conveyor._clock.DatabaseClock).
     now = backend.database_now()
     if backend.engine == "postgres":
         assert now is not None and abs(now - datetime.now(UTC)) < timedelta(seconds=60)

@@ -13,10 +13,9 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from conveyor import App, BackendError, BackendUnavailable, Worker
+from conveyor import App, BackendError, BackendUnavailable, Worker, _clock
 from conveyor.backends.base import JobsAcquireParams
 from conveyor.backends.postgres import PostgresBackend
-from conveyor.worker import _worker as worker_module
 
 
 def _alter(url: str, setting: str, value: str) -> None:
@@ -212,7 +211,7 @@ def test_a_worker_whose_host_clock_runs_ahead_keeps_the_databases_time(
 ) -> None:
     # Leases are judged by each worker's clock. Before: a worker on a host 5 minutes ahead found the
     # 30 s lease another worker held on a running job expired, rescued it and ran it again.
-    monkeypatch.setattr(worker_module, "utcnow", lambda: datetime.now(UTC) + timedelta(minutes=5))
+    monkeypatch.setattr(_clock, "host_now", lambda: datetime.now(UTC) + timedelta(minutes=5))
     with App(postgres_database, migrate=True) as app:
 
         @app.task(queue="q", name="t")
@@ -231,7 +230,7 @@ def test_a_worker_whose_host_clock_runs_ahead_keeps_the_databases_time(
             worker.stop()
             await asyncio.wait_for(running, 30)
 
-        with caplog.at_level(logging.WARNING, logger="conveyor.worker"):
+        with caplog.at_level(logging.WARNING, logger="conveyor"):
             asyncio.run(run_a_while())
         assert worker.exit_code == 0
         assert app.job(done).state == "completed"
@@ -241,3 +240,34 @@ def test_a_worker_whose_host_clock_runs_ahead_keeps_the_databases_time(
         assert finished is not None and abs(finished - datetime.now(UTC)) < timedelta(seconds=30)
     skew = [r.getMessage() for r in caplog.records if "clock" in r.getMessage()]
     assert len(skew) == 1 and "is 300.0 s ahead of the database's" in skew[0], skew
+
+
+def test_a_producer_whose_host_clock_is_off_stamps_its_jobs_by_the_databases_time(
+    postgres_database: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Before: a producer on a host 5 minutes ahead wrote run_at 5 minutes ahead: no worker (on the
+    # database's time) took its jobs for 5 minutes; one 5 minutes behind put its jobs ahead of older
+    # ones and its delays ran 5 minutes early. The operator API's times (ages, expiries) are the same.
+    for queue, skew in (("ahead", timedelta(minutes=5)), ("behind", timedelta(minutes=-5))):
+        monkeypatch.setattr(_clock, "host_now", lambda skew=skew: datetime.now(UTC) + skew)
+        with App(postgres_database, migrate=True) as app:
+
+            @app.task(queue=queue, name="t")
+            def t() -> None:
+                pass
+
+            caplog.clear()
+            with caplog.at_level(logging.WARNING, logger="conveyor"):
+                now_job = t.delay().id
+                later = t.send(None, delay=60).id
+                batch = [j.id for j in t.delay_many([{}, {}])]
+            lines = [r.getMessage() for r in caplog.records if "clock" in r.getMessage()]
+            assert len(lines) == 1 and "300.0 s" in lines[0], lines
+            real = datetime.now(UTC)
+            assert abs(app.job(now_job).run_at - real) < timedelta(seconds=10)
+            assert abs(app.job(later).run_at - (real + timedelta(seconds=60))) < timedelta(seconds=10)
+            assert all(abs(app.job(j).run_at - real) < timedelta(seconds=10) for j in batch)
+            leased = app.backend.jobs_acquire(JobsAcquireParams(queue, 10, 30.0, "w", real + timedelta(seconds=1)))
+            assert {d.id for d in leased} == {now_job, *batch}  # ready now, the delayed one not
+            assert abs(app.clock() - real) < timedelta(seconds=10)
+        caplog.clear()

@@ -6,7 +6,6 @@ from __future__ import annotations
 import click
 from rich.table import Table
 
-from conveyor._message import utcnow
 from conveyor.cli._common import app_of, cell, console, dump
 
 
@@ -15,11 +14,12 @@ from conveyor.cli._common import app_of, cell, console, dump
 @click.pass_context
 def workers(ctx: click.Context, as_json: bool) -> None:
     """Worker processes seen in the last hour: queues, slots, jobs held now, last heartbeat."""
-    rows = app_of(ctx).admin.workers()
+    app = app_of(ctx)
+    rows = app.admin.workers()
     if as_json:
         dump([w.to_json() for w in rows])
         return
-    now = utcnow()
+    now = app.clock()
     table = Table(title="Conveyor workers")
     for column in ("worker", "host", "pid", "queues", "slots", "in flight", "last seen", "alive"):
         table.add_column(column, justify="right" if column in ("pid", "slots", "in flight", "last seen") else "left")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 import click
 from rich.table import Table
@@ -20,7 +20,7 @@ def tokens() -> None:
     """Bearer tokens of the HTTP API: roles producer, operator, admin; optional queues and expiry."""
 
 
-def _expiry(text: str | None) -> datetime | None:
+def _expiry(text: str | None, now: datetime) -> datetime | None:
     if text is None:
         return None
     match = _DURATION.match(text.strip())
@@ -29,7 +29,7 @@ def _expiry(text: str | None) -> datetime | None:
     seconds = int(match.group(1)) * _UNITS[match.group(2)]
     if seconds > 100 * 365 * 86400:
         fail("--expires-in is at most 100 years")
-    return datetime.now(UTC) + timedelta(seconds=seconds)
+    return now + timedelta(seconds=seconds)
 
 
 @tokens.command("create")
@@ -52,7 +52,11 @@ def tokens_create(
     """Make a token NAME (the actor of its actions in the audit log). Its secret is printed once,
     on stdout, and never stored: only its SHA-256 is."""
     token, bearer = app_of(ctx).admin.create_token(
-        name, role, queues=list(queues) or None, expires_at=_expiry(expires_in), actor=actor(who)
+        name,
+        role,
+        queues=list(queues) or None,
+        expires_at=_expiry(expires_in, app_of(ctx).clock.now()),
+        actor=actor(who),
     )
     if as_json:
         dump({"name": token.name, "id": token.id, "role": token.role, "token": bearer})
@@ -89,7 +93,7 @@ def tokens_list(ctx: click.Context, as_json: bool) -> None:
     table = Table(title="API tokens")
     for column in ("name", "id", "role", "queues", "created", "expires", "state"):
         table.add_column(column)
-    now = datetime.now(UTC)
+    now = app_of(ctx).clock.now()
     for t in rows:
         state = "revoked" if t.revoked_at else "expired" if t.expires_at and t.expires_at <= now else "active"
         table.add_row(

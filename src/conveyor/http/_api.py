@@ -672,7 +672,7 @@ class Service:
         if expires_in is not None:
             if isinstance(expires_in, bool) or not isinstance(expires_in, int | float) or not 0 < expires_in <= 3.2e9:
                 raise BadRequest("expires_in must be a positive number of seconds (at most 100 years)", "expires_in")
-            expires_at = datetime.now(UTC) + timedelta(seconds=expires_in)
+            expires_at = self.app.clock() + timedelta(seconds=expires_in)
         name, role = fields.get("name"), fields.get("role")
         if not isinstance(name, str):
             raise BadRequest("name is required (a string)", "name")

@@ -12,8 +12,7 @@ from typing import Any
 
 from conveyor._app import App
 from conveyor._errors import BackendCorrupt, BackendError, ConfigurationError, exit_code
-from conveyor._message import utcnow
-from conveyor.backends.base import Backend, JobsReleaseParams, LeaseRef, QueuesStatsParams
+from conveyor.backends.base import JobsReleaseParams, LeaseRef, QueuesStatsParams
 from conveyor.worker._config import WorkerConfig
 from conveyor.worker._loops import Loops, build_loops
 from conveyor.worker._observe import NO_OBSERVER, Observer, Observers
@@ -22,8 +21,7 @@ from conveyor.worker._state import Counters
 log = logging.getLogger("conveyor.worker")
 
 
-#: Seconds a host's clock may be off the database server's before a worker keeps the server's time.
-CLOCK_SKEW_LIMIT = 0.5
+# How long a worker waits at start for the database's clock (see conveyor._clock).
 _CLOCK_READ_TIMEOUT = 2.0
 
 
@@ -39,9 +37,8 @@ class Worker:
     is then 0, or 1 if a loop failed or outcomes could not be written, or ``EXIT_DAMAGED`` (74) if the
     database is damaged.
 
-    Leases are judged by the worker's clock: this host's, or on PostgreSQL the server's where this
-    host's is more than ``CLOCK_SKEW_LIMIT`` off it (measured at start). ``clock``, for tests, is
-    used as given.
+    Leases are judged by the app's clock (:attr:`App.clock`: this host's, or on PostgreSQL the
+    server's where this host's is off it; read at start). ``clock``, for tests, is used as given.
 
     ``observer`` hears what the loops do (:class:`conveyor.worker.Observer`); the worker adds its own
     for ``metrics_port`` (Prometheus, served from a thread) and ``tracing`` (OpenTelemetry)."""
@@ -64,8 +61,8 @@ class Worker:
         self.config = config
         self.queues = list(config.queues) if config.queues else app.catalogue.declared_queues()
         self.worker_id = config.identity
-        # This host's clock, unless a test gives one: then kept as given, never set to the database's.
-        self.clock = clock if clock is not None else utcnow
+        # The app's clock, unless a test gives one: then kept as given, never set to the database's.
+        self.clock = clock if clock is not None else app.clock
         self._keeps_database_time = clock is None
         self.counters = Counters()
         self._metrics, self.observer = _observers(config, observer)
@@ -86,7 +83,7 @@ class Worker:
             self._stop_requested.set()
         backend = self.app.backend
         if self._keeps_database_time:
-            await self._keep_database_time(backend)
+            await self._read_database_clock()
         loops = build_loops(
             self.app.catalogue,
             self.app.producer,
@@ -165,32 +162,10 @@ class Worker:
             self._failed("leaving the worker registry failed", exc, "stopping")
         loops.calls.shutdown()
 
-    async def _keep_database_time(self, backend: Backend) -> None:
-        """Judge leases by the database server's clock where this host's is off by more than
-        ``CLOCK_SKEW_LIMIT``: every worker compares leases with its own clock, so one running ahead
-        would rescue jobs other workers still run (duplicate runs), one running behind would leave a
-        dead worker's jobs waiting. Measured once, at start; said in one line."""
-        host = self.clock
-        try:
-            before = host()
-            # Bounded: a database that is away is the loops' to wait for, with their retries.
-            server = await asyncio.wait_for(asyncio.to_thread(backend.database_now), _CLOCK_READ_TIMEOUT)
-            after = host()
-        except Exception as exc:  # the loops meet the same database and say what is wrong with it
-            log.debug("could not read the database's clock: %s", exc)
-            return
-        if server is None:
-            return
-        offset = server - (before + (after - before) / 2)
-        seconds = offset.total_seconds()
-        if abs(seconds) <= CLOCK_SKEW_LIMIT:
-            return
-        log.warning(
-            "this host's clock is %.1f s %s the database's; this worker keeps the database's time (run NTP here)",
-            abs(seconds),
-            "behind" if seconds > 0 else "ahead of",
-        )
-        self.clock = lambda: host() + offset
+    async def _read_database_clock(self) -> None:
+        """Have the app's clock read the database's before the loops judge any lease by it (bounded: a
+        database that is away is the loops' to wait for, with their retries)."""
+        await asyncio.to_thread(self.app.clock.measure, _CLOCK_READ_TIMEOUT)
 
     def _failed(self, what: str, error: BaseException, then: str) -> None:
         """A loop or a step of the stop failed: one line (the database's message says what; a traceback
