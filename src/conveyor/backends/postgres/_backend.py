@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import math
 import threading
 import time
 import weakref
@@ -137,6 +139,20 @@ class _Pool(ConnectionPool[Conn]):
     who timed out waiting for a connection is told the reason (refused, bad password, ...)."""
 
     last_error = ""
+    _replaced_at = -math.inf
+
+    def replace_all(self) -> None:
+        """Replace the idle connections now and those in use when they come back, at most once a second.
+
+        For a server that answered read-only: after a failover the pool's connections may all reach the
+        old primary, now a standby; replaced one by one, each failed a caller first. At most once a
+        second, so that callers retrying through a read-only spell do not reconnect the pool at every
+        retry (a connection opened meanwhile is closed at its own refusal)."""
+        now = time.monotonic()
+        if now - self._replaced_at < 1.0:
+            return
+        self._replaced_at = now
+        self.drain()
 
     def _connect(self, timeout: float | None = None) -> Conn:
         try:
@@ -146,6 +162,22 @@ class _Pool(ConnectionPool[Conn]):
             raise
         self.last_error = ""
         return conn
+
+
+# Connections the backend closed itself (a read-only session): psycopg_pool logs a WARNING, "discarding
+# closed connection", for each closed connection handed back, which is news only when someone else closed it.
+_closed_on_purpose: weakref.WeakSet[Conn] = weakref.WeakSet()
+
+
+class _QuietPool(logging.Filter):
+    """Drops psycopg_pool's warning for a connection in ``_closed_on_purpose``."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        return not (isinstance(args, tuple) and args and args[0] in _closed_on_purpose)
+
+
+logging.getLogger("psycopg.pool").addFilter(_QuietPool())
 
 
 def _held(ids: Sequence[UUID], receipts: Sequence[UUID], rows: Sequence[TupleRow]) -> list[UUID]:
@@ -298,11 +330,16 @@ class PostgresBackend:
     @contextmanager
     def _connection(self, action: str, ack: bool = False) -> Iterator[Conn]:
         """A pooled connection; ``ack`` picks the outcome pool (see ``durable_acks``)."""
-        with self._errors(action), (self._acks if ack else self._pool).connection() as conn:
+        pool = self._acks if ack else self._pool
+        with self._errors(action), pool.connection() as conn:
             try:
                 yield conn
             except psycopg.errors.ReadOnlySqlTransaction:
-                conn.close()  # the pool replaces it: the next one may reach the new primary
+                # This session never writes: the pool replaces it (quietly, see _QuietPool), and the
+                # idle ones, which may reach the same server, with it.
+                _closed_on_purpose.add(conn)
+                conn.close()
+                pool.replace_all()
                 raise
             finally:
                 # Stamped here rather than in a pool ``reset`` hook: with one, psycopg_pool hands
