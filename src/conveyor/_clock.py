@@ -54,7 +54,8 @@ class DatabaseClock:
         self._reading: threading.Thread | None = None
 
     def __call__(self) -> datetime:
-        return host_now() + self._offset
+        offset = self._offset
+        return host_now() + offset if offset else host_now()
 
     def now(self) -> datetime:
         """The time now, the database's clock read first if it was not yet (blocking: not for an event loop)."""
