@@ -17,6 +17,7 @@
     ├── QueueFull                 backpressure: the queue is past its high-water mark (retry later)
     ├── BackendError              the database refused or failed a statement
     │   ├── BackendUnavailable    the database cannot be reached (retry later; nothing is lost)
+    │   │   └── StatementCancelled the statement was cancelled (a statement_timeout): a batch is halved
     │   ├── BackendCorrupt        the database's storage is damaged: a worker stops, exit ``EXIT_DAMAGED``
     │   └── UnstorableText        a character the database's encoding cannot hold (also a PayloadError)
     ├── HandlerTimeout            recorded as a job's error: its handler ran past the task's timeout
@@ -111,6 +112,13 @@ class BackendError(ConveyorError):
 
 class BackendUnavailable(BackendError):
     """The database cannot be reached right now; callers retry with backoff."""
+
+
+class StatementCancelled(BackendUnavailable):
+    """The database cancelled a statement: a ``statement_timeout`` it ran past, or an operator's
+    ``pg_cancel_backend``. Retried like an unavailable database, except that a batch (a worker's
+    finish, a group commit) is split in halves first: a smaller one may end in time, and the same
+    batch retried whole would be cancelled again, forever. One item alone is retried as it is."""
 
 
 class BackendCorrupt(BackendError):

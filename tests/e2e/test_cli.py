@@ -4,14 +4,18 @@ errors (never a traceback) for bad input."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from conveyor import ConfigurationError
 
 from . import e2e_app
 from ._support import APP_PATH, REPO, child_env
@@ -154,6 +158,114 @@ def test_bad_database_url_is_one_line(tmp_path: Path) -> None:
     assert_one_line_error(conveyor("sqlite:///file::memory:", "send", "q", "t"), "a 'file:' URI")
     assert_one_line_error(conveyor(f"sqlite:///{tmp_path}/x.db#main", "migrate"), "without '#'")
     assert list(tmp_path.iterdir()) == []
+
+
+def _refused_by_send_and_by_workers(url: str, message: str) -> None:
+    """``send`` and a two-process ``worker --burst`` each end on one line with ``message``, at once."""
+    assert_one_line_error(conveyor(url, "send", "q", "t"), message)
+    workers = conveyor(url, "worker", APP_PATH, "--burst", "--processes", "2", timeout=30)
+    assert_one_line_error(workers, message)
+
+
+def test_a_sqlite_path_no_process_can_open_is_one_line_and_no_worker_waits_for_it(tmp_path: Path) -> None:
+    # SQLite says "unable to open database file" for each, which was read as a database that is away: a
+    # `worker --processes 2` restarted its children every 0.5 s for ever (here: past the 30 s timeout).
+    (tmp_path / "a-file").write_text("not a directory")
+    (tmp_path / "a-dir").mkdir()
+    deep = tmp_path.joinpath(*["d" * 200] * 3, "x.db")
+    refused = {
+        f"{tmp_path}/{'a' * 5000}.db": "its file name is 5003 bytes long, which with the '-journal' SQLite adds",
+        # 251 bytes in UTF-8: past 255 with '-journal', though 127 characters.
+        f"{tmp_path}/{'é' * 124}.db": "its file name is 251 bytes long",
+        f"{tmp_path}/{'d' * 300}/x.db": "a directory name of 300 bytes is past this file system's limit of 255 bytes",
+        str(deep): f"its path is {len(str(deep))} bytes long once absolute, and SQLite opens paths of at most 504",
+        f"{tmp_path}/no-such-dir/x.db": f"the directory '{tmp_path}/no-such-dir' does not exist; create it first",
+        str(tmp_path / "a-dir"): f"it is a directory; name a file in it (sqlite:///{tmp_path}/a-dir/conveyor.db)",
+        f"{tmp_path}/a-file/x.db": f"'{tmp_path}/a-file' is not a directory",
+    }
+    for path, message in refused.items():
+        _refused_by_send_and_by_workers(f"sqlite:///{path}", message)
+    # A path under the current directory, where an absolute one was meant.
+    _refused_by_send_and_by_workers("sqlite:///no-such-dir/x.db", "four slashes: sqlite:////no-such-dir/x.db")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-dir", "a-file"]
+    assert list((tmp_path / "a-dir").iterdir()) == []
+    # The longest name and path SQLite opens are still taken.
+    longest = tmp_path / ("n" * 244 + ".db")
+    assert conveyor(f"sqlite:///{longest}", "send", "q", "t").code == 0
+    middle = 504 - len(f"{tmp_path}/{'d' * 200}//{'x' * 100}")  # the name that makes the path 504 bytes
+    deepest = tmp_path.joinpath("d" * 200, "e" * middle, "x" * 100)
+    deepest.parent.mkdir(parents=True)
+    assert len(str(deepest)) == 504
+    assert conveyor(f"sqlite:///{deepest}", "send", "q", "t").code == 0
+
+
+def _opened_as_nobody(url: str) -> str:
+    """What opening and migrating ``url`` says (ConfigurationError's message, or "opened"): in a process of
+    uid 65534 forked from this one when this is root, which may write whatever the mode bits say; else in
+    this one. Forked, not started: nobody may not be able to reach this interpreter."""
+    import conveyor.backends.sqlite  # noqa: F401 - imported here: nobody may not be able to read it
+    from conveyor.backends import open_backend
+
+    def attempt() -> str:
+        try:
+            backend = open_backend(url)
+            try:
+                backend.migrate()
+            finally:
+                backend.close()
+        except ConfigurationError as exc:
+            return str(exc)
+        except Exception as exc:  # pragma: no cover - shown by the failing assertion
+            return repr(exc)
+        return "opened"
+
+    if os.geteuid() != 0:
+        return attempt()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+            os.write(write, attempt().encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as answer:
+        said = answer.read().decode()
+    os.waitpid(pid, 0)
+    return said
+
+
+def test_a_sqlite_file_this_user_may_not_write_is_refused_when_the_url_is_read() -> None:
+    # Before: opened, then "unable to open database file" (BackendUnavailable: waited out for ever) or
+    # "attempt to write a readonly database" at the first statement.
+    with tempfile.TemporaryDirectory() as name:
+        root = Path(name)
+        root.chmod(0o755)  # nobody may enter it
+        db = root / "conveyor.db"
+        assert conveyor(f"sqlite:///{db}", "migrate").code == 0
+        locked = root / "locked"
+        locked.mkdir(mode=0o555)
+        try:
+            shared = root / "shared"
+            shared.mkdir()
+            shared.chmod(0o777)
+            assert _opened_as_nobody(f"sqlite:///{shared}/new.db") == "opened"
+            db.chmod(0o000)
+            assert "conveyor.db': this user (uid " in _opened_as_nobody(f"sqlite:///{db}")
+            assert ") may not read and write it (its mode, its owner" in _opened_as_nobody(f"sqlite:///{db}")
+            db.chmod(0o444)
+            assert "may not read and write it" in _opened_as_nobody(f"sqlite:///{db}")
+            assert f"may not create files in '{locked}', where SQLite keeps" in _opened_as_nobody(
+                f"sqlite:///{locked}/x.db"
+            )
+            locked.chmod(0o000)
+            assert f"may not reach '{locked}/in'" in _opened_as_nobody(f"sqlite:///{locked}/in/x.db")
+        finally:
+            locked.chmod(0o755)
+            db.chmod(0o644)
 
 
 def test_a_file_that_is_not_a_database_is_one_line(tmp_path: Path) -> None:

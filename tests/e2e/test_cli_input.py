@@ -272,7 +272,7 @@ def test_a_private_in_memory_database_is_refused_by_every_command(url: str) -> N
 def test_a_sqlite_file_that_cannot_be_used_is_named_in_the_error(tmp_path: Path) -> None:
     # SQLite's own messages never say which file: "unable to open database file".
     missing = tmp_path / "no-such-dir" / "x.db"
-    assert_one_line_error(conveyor(f"sqlite:///{missing}", "stats"), str(missing), "unable to open database file")
+    assert_one_line_error(conveyor(f"sqlite:///{missing}", "stats"), str(missing), "does not exist")
     text = tmp_path / "notes.db"
     text.write_text("not a database\n" * 100)
     assert_one_line_error(conveyor(f"sqlite:///{text}", "stats"), str(text), "file is not a database")

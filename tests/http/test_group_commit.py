@@ -10,6 +10,7 @@ from pathlib import Path
 import httpx
 import psycopg
 import pytest
+from psycopg import sql
 from tests.http.conftest import Server, make_tokens, start, stop
 
 from conveyor import App
@@ -121,5 +122,32 @@ def test_group_commit_with_several_processes(postgres_database: str, tmp_path: P
     assert [r.status_code for r in responses] == [202] * N
     ids = [r.json()["id"] for r in responses]
     assert _transactions(postgres_database, ids) < N / 2
+    with App(postgres_database) as app:
+        assert sum(q.pending for q in app.admin.queues()) == N
+
+
+def test_a_group_longer_than_the_statement_timeout_is_split_not_refused_whole(
+    postgres_database: str, tmp_path: Path
+) -> None:
+    # Each job costs 5 ms to insert (a heavy trigger of the user's) and the database cancels statements
+    # past 300 ms: a group of ~200 is cancelled, one of ~50 is not. Before: every request of the
+    # cancelled group got a 503, and so did their retries, grouped again as large.
+    tokens = make_tokens(postgres_database)
+    with psycopg.connect(postgres_database, autocommit=True) as conn:
+        conn.execute(
+            "CREATE FUNCTION slow_row() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+            "PERFORM pg_sleep(0.005); RETURN NULL; END $$; "
+            "CREATE TRIGGER slow_row AFTER INSERT ON jobs FOR EACH ROW EXECUTE FUNCTION slow_row()"
+        )
+        conn.execute(
+            sql.SQL("ALTER DATABASE {} SET statement_timeout = '300ms'").format(sql.Identifier(conn.info.dbname))
+        )
+    server = start(postgres_database, tmp_path)
+    server.tokens = tokens
+    try:
+        responses = asyncio.run(_burst(server, [{"task": "t", "payload": {"n": i}} for i in range(N)]))
+    finally:
+        stop(server)
+    assert [r.status_code for r in responses] == [202] * N, {r.status_code: r.text for r in responses}
     with App(postgres_database) as app:
         assert sum(q.pending for q in app.admin.queues()) == N

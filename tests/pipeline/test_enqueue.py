@@ -11,7 +11,7 @@ from pyspark.sql import SparkSession
 from conveyor.backends import open_backend
 from conveyor.backends.base import JobRecord, JobsListParams
 from conveyor.pipeline import PipelineError, enqueue_dataframe
-from conveyor.pipeline.enqueue import row_key
+from conveyor.pipeline.enqueue import _useful_line, row_key
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:pyspark")
 
@@ -82,3 +82,18 @@ def test_bad_columns_are_refused_before_anything_is_sent(spark: SparkSession, sq
         enqueue_dataframe(df, sqlite_url, "q", "t", payload_columns=["x"])
     with pytest.raises(PipelineError, match="batch_size"):
         enqueue_dataframe(df, sqlite_url, "q", "t", batch_size=0)
+
+
+def test_a_failed_bulk_enqueue_is_told_by_the_line_naming_the_python_error() -> None:
+    # Spark's message comes first; the partition's own error is somewhere inside it.
+    wrapped = RuntimeError(
+        "An error occurred while calling o42.foreachPartition.\n"
+        ": org.apache.spark.SparkException: Job aborted due to stage failure\n"
+        '  File "/x/enqueue.py", line 140, in send_partition\n'
+        "conveyor._errors.PayloadError: payload of 300000 bytes is over the limit\n"
+        "\tat org.apache.spark.api.python.BasePythonRunner"
+    )
+    assert _useful_line(wrapped) == "conveyor._errors.PayloadError: payload of 300000 bytes is over the limit"
+    # Else the first line that says something (before: the empty line before it), or the class's name.
+    assert _useful_line(RuntimeError("\n  the executor was lost\nmore")) == "the executor was lost"
+    assert _useful_line(RuntimeError()) == "RuntimeError"

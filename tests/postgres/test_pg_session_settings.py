@@ -13,7 +13,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from conveyor import App, BackendError, BackendUnavailable, Worker, _clock
+from conveyor import App, BackendError, BackendUnavailable, Message, Worker, _clock
 from conveyor.backends.base import JobsAcquireParams
 from conveyor.backends.postgres import PostgresBackend
 
@@ -277,3 +277,82 @@ def test_a_producer_whose_host_clock_is_off_stamps_its_jobs_by_the_databases_tim
             assert {d.id for d in leased} == {now_job, *batch}  # ready now, the delayed one not
             assert abs(app.clock() - real) < timedelta(seconds=10)
         caplog.clear()
+
+
+def _slow_archive(url: str, seconds_per_row: float) -> None:
+    """Make every row a finish archives cost ``seconds_per_row`` (a slow disk, a heavy trigger of the user's)."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL(
+                "CREATE FUNCTION slow_row() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+                "PERFORM pg_sleep({}); RETURN NULL; END $$; "
+                "CREATE TRIGGER slow_row AFTER INSERT ON archive FOR EACH ROW EXECUTE FUNCTION slow_row()"
+            ).format(sql.Literal(seconds_per_row))
+        )
+
+
+def test_a_finish_batch_longer_than_the_statement_timeout_is_split_not_retried_forever(
+    postgres_database: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # 200 outcomes flushed together take ~1 s to archive, past the database's 300 ms statement_timeout;
+    # 50 take ~0.25 s. Before: the cancelled batch was retried whole, forever, and no job was ever acked.
+    with App(postgres_database, migrate=True) as app:
+        app.send_many([Message("t", {"i": i}, queue="q") for i in range(200)])
+    _slow_archive(postgres_database, 0.005)
+    _alter(postgres_database, "statement_timeout", "300ms")
+    runs: list[int] = []
+    with App(postgres_database) as app:
+
+        @app.task(queue="q", name="t")
+        def t(i: int) -> None:
+            runs.append(i)
+
+        started = time.monotonic()
+        with caplog.at_level(logging.WARNING, logger="conveyor.worker"):
+            # A long flush interval, so that every outcome is in the first flush.
+            worker = Worker(app, burst=True, poll_interval=0.02, flush_interval=1.0)
+            asyncio.run(asyncio.wait_for(worker.run(), timeout=60))
+        assert worker.exit_code == 0
+        assert time.monotonic() - started < 30
+        assert sorted(runs) == list(range(200))
+        assert [(q.pending, q.processing, q.completed) for q in app.admin.queues()] == [(0, 0, 200)]
+    split = [r.getMessage() for r in caplog.records if "splitting" in r.getMessage()]
+    assert split and "statement timeout" in split[0], [r.getMessage() for r in caplog.records][:5]
+
+
+def test_one_outcome_the_statement_timeout_cancels_is_retried_until_it_fits_never_dead_lettered(
+    postgres_database: str,
+) -> None:
+    # Nothing is left to split: the one finish is retried with backoff, as while the database is away.
+    with App(postgres_database, migrate=True) as app:
+        job_id = app.send("t", {"i": 1}, queue="q").id
+    with psycopg.connect(postgres_database, autocommit=True) as conn:
+        conn.execute(
+            "CREATE TABLE slow (on_ boolean NOT NULL); INSERT INTO slow VALUES (true); "
+            "CREATE FUNCTION slow_row() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+            "IF (SELECT on_ FROM slow) THEN PERFORM pg_sleep(1); END IF; RETURN NULL; END $$; "
+            "CREATE TRIGGER slow_row AFTER INSERT ON archive FOR EACH ROW EXECUTE FUNCTION slow_row()"
+        )
+    _alter(postgres_database, "statement_timeout", "300ms")
+    runs: list[int] = []
+
+    def fast_again() -> None:
+        with psycopg.connect(postgres_database, autocommit=True) as conn:
+            conn.execute("UPDATE slow SET on_ = false")
+
+    with App(postgres_database) as app:
+
+        @app.task(queue="q", name="t")
+        def t(i: int) -> None:
+            runs.append(i)
+
+        timer = threading.Timer(2.0, fast_again)
+        timer.start()
+        try:
+            worker = _drain(app)
+        finally:
+            timer.join()
+        assert worker.exit_code == 0
+        assert worker.counters.backend_errors >= 2  # cancelled, retried
+        assert runs == [1]
+        assert app.job(job_id).state == "completed"

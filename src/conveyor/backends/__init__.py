@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import stat
+
 from conveyor._errors import ConfigurationError
 from conveyor.backends._redact import redact_url
 from conveyor.backends.base import Backend
@@ -16,10 +19,16 @@ def in_memory_url(url: str) -> bool:
     return scheme == "memory" or (scheme == "sqlite" and rest in (":memory:", "/:memory:"))
 
 
+#: The longest path SQLite opens, in bytes once absolute: its unix VFS holds a path in 512 bytes
+#: (MAX_PATHNAME) and refuses one that leaves no room for the '-journal' it adds to it.
+SQLITE_LONGEST_PATH = 512 - len("-journal")
+
+
 def _check_sqlite_path(path: str, url: str) -> None:
     """Refuse what a sqlite URL's path would open other than the file it seems to name: a new, empty
     database named 'x.db?mode=ro' or 'x.db#main', a URI SQLite reads itself ('file::memory:', a private
-    in-memory database whose jobs are lost with the process), control characters."""
+    in-memory database whose jobs are lost with the process), control characters. Then refuse a file
+    no retry can open (see :func:`_check_sqlite_file`)."""
     name, question, options = path.partition("?")
     if not name:
         raise ConfigurationError(f"sqlite URL has no file path: {redact_url(url)!r} (try sqlite:///conveyor.db)")
@@ -33,6 +42,96 @@ def _check_sqlite_path(path: str, url: str) -> None:
             f"a sqlite URL names a plain file path, without '#', a 'file:' URI or control characters: "
             f"{redact_url(url)!a}"
         )
+    if name != ":memory:":
+        _check_sqlite_file(name)
+
+
+def _check_sqlite_file(path: str) -> None:
+    """Refuse a database file that no process of this user can ever open as it stands, which SQLite
+    reports as 'unable to open database file', a failure a worker would otherwise wait out for ever:
+    a name longer than the file system or SQLite takes, a directory, a parent that is missing or is
+    a file, a file or directory this user may not write. A missing directory is refused too: Conveyor
+    never creates one (see docs/decisions.md)."""
+    shown = _shown(path)
+    full = os.path.abspath(path)
+    parent = os.path.dirname(full)
+    existing = _nearest_directory(parent, shown)
+    name_max = _pathconf(existing, "PC_NAME_MAX", 255)
+    parts = [os.fsencode(part) for part in os.path.relpath(full, existing).split(os.sep)]
+    for part in parts[:-1]:
+        if len(part) > name_max:
+            raise ConfigurationError(
+                f"cannot open the sqlite file {shown}: a directory name of {len(part)} bytes is past this file "
+                f"system's limit of {name_max} bytes (NAME_MAX)"
+            )
+    if len(parts[-1]) + len("-journal") > name_max:
+        raise ConfigurationError(
+            f"cannot open the sqlite file {shown}: its file name is {len(parts[-1])} bytes long, which with the "
+            f"'-journal' SQLite adds to it is past this file system's limit of {name_max} bytes (NAME_MAX)"
+        )
+    longest = min(_pathconf(existing, "PC_PATH_MAX", 4096) - 1, SQLITE_LONGEST_PATH)
+    length = max(len(os.fsencode(full)), len(os.fsencode(os.path.realpath(full))))
+    if length > longest:
+        raise ConfigurationError(
+            f"cannot open the sqlite file {shown}: its path is {length} bytes long once absolute, and SQLite "
+            f"opens paths of at most {longest} bytes; name a file nearer the root"
+        )
+    if existing != parent:
+        hint = f" (an absolute path takes four slashes: sqlite:////{path})" if not os.path.isabs(path) else ""
+        raise ConfigurationError(
+            f"cannot open the sqlite file {shown}: the directory {_shown(parent)} does not exist; create it first{hint}"
+        )
+    if os.path.isdir(full):
+        raise ConfigurationError(
+            f"cannot open the sqlite file {shown}: it is a directory; name a file in it "
+            f"(sqlite:///{os.path.join(path, 'conveyor.db')})"
+        )
+    # Root may write whatever the mode bits say: os.access answers for the user this process runs as.
+    if os.path.exists(full) and not os.access(full, os.R_OK | os.W_OK):
+        raise ConfigurationError(
+            f"cannot open the sqlite file {shown}: this user (uid {os.getuid()}) may not read and write it (its "
+            "mode, its owner, or a read-only file system)"
+        )
+    creates = not all(os.path.exists(full + suffix) for suffix in ("", "-wal", "-shm"))
+    if creates and not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigurationError(
+            f"cannot open the sqlite file {shown}: this user (uid {os.getuid()}) may not create files in "
+            f"{_shown(parent)}, where SQLite keeps the database and its -wal and -shm files"
+        )
+
+
+def _nearest_directory(path: str, shown: str) -> str:
+    """The nearest directory that exists at or above ``path``; ConfigurationError where a file stands
+    in the way or this user may not search a directory on the way."""
+    while True:
+        try:
+            found = os.stat(path)
+        except PermissionError:
+            raise ConfigurationError(
+                f"cannot open the sqlite file {shown}: this user (uid {os.getuid()}) may not reach {_shown(path)}"
+            ) from None
+        except OSError:  # missing, a file above it, or a name too long to look up
+            if os.path.dirname(path) == path:
+                return path
+            path = os.path.dirname(path)
+            continue
+        if not stat.S_ISDIR(found.st_mode):
+            raise ConfigurationError(f"cannot open the sqlite file {shown}: {_shown(path)} is not a directory")
+        return path
+
+
+def _pathconf(path: str, name: str, default: int) -> int:
+    """A file system's limit (``os.pathconf``), or ``default`` where it has none to say."""
+    try:
+        value = os.pathconf(path, name)
+    except (OSError, ValueError, AttributeError):
+        return default
+    return value if value > 0 else default
+
+
+def _shown(path: str) -> str:
+    """A path for a message, its middle left out when it is long (a 5,000-character name)."""
+    return repr(path) if len(path) <= 80 else f"{path[:40]!r}...{path[-30:]!r} ({len(path)} characters)"
 
 
 def open_backend(url: str) -> Backend:
@@ -41,6 +140,28 @@ def open_backend(url: str) -> Backend:
     ``postgresql://user@host:port/db`` (or ``postgres://``), ``sqlite:///relative.db``,
     ``sqlite:////absolute/path.db``, ``memory://`` (a private in-memory SQLite database, for tests).
     Raises :class:`ConfigurationError` for anything else; its message never shows a password."""
+    engine, target = _parse(url)
+    if engine == "postgres":
+        from conveyor.backends.postgres import PostgresBackend
+
+        return PostgresBackend(target)
+    if engine == "sqlite":
+        from conveyor.backends.sqlite import SqliteBackend
+
+        return SqliteBackend(target)
+    from conveyor.backends.sqlite import MemoryBackend
+
+    return MemoryBackend()
+
+
+def check_url(url: str) -> None:
+    """Raise the :class:`ConfigurationError` :func:`open_backend` would for ``url``'s scheme or sqlite
+    path, without opening anything: a supervisor checks once what each of its processes would fail on."""
+    _parse(url)
+
+
+def _parse(url: str) -> tuple[str, str]:
+    """The engine a URL names (``postgres``, ``sqlite``, ``memory``) and what its backend opens."""
     if not isinstance(url, str):
         raise ConfigurationError(f"a database URL must be a string, got {type(url).__name__}")
     scheme, sep, rest = url.partition("://")
@@ -49,19 +170,13 @@ def open_backend(url: str) -> Backend:
             f"not a database URL: {redact_url(url)!r} (expected postgresql://... or sqlite:///path.db)"
         )
     if scheme in ("postgresql", "postgres"):
-        from conveyor.backends.postgres import PostgresBackend
-
-        return PostgresBackend("postgresql://" + rest)
+        return "postgres", "postgresql://" + rest
     if scheme == "sqlite":
-        from conveyor.backends.sqlite import SqliteBackend
-
         path = rest[1:] if rest.startswith("/") else rest
         _check_sqlite_path(path, url)
-        return SqliteBackend(path)
+        return "sqlite", path
     if scheme == "memory":
-        from conveyor.backends.sqlite import MemoryBackend
-
-        return MemoryBackend()
+        return "memory", ""
     raise ConfigurationError(
         f"unsupported database URL scheme {scheme!r} in {redact_url(url)!r} (supported: postgresql, sqlite, memory)"
     )

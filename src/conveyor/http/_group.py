@@ -10,7 +10,9 @@ One bad job never fails the others: every job was checked on its own before it j
 the database still refuses a group for a reason other than being unreachable, the group is split
 in halves and inserted again until the job it refuses is alone, and only that job's request gets
 the error. If the database cannot be reached, every request of the group gets that error (503);
-whether the commit happened is then unknown, which is why producers send an idempotency key.
+whether the commit happened is then unknown, which is why producers send an idempotency key. A group
+whose statement the database cancelled (past its ``statement_timeout``) is split in halves as well,
+since a smaller one may end in time; a single job so cancelled gets the 503.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 from uuid import UUID
 
-from conveyor._errors import DATABASE_WIDE, BackendUnavailable, ConveyorError
+from conveyor._errors import DATABASE_WIDE, BackendUnavailable, ConveyorError, StatementCancelled
 
 #: A prepared job (``App.prepare``); the committer only passes it on.
 J = TypeVar("J")
@@ -97,9 +99,13 @@ class GroupCommit(Generic[J]):
 
     def _isolating(self, jobs: Sequence[J]) -> list[UUID | ConveyorError]:
         """Insert ``jobs`` in one transaction; if the database refuses it (other than by being
-        unreachable or damaged), insert each half on its own, down to the single job it refuses."""
+        unreachable or damaged) or cancels it (too long for its ``statement_timeout``), insert each
+        half on its own, down to the single job it refuses."""
         try:
             return list(self._insert(jobs))
+        except StatementCancelled as exc:
+            if len(jobs) == 1:
+                return [exc]
         except DATABASE_WIDE as exc:  # no one job's fault
             return [exc] * len(jobs)
         except ConveyorError as exc:

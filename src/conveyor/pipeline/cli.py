@@ -21,7 +21,7 @@ import click
 from rich.console import Console
 from rich.table import Column, Table
 
-from conveyor._errors import ConveyorError
+from conveyor._errors import ConveyorError, first_line
 from conveyor.backends import DEFAULT_DATABASE_URL
 from conveyor.pipeline.spark import DEFAULT_MASTER
 
@@ -121,11 +121,6 @@ def _resolve_db(ctx: click.Context, db: str | None) -> tuple[str, bool]:
     return DEFAULT_DATABASE_URL, False
 
 
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
 def _user_errors(fn: F) -> F:
     """Turn pipeline and Spark input errors into one-line click errors, without passwords.
 
@@ -144,13 +139,13 @@ def _user_errors(fn: F) -> F:
         except click.ClickException as exc:
             raise click.ClickException(printable(redact(exc.format_message(), *urls))) from None
         except ConveyorError as exc:
-            raise click.ClickException(printable(redact(_one_line(exc), *urls))) from None
+            raise click.ClickException(printable(redact(first_line(exc), *urls))) from None
         except Exception as exc:
             # Spark reports bad input (an unreadable file, a type it cannot cast) as its own
             # exceptions; those are user errors too. Anything else is a bug and keeps its traceback.
             module = type(exc).__module__
             if module.startswith(("pyspark", "py4j")):
-                raise click.ClickException(printable(redact(f"Spark: {_one_line(exc)}", *urls))) from None
+                raise click.ClickException(printable(redact(f"Spark: {first_line(exc)}", *urls))) from None
             raise
 
     return wrapper  # type: ignore[return-value]

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from conveyor._errors import first_line
 from conveyor.pipeline.errors import PipelineError
 
 if TYPE_CHECKING:
@@ -153,17 +154,18 @@ def enqueue_dataframe(
     try:
         df.foreachPartition(send_partition)
     except Exception as exc:
-        raise PipelineError(f"bulk enqueue failed: {_first_line(exc)}") from exc
+        raise PipelineError(f"bulk enqueue failed: {_useful_line(exc)}") from exc
     return EnqueueResult(int(sent_rows.value), int(new_jobs.value), int(deduplicated.value))
 
 
-def _first_line(exc: BaseException) -> str:
-    """The most useful line of a (possibly Java-wrapped) Python error."""
-    text = str(exc)
-    for line in text.splitlines():
+def _useful_line(exc: BaseException) -> str:
+    """The most useful line of a (possibly Java-wrapped) Python error. Not :func:`~conveyor._errors.first_line`
+    alone: Spark reports what a partition raised inside a message of its own (a Java stack trace around the
+    Python traceback) whose first line is Spark's, so the line naming the Python error is looked for first."""
+    for line in str(exc).splitlines():
         stripped = line.strip()
         if stripped.startswith(("conveyor.", "PayloadError", "ValueError", "ConfigurationError")) or (
             "Error:" in stripped and not stripped.startswith(("at ", "File "))
         ):
             return stripped
-    return text.splitlines()[0] if text else type(exc).__name__
+    return first_line(exc)

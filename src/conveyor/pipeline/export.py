@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 from uuid import UUID
 
+from conveyor._errors import first_line
 from conveyor.backends.base import ArchiveReadParams, Backend, JobRecord, JobsListParams
 from conveyor.pipeline.errors import PipelineError
 from conveyor.pipeline.schema import (
@@ -265,17 +266,12 @@ def check_database(database_url: str) -> None:
     try:
         psycopg.conninfo.conninfo_to_dict(url)
     except psycopg.Error as exc:
-        raise PipelineError(redact(f"malformed database URL: {_first_line(exc)}", database_url)) from None
+        raise PipelineError(redact(f"malformed database URL: {first_line(exc)}", database_url)) from None
     try:
         with psycopg.connect(url, connect_timeout=5, autocommit=True):
             pass
     except psycopg.Error as exc:
-        raise PipelineError(redact(f"cannot connect to the database: {_first_line(exc)}", database_url)) from None
-
-
-def _first_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return lines[0] if lines else type(exc).__name__
+        raise PipelineError(redact(f"cannot connect to the database: {first_line(exc)}", database_url)) from None
 
 
 def check_settle(settle_seconds: float) -> float:
@@ -325,7 +321,7 @@ def _opened(fn: Callable[..., _T], *args: Any, url: str | None = None) -> _T:
         return fn(*args)
     except psycopg.Error as exc:
         where = url if url is not None else (args[0] if args and isinstance(args[0], str) else "")
-        raise PipelineError(redact(f"cannot read the database: {_first_line(exc)}", where)) from None
+        raise PipelineError(redact(f"cannot read the database: {first_line(exc)}", where)) from None
 
 
 def read_archive_tail(backend: Backend, after: tuple[datetime, UUID] | None, page_size: int = 10_000) -> Any:

@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from conveyor._errors import BackendUnavailable
+from conveyor._errors import BackendUnavailable, StatementCancelled
 from conveyor.backends.base import Backend
 from conveyor.worker._state import Counters
 
@@ -60,15 +60,20 @@ class BackendCalls:
         *,
         give_up: Callable[[], bool] = lambda: False,
         what: str = "backend call",
+        splits: bool = False,
     ) -> T:
-        """Call, retrying while the database is unavailable; raises the last error if ``give_up()``."""
+        """Call, retrying while the database is unavailable; raises the last error if ``give_up()``.
+
+        ``splits``: the caller splits a batch whose statement the database cancelled (a
+        ``statement_timeout`` it runs past), so :class:`StatementCancelled` is raised at once instead
+        of retried: the same batch would be cancelled again, forever."""
         delay = 0.05
         while True:
             try:
                 return await self.once(fn, params)
             except BackendUnavailable as exc:
                 self.counters.backend_errors += 1
-                if give_up():
+                if give_up() or (splits and isinstance(exc, StatementCancelled)):
                     raise
                 log.warning("%s: database unavailable (%s); retrying in %.2fs", what, exc, delay)
                 await asyncio.sleep(delay * random.uniform(0.5, 1.0))

@@ -20,7 +20,7 @@ from datetime import datetime
 from typing import cast
 from uuid import UUID
 
-from conveyor._errors import DATABASE_WIDE, BackendError, UnstorableText
+from conveyor._errors import DATABASE_WIDE, BackendError, StatementCancelled, UnstorableText
 from conveyor._outcomes import OUTCOME_REFUSED, Outcome, storable
 from conveyor.backends.base import (
     ErrorInfo,
@@ -186,9 +186,17 @@ class Completer(Service):
         One outcome the database refuses (a value it cannot store, a constraint) must not take its
         batch down with it: a refused statement is split in halves until the refused outcomes are
         found, and each of those alone ends its job dead (reason ``outcome_refused``). A database that is
-        away or damaged refuses every outcome alike: that is raised, no job is dead-lettered for it."""
+        away or damaged refuses every outcome alike: that is raised, no job is dead-lettered for it.
+
+        A batch whose statement the database cancelled (one that runs past its ``statement_timeout``)
+        is split in halves too, each written on its own; one outcome alone so cancelled is retried
+        like an unavailable database, never dead-lettered."""
         try:
-            applied = await self._statement(items)
+            applied = await self._statement(items, splits=len(items) > 1)
+        except StatementCancelled as exc:  # raised for a batch only: smaller ones may end in time
+            middle = len(items) // 2
+            log.warning("splitting a batch of %d outcomes the database cancelled (%s)", len(items), exc)
+            return await self._write(items[:middle]) + await self._write(items[middle:])
         except DATABASE_WIDE:  # the worker retries it, or stops on damage
             raise
         except BackendError as exc:
@@ -209,13 +217,17 @@ class Completer(Service):
         ]
         self.observer.flushed("finish" if isinstance(items[0], Finish) else "retry", items, applied, names)
 
-    async def _statement(self, items: Sequence[Outcome]) -> int:
+    async def _statement(self, items: Sequence[Outcome], splits: bool = False) -> int:
+        """Write ``items`` in one statement, retried while the database is away (``splits``: see
+        :meth:`BackendCalls.call`)."""
         now, backend, give_up = self.clock(), self.calls.backend, self._should_give_up
         if isinstance(items[0], Finish):
             finishes = JobsFinishParams(cast(Sequence[Finish], items), now)
-            return await self.calls.call(backend.jobs_finish_many, finishes, give_up=give_up, what="finish")
+            return await self.calls.call(
+                backend.jobs_finish_many, finishes, give_up=give_up, what="finish", splits=splits
+            )
         retries = JobsRetryParams(cast(Sequence[RetryItem], items), now)
-        return await self.calls.call(backend.jobs_retry_many, retries, give_up=give_up, what="retry")
+        return await self.calls.call(backend.jobs_retry_many, retries, give_up=give_up, what="retry", splits=splits)
 
     async def _refused(self, outcome: Outcome, exc: BackendError) -> int:
         what = outcome.state if isinstance(outcome, Finish) else "retry"

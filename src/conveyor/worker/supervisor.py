@@ -15,6 +15,7 @@ import time
 
 from conveyor._app import App
 from conveyor._errors import EXIT_DAMAGED, ConfigurationError, ConveyorError, exit_code, first_line
+from conveyor.backends import check_url
 from conveyor.worker._config import WorkerConfig
 from conveyor.worker._worker import Worker
 
@@ -88,7 +89,9 @@ def run_processes(app_path: str, database_url: str | None, processes: int, confi
     stopped cleanly, ``EXIT_DAMAGED`` when one found the database damaged, else 1."""
     if processes <= 1:
         return run_worker(app_path, database_url, config)
-    load_app(app_path)  # fail fast, in the parent, with a clear message
+    # Fail fast, in the parent, with one clear line, on what each child would fail on and exit.
+    app = load_app(app_path)
+    check_url(database_url or app.database_url)
     if config.metrics_port is not None and config.metrics_port + processes - 1 > 65535:
         last = config.metrics_port + processes - 1
         raise ConfigurationError(f"--metrics-port: ports {config.metrics_port}..{last} go past 65535")

@@ -16,7 +16,9 @@ What an operator or a caller should know:
 - **Transactional enqueue.** ``jobs_insert_many`` and ``processed_keys_claim`` with ``conn=`` (an
   open sync ``psycopg.Connection`` on the same database) run on that connection and never commit.
 - **Errors.** Connection failures, timeouts and server shutdowns raise ``BackendUnavailable``
-  (retry with backoff; the pool replaces broken connections); other errors raise ``BackendError``.
+  (retry with backoff; the pool replaces broken connections); a statement the server cancelled (a
+  ``statement_timeout``) raises ``StatementCancelled``, a ``BackendUnavailable`` a batch's caller
+  splits; other errors raise ``BackendError``.
 - **Durability.** Every statement commits with the server's ``synchronous_commit``; on a busy
   machine the WAL flush of each commit dominates per-call latency, which is why outcomes and
   acquires should be batched.

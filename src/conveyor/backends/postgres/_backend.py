@@ -27,6 +27,7 @@ from conveyor._errors import (
     BackendError,
     BackendUnavailable,
     ConfigurationError,
+    StatementCancelled,
     UnstorableText,
     first_line,
 )
@@ -307,8 +308,8 @@ class PostgresBackend:
             ) from exc
         except psycopg.errors.QueryCanceled as exc:
             # A statement_timeout (or an operator's pg_cancel_backend): retried like a lost server,
-            # but not reported as one.
-            raise BackendUnavailable(f"PostgreSQL cancelled {action}: {self._line(exc)}") from exc
+            # but not reported as one, and a batch so cancelled is split by its callers.
+            raise StatementCancelled(f"PostgreSQL cancelled {action}: {self._line(exc)}") from exc
         except psycopg.OperationalError as exc:
             raise BackendUnavailable(f"PostgreSQL unavailable ({action}): {self._line(exc)}") from exc
         except (psycopg.errors.DataCorrupted, psycopg.errors.IndexCorrupted) as exc:
