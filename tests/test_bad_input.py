@@ -12,7 +12,7 @@ import math
 import os
 import random
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -29,6 +29,7 @@ from conveyor import (
     Worker,
 )
 from conveyor._limits import MAX_JSON_DEPTH, MAX_KEY_BYTES, MAX_NAME_CHARS
+from conveyor._message import LATEST
 from conveyor.backends.base import DeadListParams, QueuesStatsParams, Schedule, SchedulesUpsertParams
 from conveyor.testing import drain
 from conveyor.worker._calls import BackendCalls
@@ -88,7 +89,13 @@ BAD_ENVELOPES: list[tuple[dict[str, Any], str]] = [
     ({"run_at": "2030-01-01T00:00:00Z"}, "run_at must be a datetime"),
     ({"run_at": datetime(2030, 1, 1)}, "timezone-aware"),
     ({"expires_at": 12.5}, "expires_at must be a datetime"),
-    ({"run_at": datetime.max.replace(tzinfo=UTC), "ttl": 60}, "past the last representable time"),
+    # SQLite stored the last ~15 µs of the year 9999 as the year 10000, which no read could take back.
+    ({"run_at": datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC)}, "run_at is past the latest time"),
+    ({"expires_at": datetime.max.replace(tzinfo=UTC)}, "expires_at is past the latest time"),
+    ({"run_at": datetime.max.replace(tzinfo=UTC), "ttl": 60}, "run_at is past the latest time"),
+    ({"run_at": LATEST, "ttl": 0.001}, r"run_at \+ ttl is past the latest time"),
+    ({"run_at": LATEST, "ttl": 1}, r"run_at \+ ttl is past the latest time"),
+    ({"run_at": datetime.max.replace(tzinfo=timezone(timedelta(hours=-12)))}, "run_at is out of range: 9999-12-31"),
 ]
 
 
@@ -109,6 +116,8 @@ def test_numbers_at_the_limits_are_stored_as_given(app: App) -> None:
     high = app.send("t", {}, queue="q", priority=2**31 - 1, max_attempts=1, ttl=0.001, delay=3600)
     assert (low.status().priority, low.status().max_attempts) == (-(2**31), 1_000_000)
     assert (high.status().priority, high.status().max_attempts) == (2**31 - 1, 1)
+    last = app.send("t", {}, queue="q", run_at=LATEST, expires_at=LATEST)
+    assert last.status().run_at == LATEST
 
 
 # -- names and keys ----------------------------------------------------------------------------

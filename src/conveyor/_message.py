@@ -220,14 +220,20 @@ def resolve_times(message: Message, now: datetime) -> tuple[datetime, datetime |
     if message.ttl is not None:
         ttl = check_seconds(message.ttl, "ttl", strict=True)
         try:
-            expires_at = run_at + timedelta(seconds=ttl)
+            expires_at = _not_after_latest(run_at + timedelta(seconds=ttl), "run_at + ttl")
         except OverflowError:
             raise PayloadError(
-                f"run_at + ttl is past the last representable time ({run_at.isoformat()} + {ttl:g}s)"
+                f"run_at + ttl is past the latest time a job may carry ({run_at.isoformat()} + {ttl:g}s)"
             ) from None
     elif message.expires_at is not None:
         expires_at = _aware(message.expires_at, "expires_at")
     return run_at, expires_at
+
+
+#: The latest time a job may carry. SQLite keeps times as REAL seconds, which near the year 10000 step by
+#: ~30 µs: 9999-12-31T23:59:59.999985Z and later were stored as the year 10000, which no read could turn
+#: back into a datetime (the worker's fetch loop stopped on it, for every job of its queue).
+LATEST = datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC)
 
 
 def _aware(value: object, name: str) -> datetime:
@@ -236,9 +242,16 @@ def _aware(value: object, name: str) -> datetime:
     if value.tzinfo is None or value.utcoffset() is None:
         raise PayloadError(f"{name} must be timezone-aware (e.g. datetime.now(UTC)), got a naive datetime")
     try:
-        return value.astimezone(UTC)
+        at = value.astimezone(UTC)
     except OverflowError:
-        raise PayloadError(f"{name} is out of range: {value!r}") from None
+        raise PayloadError(f"{name} is out of range: {value.isoformat()}") from None
+    return _not_after_latest(at, name)
+
+
+def _not_after_latest(at: datetime, name: str) -> datetime:
+    if at > LATEST:
+        raise PayloadError(f"{name} is past the latest time a job may carry ({at.isoformat()} > {LATEST.isoformat()})")
+    return at
 
 
 def utcnow() -> datetime:

@@ -6,10 +6,11 @@ import json
 import sqlite3
 from collections.abc import Iterator
 from contextlib import closing
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from _factory import acquire, insert, new_job
+from _factory import T0, acquire, insert, new_job
 
 from conveyor._errors import BackendError, BackendUnavailable
 from conveyor.backends import open_backend
@@ -169,3 +170,16 @@ def test_a_backlog_of_due_scheduled_jobs_is_promoted_a_thousand_per_acquire(sqli
     insert(sqlite_backend, *[new_job(queue="b", run_at=at(10)) for _ in range(2_500)])
     got = [len(acquire(sqlite_backend, queue="b", limit=5_000, now=at(10))) for _ in range(4)]
     assert got == [1_000, 1_000, 500, 0]
+
+
+def test_a_time_past_the_last_datetime_is_read_as_the_last_one(sqlite_backend: SqliteBackend) -> None:
+    # An older release stored the last ~15 µs of the year 9999 as the year 10000 (REAL seconds): every
+    # read of that row raised, and the worker's fetch loop stopped for every job of its queue. Sends
+    # are refused past _message.LATEST now; a row already stored reads as the last datetime.
+    far, near = new_job(), new_job(expires_at=T0 + timedelta(days=1))
+    insert(sqlite_backend, far, near)
+    with _raw(sqlite_backend) as conn:
+        conn.execute("UPDATE jobs SET expires_at = 253402300800.0 WHERE id = ?", (str(far.id),))
+    leased = acquire(sqlite_backend, limit=10)
+    assert {d.id for d in leased} == {far.id, near.id}
+    assert [d.expires_at for d in leased if d.id == far.id] == [datetime.max.replace(tzinfo=UTC)]

@@ -33,8 +33,15 @@ def to_db_time_or_none(at: datetime | None) -> float | None:
 
 
 def from_db_time(value: float) -> datetime:
-    """Unix seconds as an aware UTC datetime, rounded to the microsecond."""
-    return datetime.fromtimestamp(value, UTC)
+    """Unix seconds as an aware UTC datetime, rounded to the microsecond; a time past the last one a
+    datetime holds (the year 10000, which an older release could store: see ``_message.LATEST``) as the
+    last one, so that one such row cannot stop every read of its queue."""
+    try:
+        return datetime.fromtimestamp(value, UTC)
+    except (ValueError, OverflowError, OSError):
+        if value > 0:
+            return datetime.max.replace(tzinfo=UTC)
+        raise
 
 
 def from_db_time_or_none(value: float | None) -> datetime | None:
