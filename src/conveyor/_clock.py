@@ -24,8 +24,8 @@ log = logging.getLogger("conveyor")
 
 #: Seconds a host's clock may be off the database server's before an app keeps the server's time.
 SKEW_LIMIT = 0.5
-# A clock that could not be read (the database away) is read again at the next need after this long.
-_RETRY_AFTER = 60.0
+# A clock that could not be read (the database away) is read again, in the background, this often.
+_RETRY_AFTER = 5.0
 # A read of the database's clock that took longer than this is read once more.
 _PRECISE = timedelta(milliseconds=20)
 # How long a sender waits for the first read (see DatabaseClock.measure).
@@ -54,13 +54,18 @@ class DatabaseClock:
         self._reading: threading.Thread | None = None
 
     def __call__(self) -> datetime:
+        if not self._measured and self._next_try:
+            # The first read failed (the database was away): read again in the background, at most
+            # every _RETRY_AFTER, until it succeeds; whoever asks the time meanwhile gets this host's.
+            self.measure(wait=0)
         offset = self._offset
         return host_now() + offset if offset else host_now()
 
     def now(self) -> datetime:
-        """The time now, the database's clock read first if it was not yet (blocking: not for an event loop)."""
+        """The time now, the database's clock read first if it was not yet (blocking, the first time
+        only: later reads, after a failed one, go on in the background)."""
         if not self._measured:
-            self.measure()
+            self.measure(wait=0 if self._next_try else _WAIT)
         return host_now() + self._offset
 
     @property
@@ -69,12 +74,12 @@ class DatabaseClock:
         return self._offset
 
     def measure(self, wait: float = _WAIT) -> None:
-        """Have the database's clock read, the first time only, and wait up to ``wait`` seconds for it.
+        """Have the database's clock read, until a read succeeds, and wait up to ``wait`` seconds for it.
 
         The read runs on a thread of its own: a database that is away makes the caller's own statement
         wait for its connection timeout, and this read must not add another (past ``wait`` the caller goes
-        on by this host's clock, and the offset applies once the read returns). A failed read is tried
-        again at the next need a minute later at the earliest."""
+        on by this host's clock, and the offset applies once the read returns). After a failed read the
+        next one starts ``_RETRY_AFTER`` later at the earliest, at the next call of the clock."""
         if self._measured or time.monotonic() < self._next_try:
             return
         with self._lock:

@@ -356,3 +356,51 @@ def test_one_outcome_the_statement_timeout_cancels_is_retried_until_it_fits_neve
         assert worker.counters.backend_errors >= 2  # cancelled, retried
         assert runs == [1]
         assert app.job(job_id).state == "completed"
+
+
+def test_an_app_that_started_while_the_database_was_away_reads_its_clock_once_it_is_back(
+    postgres_database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before: a worker that started during an outage (a boot order, a PostgreSQL restart) never read
+    # the server's clock again; on a host 5 minutes ahead it ran delayed jobs early and judged leases by
+    # its own clock until it restarted.
+    from urllib.parse import urlsplit, urlunsplit
+
+    from tests.chaos._proxy import TcpProxy
+
+    with App(postgres_database, migrate=True) as setup:
+        setup.backend  # noqa: B018 (opening it migrates)
+    monkeypatch.setattr(_clock, "host_now", lambda: datetime.now(UTC) + timedelta(minutes=5))
+    monkeypatch.setattr(_clock, "_RETRY_AFTER", 0.2)
+    parts = urlsplit(postgres_database)
+    proxy = TcpProxy(parts.hostname or "127.0.0.1", parts.port or 5432)
+    proxy.target = ("127.0.0.1", 1)  # nothing listens there: every connection is refused
+    proxy.start()
+    try:
+        url = urlunsplit(parts._replace(netloc=f"{parts.username}@127.0.0.1:{proxy.port}"))
+        with App(url, backend=PostgresBackend(url, connect_timeout=0.5)) as app:
+
+            @app.task(queue="q", name="t")
+            def t() -> None:
+                pass
+
+            worker = Worker(app, poll_interval=0.02)
+
+            async def outage_then_back() -> timedelta:
+                running = asyncio.create_task(worker.run())
+                await asyncio.sleep(1.5)  # the worker started, its clock read failed (0.5 s to connect)
+                assert app.clock.offset == timedelta(0)
+                proxy.target = (parts.hostname or "127.0.0.1", parts.port or 5432)
+                for _ in range(500):  # the pool reconnects with a backoff of a few seconds
+                    if app.clock.offset:
+                        break
+                    await asyncio.sleep(0.02)
+                worker.stop()
+                await asyncio.wait_for(running, 30)
+                return app.clock() - datetime.now(UTC)
+
+            off = asyncio.run(outage_then_back())
+        assert abs(off) < timedelta(seconds=5), off
+        assert worker.exit_code == 0
+    finally:
+        proxy.close()
