@@ -11,6 +11,7 @@ import json
 import os
 import sys
 import threading
+import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any, ParamSpec, Protocol, TypeVar, overload
@@ -54,6 +55,25 @@ class _TaskDecorator(Protocol):
     def __call__(self, fn: Callable[P, R], /) -> Task[P, R]: ...
 
 
+# Every App, so that a forked child can leave its parent's connections alone (see _after_fork).
+_apps: weakref.WeakSet[App] = weakref.WeakSet()
+# The backends a forked child inherited: kept, never closed. Closing a PostgreSQL connection says goodbye
+# to the server on the socket the parent still uses (freeing one does not: psycopg skips that in a child),
+# and a pool collected here would wait for worker threads that did not survive the fork.
+_inherited: list[Backend] = []
+
+
+def _after_fork() -> None:
+    """In a forked child (multiprocessing, a preloading server): each App opens connections of its own
+    at its next call. Parent and child used the same ones before: a child hung, and both got "prepared
+    statement already exists" from a session the other was using."""
+    for app in list(_apps):
+        app._forked()
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
 class App:
     """A Conveyor application: where tasks are registered and jobs are sent.
 
@@ -80,6 +100,17 @@ class App:
         self.clock = DatabaseClock(lambda: self.backend)
         self.producer = Producer(self.catalogue, lambda: self.backend, self.max_payload_bytes, self.clock)
         self.admin = Admin(self)
+        _apps.add(self)
+
+    def _forked(self) -> None:
+        """This process is a fork of the one that opened the backend: open another at the next call
+        (a private in-memory database is this process's copy, and stays)."""
+        self._lock = threading.Lock()  # another thread of the parent may have held it
+        backend = self._backend
+        if backend is not None and backend.engine != "memory":
+            _inherited.append(backend)
+            self._backend = None
+        self.clock.forked()
 
     # -- storage -------------------------------------------------------------------------------
 

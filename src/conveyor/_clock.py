@@ -73,6 +73,11 @@ class DatabaseClock:
         """What is added to this host's clock: the database's clock minus it, or zero."""
         return self._offset
 
+    def forked(self) -> None:
+        """In a forked child: a read the parent had under way is not running here (its offset is kept)."""
+        self._lock = threading.Lock()
+        self._reading = None
+
     def measure(self, wait: float = _WAIT) -> None:
         """Have the database's clock read, until a read succeeds, and wait up to ``wait`` seconds for it.
 

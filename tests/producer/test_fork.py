@@ -1,0 +1,85 @@
+"""An App used before a fork: the child opens connections of its own, and leaves the parent's alone."""
+
+from __future__ import annotations
+
+import multiprocessing
+import subprocess
+import sys
+from multiprocessing.queues import Queue
+from typing import Any
+
+import psycopg
+
+from conveyor import App
+
+_app: App | None = None  # the App the children inherit
+
+
+def _child(tag: str, results: Queue[Any]) -> None:
+    assert _app is not None
+    sent = 0
+    for _ in range(20):
+        _app.send("t", {"tag": tag}, queue="fork")
+        sent += 1
+    results.put((tag, sent))
+
+
+def _stored(url: str) -> dict[str, int]:
+    with psycopg.connect(url) as conn:
+        rows = conn.execute("SELECT payload->>'tag', count(*) FROM jobs WHERE queue = 'fork' GROUP BY 1").fetchall()
+    return {tag: count for tag, count in rows}
+
+
+def test_children_forked_after_a_send_use_connections_of_their_own(postgres_database: str) -> None:
+    # Before: parent and children shared the parent's pooled sessions; a child hung for good, and both
+    # got "prepared statement "_pg3_0" already exists" from a session the other was using.
+    global _app
+    _app = app = App(postgres_database, migrate=True)
+    try:
+        app.send("t", {"tag": "parent"}, queue="fork")
+        context = multiprocessing.get_context("fork")
+        results: Queue[Any] = context.Queue()
+        children = [context.Process(target=_child, args=(f"c{i}", results)) for i in range(3)]
+        for child in children:
+            child.start()
+        for _ in range(20):
+            app.send("t", {"tag": "parent"}, queue="fork")
+        for child in children:
+            child.join(60)
+        hung = [child.pid for child in children if child.is_alive()]
+        for child in children:
+            child.kill()
+        assert not hung, hung
+        assert sorted(child.exitcode for child in children) == [0, 0, 0]
+        assert _stored(postgres_database) == {"parent": 21, "c0": 20, "c1": 20, "c2": 20}
+    finally:
+        _app = None
+        app.close()
+
+
+_FORK_AND_EXIT = """
+import os, sys
+from conveyor import App
+app = App(sys.argv[1])
+app.send("t", {"tag": "parent"}, queue="fork")
+pid = os.fork()
+if pid == 0:
+    app.send("t", {"tag": "child"}, queue="fork")
+    sys.exit(0)  # the interpreter's own exit: atexit handlers, then every object freed
+_, status = os.waitpid(pid, 0)
+assert os.waitstatus_to_exitcode(status) == 0, status
+for _ in range(5):
+    app.send("t", {"tag": "parent"}, queue="fork")  # on the sessions the parent had before the fork
+print("parent sent")
+"""
+
+
+def test_a_child_that_exits_normally_leaves_the_parents_sessions_open(postgres_database: str) -> None:
+    # A child ending through the interpreter's exit frees what it inherited: a PostgreSQL connection
+    # freed says goodbye to the server on the parent's socket, which ends the parent's session.
+    App(postgres_database, migrate=True).backend.close()
+    done = subprocess.run(
+        [sys.executable, "-c", _FORK_AND_EXIT, postgres_database], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0 and "parent sent" in done.stdout, done.stderr[-2000:]
+    assert _stored(postgres_database) == {"parent": 6, "child": 1}
