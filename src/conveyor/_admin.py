@@ -347,7 +347,7 @@ class Admin:
     ) -> Schedule:
         """Store (or redefine) a schedule: workers fire it from its next tick, no restart needed.
         ``queue`` defaults to the task's queue (``default`` for a task this App does not know)."""
-        schedule = self.app.catalogue.new_schedule(name, cron, task, queue, payload, priority)
+        schedule = self.app.catalogue.new_schedule(name, cron, task, queue, payload, priority, self.app.clock.now())
         self.app.backend.schedules_upsert(SchedulesUpsertParams([schedule]))
         self._audit(actor, "schedule.add", {"schedule": name, "cron": schedule.cron, "task": schedule.task})
         return schedule

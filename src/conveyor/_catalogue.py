@@ -7,13 +7,14 @@ task, a queue's options, how long to lease a queue's jobs), so that the loops ta
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
+from conveyor import _clock
 from conveyor._cron import Cron
 from conveyor._errors import ConfigurationError
 from conveyor._limits import INT32_MAX, INT32_MIN, check_duration, check_int, check_name
-from conveyor._message import encode_json_object, utcnow
+from conveyor._message import encode_json_object
 from conveyor._queue import DEFAULT_DEDUP_WINDOW, QueueOptions
 from conveyor._task import DEFAULT_VISIBILITY_TIMEOUT, Task, TaskOptions
 from conveyor.backends.base import Schedule
@@ -87,9 +88,17 @@ class Catalogue:
     # -- schedules ---------------------------------------------------------------------------------
 
     def new_schedule(
-        self, name: str, cron: str, task: str, queue: str | None, payload: Mapping[str, Any] | None, priority: int
+        self,
+        name: str,
+        cron: str,
+        task: str,
+        queue: str | None,
+        payload: Mapping[str, Any] | None,
+        priority: int,
+        now: datetime | None = None,
     ) -> Schedule:
-        """A schedule, every field checked as a job of it will be (so that its ticks can fire).
+        """A schedule, every field checked as a job of it will be (so that its ticks can fire), its
+        first tick the first after ``now`` (default: this host's clock, for a declaration at import).
 
         ``queue`` None: the task's queue (``default`` for a task not registered here)."""
         parsed = Cron.parse(cron)
@@ -103,7 +112,7 @@ class Catalogue:
             task=task,
             queue=check_name(queue, "schedule queue", ConfigurationError),
             payload=encode_json_object(payload if payload is not None else {}, "payload", self.max_payload_bytes),
-            next_run_at=parsed.next_after(utcnow()),
+            next_run_at=parsed.next_after(now if now is not None else _clock.host_now()),
             priority=check_int(priority, "priority", INT32_MIN, INT32_MAX, ConfigurationError),
         )
 

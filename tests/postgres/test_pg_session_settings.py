@@ -404,3 +404,14 @@ def test_an_app_that_started_while_the_database_was_away_reads_its_clock_once_it
         assert worker.exit_code == 0
     finally:
         proxy.close()
+
+
+def test_a_schedule_added_by_the_operator_api_ticks_by_the_databases_time(
+    postgres_database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before: admin.add_schedule (`conveyor schedules add`) worked out the first tick by the host's
+    # clock: on a host 5 minutes ahead an every-minute schedule skipped its first 5 ticks.
+    monkeypatch.setattr(_clock, "host_now", lambda: datetime.now(UTC) + timedelta(minutes=5))
+    with App(postgres_database, migrate=True) as app:
+        added = app.admin.add_schedule("minutely", "* * * * *", "t", actor="test")
+        assert added.next_run_at - datetime.now(UTC) <= timedelta(seconds=61), added.next_run_at
