@@ -11,6 +11,7 @@ import json
 import math
 import os
 import random
+import re
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -401,6 +402,31 @@ def test_bad_schedules_are_refused_before_anything_is_written(app: App) -> None:
         ("ok", "reports", {"scope": "all"})
     ]
     assert added.cron == "*/5 * * * *"
+
+
+BAD_CRONS: list[tuple[Any, str]] = [
+    ("*/ * * * *", "bad minute field '*/'"),  # was every minute
+    ("1_0 * * * *", "bad minute field '1_0'"),  # was minute 10
+    ("\u0665 * * * *", "bad minute field '\u0665'"),  # an Arabic-Indic 5: was minute 5
+    ("0 0 31 2 *", "never fires"),  # was refused only when the decorator ran, after its task was registered
+    (None, "a cron expression must be a string, got NoneType"),  # was an AttributeError
+    (5, "a cron expression must be a string, got int"),
+]
+
+
+def test_bad_cron_expressions_are_refused_before_anything_is_written(app: App) -> None:
+    for cron, message in BAD_CRONS:
+        with pytest.raises(ConfigurationError, match=re.escape(message)):
+            app.periodic(cron)
+        with pytest.raises(ConfigurationError, match=re.escape(message)):
+            app.admin.add_schedule("s", cron, "t", actor="test")
+    assert app.tasks == {}
+    _nothing_written(app)
+    app.admin.add_schedule("s", "0 0 29 2 *", "t", actor="test")
+    for cron, message in BAD_CRONS:
+        with pytest.raises(ConfigurationError, match=re.escape(message)):
+            app.admin.set_schedule("s", cron, actor="test")
+    assert [s.cron for s in app.backend.schedules_list()] == ["0 0 29 2 *"]
 
 
 def test_bad_topic_names_are_refused(app: App) -> None:
