@@ -13,7 +13,7 @@ import os
 import random
 import re
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -90,6 +90,14 @@ BAD_ENVELOPES: list[tuple[dict[str, Any], str]] = [
     ({"run_at": datetime(2030, 1, 1)}, "timezone-aware"),
     ({"expires_at": 12.5}, "expires_at must be a datetime"),
     ({"run_at": datetime.max.replace(tzinfo=UTC), "ttl": 60}, "past the last representable time"),
+    (  # the message showed the datetime's repr
+        {"run_at": datetime(9999, 12, 31, 23, tzinfo=timezone(-timedelta(hours=12)))},
+        "^run_at is out of range: 9999-12-31T23:00:00-12:00 is not within the years 1 to 9999 in UTC$",
+    ),
+    (
+        {"expires_at": datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=14)))},
+        "expires_at is out of range: 0001-01-01T",
+    ),
 ]
 
 

@@ -238,7 +238,9 @@ def _aware(value: object, name: str) -> datetime:
     try:
         return value.astimezone(UTC)
     except OverflowError:
-        raise PayloadError(f"{name} is out of range: {value!r}") from None
+        raise PayloadError(
+            f"{name} is out of range: {value.isoformat()} is not within the years 1 to 9999 in UTC"
+        ) from None
 
 
 def utcnow() -> datetime:
