@@ -11,6 +11,7 @@ import json
 import math
 import os
 import random
+import re
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
@@ -95,7 +96,14 @@ BAD_ENVELOPES: list[tuple[dict[str, Any], str]] = [
     ({"run_at": datetime.max.replace(tzinfo=UTC), "ttl": 60}, "run_at is past the latest time"),
     ({"run_at": LATEST, "ttl": 0.001}, r"run_at \+ ttl is past the latest time"),
     ({"run_at": LATEST, "ttl": 1}, r"run_at \+ ttl is past the latest time"),
-    ({"run_at": datetime.max.replace(tzinfo=timezone(timedelta(hours=-12)))}, "run_at is out of range: 9999-12-31"),
+    (  # the message showed the datetime's repr
+        {"run_at": datetime(9999, 12, 31, 23, tzinfo=timezone(-timedelta(hours=12)))},
+        "^run_at is out of range: 9999-12-31T23:00:00-12:00 is not within the years 1 to 9999 in UTC$",
+    ),
+    (
+        {"expires_at": datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=14)))},
+        "expires_at is out of range: 0001-01-01T",
+    ),
 ]
 
 
@@ -410,6 +418,31 @@ def test_bad_schedules_are_refused_before_anything_is_written(app: App) -> None:
         ("ok", "reports", {"scope": "all"})
     ]
     assert added.cron == "*/5 * * * *"
+
+
+BAD_CRONS: list[tuple[Any, str]] = [
+    ("*/ * * * *", "bad minute field '*/'"),  # was every minute
+    ("1_0 * * * *", "bad minute field '1_0'"),  # was minute 10
+    ("\u0665 * * * *", "bad minute field '\u0665'"),  # an Arabic-Indic 5: was minute 5
+    ("0 0 31 2 *", "never fires"),  # was refused only when the decorator ran, after its task was registered
+    (None, "a cron expression must be a string, got NoneType"),  # was an AttributeError
+    (5, "a cron expression must be a string, got int"),
+]
+
+
+def test_bad_cron_expressions_are_refused_before_anything_is_written(app: App) -> None:
+    for cron, message in BAD_CRONS:
+        with pytest.raises(ConfigurationError, match=re.escape(message)):
+            app.periodic(cron)
+        with pytest.raises(ConfigurationError, match=re.escape(message)):
+            app.admin.add_schedule("s", cron, "t", actor="test")
+    assert app.tasks == {}
+    _nothing_written(app)
+    app.admin.add_schedule("s", "0 0 29 2 *", "t", actor="test")
+    for cron, message in BAD_CRONS:
+        with pytest.raises(ConfigurationError, match=re.escape(message)):
+            app.admin.set_schedule("s", cron, actor="test")
+    assert [s.cron for s in app.backend.schedules_list()] == ["0 0 29 2 *"]
 
 
 def test_bad_topic_names_are_refused(app: App) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import calendar
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -25,6 +26,10 @@ _NAMES = {
 }
 _BOUNDS = [(0, 59), (0, 23), (1, 31), (1, 12), (0, 7)]
 _FIELDS = ["minute", "hour", "day of month", "month", "day of week"]
+# How many days ahead next_after looks. The rarest day an expression can name is 29 February (an
+# expression that names only days no month has is refused by parse), and it can be 8 years away:
+# 2100 is not a leap year, so after 29 February 2096 the next is 29 February 2104, 2,921 days on.
+_HORIZON_DAYS = 8 * 366 + 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +49,10 @@ class Cron:
     def parse(cls, expression: str) -> Cron:
         """Parse ``m h dom mon dow`` (``*``, ``a-b``, ``*/n``, ``a-b/n``, lists, names) or an ``@alias``.
 
-        Raises ConfigurationError with the offending field for anything else."""
+        Raises ConfigurationError with the offending field for anything else, and for an expression
+        that never fires (a day none of its months has, such as ``0 0 31 2 *``)."""
+        if not isinstance(expression, str):
+            raise ConfigurationError(f"a cron expression must be a string, got {type(expression).__name__}")
         text = _ALIASES.get(expression.strip().lower(), expression.strip())
         parts = text.split()
         if len(parts) != 5:
@@ -53,7 +61,15 @@ class Cron:
             )
         sets = [_field(parts[i], i, expression) for i in range(5)]
         weekdays = frozenset(d % 7 for d in sets[4])
-        return cls(expression, sets[0], sets[1], sets[2], sets[3], weekdays, parts[2] == "*", parts[4] == "*")
+        days_any, weekdays_any = parts[2] == "*", parts[4] == "*"
+        # Only a day of month restricted alone can rule out every day: a restricted day of week
+        # matches in every month, and with both restricted a day matching either one fires.
+        # February counts 29 days, which it has in leap years.
+        if weekdays_any and not days_any and not any(d <= _month_days(m) for m in sets[3] for d in sets[2]):
+            raise ConfigurationError(
+                f"cron expression {expression!r} never fires: no month it names has a day it names"
+            )
+        return cls(expression, sets[0], sets[1], sets[2], sets[3], weekdays, days_any, weekdays_any)
 
     def _day_matches(self, day: datetime) -> bool:
         if day.month not in self.months:
@@ -66,17 +82,25 @@ class Cron:
         return dom or dow
 
     def next_after(self, after: datetime) -> datetime:
-        """The first tick strictly after ``after`` (an aware datetime; ticks are whole minutes, UTC)."""
-        start = after.replace(second=0, microsecond=0) + timedelta(minutes=1)
-        day = start.replace(hour=0, minute=0)
-        for _ in range(366 * 5):
-            if self._day_matches(day):
-                for hour in sorted(self.hours):
-                    for minute in sorted(self.minutes):
-                        tick = day.replace(hour=hour, minute=minute)
-                        if tick >= start:
-                            return tick
-            day += timedelta(days=1)
+        """The first tick strictly after ``after`` (an aware datetime; ticks are whole minutes, UTC).
+
+        Raises ConfigurationError when there is no tick before the year 10000 (datetime's last)."""
+        try:
+            start = after.replace(second=0, microsecond=0) + timedelta(minutes=1)
+            day = start.replace(hour=0, minute=0)
+            for _ in range(_HORIZON_DAYS):
+                if self._day_matches(day):
+                    for hour in sorted(self.hours):
+                        for minute in sorted(self.minutes):
+                            tick = day.replace(hour=hour, minute=minute)
+                            if tick >= start:
+                                return tick
+                day += timedelta(days=1)
+        except OverflowError:
+            raise ConfigurationError(
+                f"cron expression {self.expression!r} has no tick after {after.isoformat()} before the year 10000"
+            ) from None
+        # Unreachable for an expression parse accepted (see _HORIZON_DAYS); kept as a guard.
         raise ConfigurationError(f"cron expression {self.expression!r} never fires")
 
 
@@ -95,8 +119,8 @@ def _field(text: str, index: int, expression: str) -> frozenset[int]:
 
 
 def _item(item: str, index: int, low: int, high: int) -> range:
-    body, _, step_text = item.partition("/")
-    step = int(step_text) if step_text else 1
+    body, slash, step_text = item.partition("/")
+    step = _number(step_text) if slash else 1
     if step < 1:
         raise ValueError(item)
     if body == "*":
@@ -114,4 +138,17 @@ def _item(item: str, index: int, low: int, high: int) -> range:
 
 def _value(text: str, index: int) -> int:
     names = _NAMES.get(index, {})
-    return names[text] if text in names else int(text)
+    return names[text] if text in names else _number(text)
+
+
+def _number(text: str) -> int:
+    # int() also takes "+5", " 5", "1_0" and the digits of other scripts (an Arabic-Indic 5, say):
+    # a number in a field is ASCII digits only.
+    if not (text.isascii() and text.isdigit()):
+        raise ValueError(text)
+    return int(text)
+
+
+def _month_days(month: int) -> int:
+    """The most days ``month`` has in any year (29 for February)."""
+    return calendar.monthrange(2000, month)[1]

@@ -244,7 +244,9 @@ def _aware(value: object, name: str) -> datetime:
     try:
         at = value.astimezone(UTC)
     except OverflowError:
-        raise PayloadError(f"{name} is out of range: {value.isoformat()}") from None
+        raise PayloadError(
+            f"{name} is out of range: {value.isoformat()} is not within the years 1 to 9999 in UTC"
+        ) from None
     return _not_after_latest(at, name)
 
 

@@ -101,6 +101,24 @@ def test_bad_numbers_elsewhere_are_one_line(sqlite_url: str) -> None:
     assert conveyor(sqlite_url, "schedules", "list", "--json").json() == []
 
 
+def test_bad_cron_expressions_are_one_line_and_write_nothing(sqlite_url: str) -> None:
+    """``*/``, ``1_0`` and ``+5`` were taken as every minute, minute 10 and minute 5."""
+    assert conveyor(sqlite_url, "migrate").code == 0
+    bad = [
+        ("*/ * * * *", "bad minute field '*/'"),
+        ("1_0 * * * *", "bad minute field '1_0'"),
+        ("0 +5 * * *", "bad hour field '+5'"),
+        ("0 0 31 2 *", "never fires"),
+    ]
+    for cron, message in bad:
+        assert_one_line_error(conveyor(sqlite_url, "schedules", "add", "s", "--cron", cron, "--task", "t"), message)
+    assert conveyor(sqlite_url, "schedules", "list", "--json").json() == []
+    assert conveyor(sqlite_url, "schedules", "add", "s", "--cron", "0 0 29 2 *", "--task", "t").code == 0
+    for cron, message in bad:
+        assert_one_line_error(conveyor(sqlite_url, "schedules", "set", "s", "--cron", cron), message)
+    assert [s["cron"] for s in conveyor(sqlite_url, "schedules", "list", "--json").json()] == ["0 0 29 2 *"]
+
+
 def test_visibility_timeout_nan_cannot_lease_a_job_and_lose_it(sqlite_url: str) -> None:
     """SQLite stores now + NaN as NULL: the lease never expired and rescue never returned the job."""
     job = send(sqlite_url, e2e_app.WORK, {"kind": "ok", "n": 1})

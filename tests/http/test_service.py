@@ -93,6 +93,58 @@ def test_400_names_the_field(server: Server, body: dict[str, object], field: str
         _error(c.post("/v1/queues/emails/jobs", json=body), 400, field)
 
 
+NOT_RFC_3339 = [
+    "20300101T000000Z",  # these four were read by datetime.fromisoformat
+    "2030-W01-1T00:00Z",
+    "2030-01-01T00:00:00 Z",
+    "2030-01-01T00:00:00+23:59:59.999999",
+    "2030-01-01 00:00:00Z",
+    "2030-01-01T00:00:00",
+    "2030-01-01",
+    "\u0662\u0660\u0663\u0660-01-01T00:00:00Z",
+    "2030-01-01T00:00:00Z\n",
+    "2030-01-01T00:00:00+00:00[Europe/Paris]",
+]
+
+
+def test_times_are_rfc_3339_date_times_and_a_400_shows_the_text_sent(server: Server) -> None:
+    form = "YYYY-MM-DDTHH:MM:SS[.fraction] then Z or +HH:MM or -HH:MM, e.g. 2030-01-01T09:30:00Z"
+    with server.client("admin") as c:
+        for field in ("run_at", "expires_at"):
+            for text in NOT_RFC_3339:
+                message = _error(c.post("/v1/queues/emails/jobs", json={"task": "t", field: text}), 400, field)
+                assert message == f"{field} must be an RFC 3339 time ({form}), got {text!r}"
+        batch = {"jobs": [{"task": "t"}, {"task": "t", "run_at": "20300101T000000Z"}]}
+        _error(c.post("/v1/queues/emails/jobs:batch", json=batch), 400, "jobs[1].run_at")
+        for text, expected in [
+            (
+                "2030-02-30T00:00:00Z",
+                "run_at is not a valid time: '2030-02-30T00:00:00Z' (day is out of range for month)",
+            ),
+            ("2030-01-01T00:00:00+24:00", "run_at is not a valid time: '2030-01-01T00:00:00+24:00' (the offset"),
+            # The message showed datetime.datetime(9999, 12, 31, ..., tzinfo=datetime.timezone(...)).
+            (
+                "9999-12-31T23:59:59.999999-12:00",
+                "run_at is out of range: 9999-12-31T23:59:59.999999-12:00 is not within the years 1 to 9999 in UTC",
+            ),
+            ("0001-01-01t00:00:00+14:00", "run_at is out of range: 0001-01-01t00:00:00+14:00 is not within"),
+        ]:
+            assert _error(
+                c.post("/v1/queues/emails/jobs", json={"task": "t", "run_at": text}), 400, "run_at"
+            ).startswith(expected)
+        with App(server.db) as app:
+            assert app.admin.queues() == []
+        for text, stored in [
+            ("2030-01-01T00:00:00Z", "2030-01-01T00:00:00+00:00"),
+            ("2030-01-01t09:30:00.1234567z", "2030-01-01T09:30:00.123456+00:00"),
+            ("2030-01-01T00:00:00+14:00", "2029-12-31T10:00:00+00:00"),
+            ("2030-01-01T00:00:00-00:30", "2030-01-01T00:30:00+00:00"),
+        ]:
+            sent = c.post("/v1/queues/emails/jobs", json={"task": "t", "run_at": text})
+            assert sent.status_code == 202, sent.text
+            assert c.get(sent.headers["location"]).json()["run_at"] == stored
+
+
 @pytest.mark.parametrize(
     ("jobs", "bad"), [([{"task": []}], 0), ([{"task": "t"}, {"task": {"a": 1}}], 1), ([{"task": 7}, {"task": 7}], 0)]
 )

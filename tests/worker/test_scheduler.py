@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -14,7 +15,9 @@ from _clock import FixedClock
 
 from conveyor import App
 from conveyor.backends.base import (
+    Schedule,
     SchedulesUpdateParams,
+    SchedulesUpsertParams,
 )
 from conveyor.worker._calls import BackendCalls
 from conveyor.worker._state import Counters
@@ -89,3 +92,21 @@ def test_paused_and_changed_at_runtime(app: App) -> None:
     # A worker restart re-declares the schedule from code: the runtime change of cron is replaced
     # only because the declared cron differs; the pause state is kept.
     assert app.backend.schedules_update(SchedulesUpdateParams("missing", paused=True)) is False
+
+
+def test_a_schedule_with_no_tick_before_the_year_10000_is_logged_once_and_skipped(
+    app: App, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its next tick overflowed datetime: an OverflowError, which run_once did not catch, stopped the loop."""
+    last = datetime(9999, 12, 31, 23, 59, tzinfo=UTC)
+    app.backend.schedules_upsert(SchedulesUpsertParams([Schedule("last", "* * * * *", "t", "q", "{}", last)]))
+    scheduler = Scheduler(app.producer, BackendCalls(app.backend, Counters()), FixedClock(last + timedelta(seconds=30)))
+    with caplog.at_level(logging.ERROR, logger="conveyor.worker"):
+        assert asyncio.run(scheduler.run_once()) == 0
+        assert asyncio.run(scheduler.run_once()) == 0
+    skipped = [r.getMessage() for r in caplog.records if "cannot fire" in r.getMessage()]
+    assert skipped == [
+        "schedule 'last' cannot fire, skipped: cron expression '* * * * *' has no tick after "
+        "9999-12-31T23:59:30+00:00 before the year 10000"
+    ]
+    assert _live(app) == []

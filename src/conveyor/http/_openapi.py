@@ -12,11 +12,12 @@ from typing import Any
 from conveyor import __version__
 from conveyor._admin import MAX_REPLAY_RATE, MIN_REPLAY_RATE
 from conveyor._limits import INT32_MAX, INT32_MIN, MAX_ATTEMPTS, MAX_KEY_BYTES, MAX_NAME_CHARS, MAX_SECONDS
+from conveyor.http._parse import RFC3339_FORM
 
 _NAME = {"type": "string", "minLength": 1, "maxLength": MAX_NAME_CHARS}
 _KEY = {"type": "string", "minLength": 1, "maxLength": MAX_KEY_BYTES, "description": f"1 to {MAX_KEY_BYTES} bytes"}
 _SECONDS = {"type": "number", "minimum": 0, "maximum": MAX_SECONDS}
-_TIME = {"type": "string", "format": "date-time"}
+_TIME = {"type": "string", "format": "date-time", "description": f"RFC 3339: {RFC3339_FORM}"}
 _UUID = {"type": "string", "format": "uuid"}
 _SELECTION = {
     "ids": {"type": "array", "items": _UUID, "minItems": 1, "maxItems": 10000},

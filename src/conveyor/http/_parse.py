@@ -11,8 +11,9 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import re
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 from uuid import UUID
 
@@ -37,6 +38,16 @@ JOB_FIELDS = (
 #: What a published message may carry (the rest of a job comes from each subscription).
 PUBLISH_FIELDS = ("payload", "headers", "priority", "delay", "run_at", "ttl", "expires_at", "idempotency_key")
 _TIMES = ("run_at", "expires_at")
+# RFC 3339's date-time (section 5.6), the one form a time is sent in, with "T" and "Z" in either case as
+# the RFC allows. Not the other ISO 8601 forms datetime.fromisoformat also reads (20300101T000000Z,
+# 2030-W01-1T00:00Z, an offset with seconds, a space before the Z), and not a space for the "T": the RFC
+# leaves that to the application, and JSON Schema's "date-time", which the OpenAPI document states, has none.
+_RFC3339 = re.compile(
+    r"([0-9]{4})-([0-9]{2})-([0-9]{2})[Tt]([0-9]{2}):([0-9]{2}):([0-9]{2})(?:\.([0-9]+))?"
+    r"(?:[Zz]|([+-])([0-9]{2}):([0-9]{2}))"
+)
+#: The form of a time in a request, as the 400 for another form and the OpenAPI document show it.
+RFC3339_FORM = "YYYY-MM-DDTHH:MM:SS[.fraction] then Z or +HH:MM or -HH:MM, e.g. 2030-01-01T09:30:00Z"
 
 
 class BadRequest(ConveyorError):
@@ -152,12 +163,33 @@ def fields(
 
 
 def _time(value: Any, field: str) -> datetime:
+    """An RFC 3339 date-time, in UTC (digits past microseconds are dropped), or BadRequest naming ``field``."""
     if not isinstance(value, str):
         raise BadRequest(f"{field} must be an RFC 3339 time (a string), got {_kind(value)}", field)
+    match = _RFC3339.fullmatch(value)
+    if match is None:
+        raise BadRequest(f"{field} must be an RFC 3339 time ({RFC3339_FORM}), got {value[:40]!r}", field)
+    year, month, day, hour, minute, second, fraction, sign, offset_hours, offset_minutes = match.groups()
     try:
-        return datetime.fromisoformat(value)
-    except ValueError:
-        raise BadRequest(f"{field} is not an RFC 3339 time: {value[:40]!r}", field) from None
+        if sign is None:
+            zone = UTC
+        elif int(offset_hours) > 23 or int(offset_minutes) > 59:
+            raise ValueError("the offset must be at most 23:59")
+        else:
+            offset = timedelta(hours=int(offset_hours), minutes=int(offset_minutes))
+            zone = timezone(-offset if sign == "-" else offset)
+        microsecond = int((fraction or "")[:6].ljust(6, "0"))
+        parsed = datetime(
+            int(year), int(month), int(day), int(hour), int(minute), int(second), microsecond, tzinfo=zone
+        )
+    except ValueError as exc:
+        raise BadRequest(f"{field} is not a valid time: {value[:40]!r} ({exc})", field) from None
+    try:
+        return parsed.astimezone(UTC)
+    except OverflowError:
+        raise BadRequest(
+            f"{field} is out of range: {value[:40]} is not within the years 1 to 9999 in UTC", field
+        ) from None
 
 
 def field_of(message: str, prefix: str = "") -> str | None:

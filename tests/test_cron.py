@@ -1,0 +1,84 @@
+"""Cron expressions: what the parser refuses, and the next tick wherever it lies in datetime's range."""
+
+from __future__ import annotations
+
+import calendar
+import itertools
+import re
+from datetime import UTC, date, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from conveyor import ConfigurationError
+from conveyor._cron import Cron
+
+BAD_FIELDS = [
+    ("*/ * * * *", "minute", "'*/'"),  # an empty step was taken as a step of 1
+    ("0-59/ * * * *", "minute", "'0-59/'"),
+    ("1_0 * * * *", "minute", "'1_0'"),  # int() takes these four; a field is ASCII digits
+    ("+5 * * * *", "minute", "'+5'"),
+    ("\u0665 * * * *", "minute", "'\u0665'"),
+    ("0 1-+5 * * *", "hour", "'1-+5'"),
+    ("0 0 */\u0662 * *", "day of month", "'*/\u0662'"),
+    ("0 0 * 1_2 *", "month", "'1_2'"),
+    ("0 0 * * +1", "day of week", "'+1'"),
+]
+
+
+@pytest.mark.parametrize(("expression", "field", "shown"), BAD_FIELDS, ids=[e for e, _, _ in BAD_FIELDS])
+def test_a_field_that_is_not_ascii_digits_names_or_a_full_step_is_refused(
+    expression: str, field: str, shown: str
+) -> None:
+    with pytest.raises(ConfigurationError, match=re.escape(f"bad {field} field {shown}")) as raised:
+        Cron.parse(expression)
+    assert "\n" not in str(raised.value)
+
+
+@pytest.mark.parametrize(("value", "kind"), [(None, "NoneType"), (5, "int"), (b"* * * * *", "bytes")])
+def test_an_expression_that_is_not_a_string_is_refused_in_one_line(value: Any, kind: str) -> None:
+    with pytest.raises(ConfigurationError, match=f"^a cron expression must be a string, got {kind}$"):
+        Cron.parse(value)
+
+
+@pytest.mark.parametrize("expression", ["0 0 31 2 *", "0 0 30,31 2 *", "0 0 31 4,6,9,11 *", "0 0 30-31 2 *"])
+def test_an_expression_that_never_fires_is_refused_when_parsed(expression: str) -> None:
+    with pytest.raises(ConfigurationError, match="never fires: no month it names has a day it names"):
+        Cron.parse(expression)
+
+
+def test_29_february_is_found_across_a_century_year_that_is_not_leap() -> None:
+    """After 29 February 2096 the next is 2104 (2100 is not a leap year): the old 5-year search said
+    "never fires" from March 2096 to the end of 2099."""
+    feb29 = Cron.parse("0 0 29 2 *")
+    expected = datetime(2104, 2, 29, tzinfo=UTC)
+    for start in [datetime(2096, 2, 29, 0, 0, 1), datetime(2096, 3, 1), datetime(2099, 12, 31, 23, 59)]:
+        assert feb29.next_after(start.replace(tzinfo=UTC)) == expected
+    # With the day of week restricted too, a day matching either one fires (classic cron): here a
+    # Monday in February, though no February has a 31st.
+    assert Cron.parse("0 0 31 2 1").next_after(datetime(2096, 3, 1, tzinfo=UTC)) == datetime(2097, 2, 4, tzinfo=UTC)
+
+
+def test_every_day_of_the_year_is_found_from_just_after_its_last_tick() -> None:
+    """The search's horizon holds the longest gap between two of any day: each (month, day), from the
+    minute after its tick in the year before its longest gap in the 400-year Gregorian cycle."""
+    for month in range(1, 13):
+        for day in range(1, calendar.monthrange(2000, month)[1] + 1):
+            cron = Cron.parse(f"0 0 {day} {month} *")
+            years = [y for y in range(2000, 2400) if day <= calendar.monthrange(y, month)[1]]
+            gap, year = max(((date(b, month, day) - date(a, month, day)).days, a) for a, b in itertools.pairwise(years))
+            after = datetime(year, month, day, tzinfo=UTC)
+            assert cron.next_after(after) == after + timedelta(days=gap), (month, day)
+
+
+def test_no_tick_before_the_year_10000_is_a_configuration_error_not_an_overflow() -> None:
+    with pytest.raises(
+        ConfigurationError, match=re.escape("has no tick after 9999-06-01T00:00:00+00:00 before the year 10000")
+    ):
+        Cron.parse("0 0 1 1 *").next_after(datetime(9999, 6, 1, tzinfo=UTC))
+    every_minute = Cron.parse("* * * * *")
+    assert every_minute.next_after(datetime(9999, 12, 31, 23, 58, 30, tzinfo=UTC)) == datetime(
+        9999, 12, 31, 23, 59, tzinfo=UTC
+    )
+    with pytest.raises(ConfigurationError, match="before the year 10000"):
+        every_minute.next_after(datetime(9999, 12, 31, 23, 59, 30, tzinfo=UTC))
