@@ -7,6 +7,7 @@ import asyncio
 import logging
 import threading
 import time
+import uuid
 from datetime import UTC, datetime, timedelta
 
 import psycopg
@@ -415,3 +416,29 @@ def test_a_schedule_added_by_the_operator_api_ticks_by_the_databases_time(
     with App(postgres_database, migrate=True) as app:
         added = app.admin.add_schedule("minutely", "* * * * *", "t", actor="test")
         assert added.next_run_at - datetime.now(UTC) <= timedelta(seconds=61), added.next_run_at
+
+
+def test_a_migrate_whose_schema_is_picked_by_user_warns_of_the_other_set(
+    postgres_database: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The default search_path is "$user", public: a role with a schema of its name gets tables of its own
+    # from `conveyor migrate`, silently, and its producers' jobs never meet workers connecting as others.
+    role = f"conveyor_u_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(postgres_database, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+        conn.execute(sql.SQL("CREATE SCHEMA {0} AUTHORIZATION {0}").format(sql.Identifier(role)))
+        conn.execute(sql.SQL("CREATE SCHEMA tenant_a AUTHORIZATION {}").format(sql.Identifier(role)))
+    try:
+        with App(postgres_database, migrate=True) as public:
+            public.backend  # noqa: B018 (opening it migrates: a set in public)
+        as_role = postgres_database.replace("postgres@", f"{role}@", 1)
+        with caplog.at_level(logging.WARNING, logger="conveyor"):
+            App(f"{as_role}?options=-c%20search_path%3Dtenant_a", migrate=True).backend.close()  # named: none
+            assert not [r for r in caplog.records if "search_path" in r.getMessage()]
+            App(as_role, migrate=True).backend.close()
+        (line,) = [r.getMessage() for r in caplog.records if "search_path" in r.getMessage()]
+        assert f"schema {role}, named after this role" in line and "public, tenant_a hold another set" in line, line
+    finally:
+        with psycopg.connect(postgres_database, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+            conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))

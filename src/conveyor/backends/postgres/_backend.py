@@ -180,6 +180,8 @@ class _QuietPool(logging.Filter):
 
 logging.getLogger("psycopg.pool").addFilter(_QuietPool())
 
+log = logging.getLogger("conveyor")
+
 
 def _held(ids: Sequence[UUID], receipts: Sequence[UUID], rows: Sequence[TupleRow]) -> list[UUID]:
     """The ids of the deliveries (id, receipt) that ``rows`` name, in the caller's order (RETURNING
@@ -390,6 +392,17 @@ class PostgresBackend:
                 conn.execute(migration.sql)
                 conn.execute(self._q["migrations_record"], {"version": migration.version, "name": migration.name})
                 applied.append(migration.name)
+            elsewhere = [row[0] for row in conn.execute(self._q["migrations_elsewhere"]).fetchall()]
+            if elsewhere:
+                # Two sets of tables, one picked by the role's name: producers and workers connecting as
+                # other roles use the other set, and their jobs meet nobody (see the query).
+                log.warning(
+                    "Conveyor's tables are in schema %s, named after this role by search_path's \"$user\", and "
+                    "schema(s) %s hold another set: processes connecting as other roles use that one; to share "
+                    "one set, name it in the URL (options=-csearch_path=...)",
+                    conn.info.user,
+                    ", ".join(elsewhere),
+                )
         self.archive_partitions_ensure(datetime.now(UTC), days_ahead=7)
         return applied
 

@@ -52,6 +52,16 @@ SELECT version FROM conveyor_schema_migrations ORDER BY version
 -- Whether migrate() has ever run here (readiness checks ask before the ledger exists).
 SELECT to_regclass('conveyor_schema_migrations') IS NOT NULL
 
+-- name: migrations_elsewhere
+-- The other schemas of this database that hold a set of Conveyor's tables, when this connection's own
+-- schema was picked by "$user" (the default search_path: a schema named after the role comes first).
+SELECT n.nspname
+FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace
+WHERE c.relname = 'conveyor_schema_migrations' AND c.relkind = 'r' AND n.nspname <> current_schema()
+  AND current_schema() = current_user
+  AND split_part(current_setting('search_path'), ',', 1) = '"$user"'
+ORDER BY 1
+
 -- name: database_now
 -- The server's clock (not the transaction's start): workers keep time by it (Worker, clock skew).
 SELECT clock_timestamp()
