@@ -82,3 +82,11 @@ def test_no_tick_before_the_year_10000_is_a_configuration_error_not_an_overflow(
     )
     with pytest.raises(ConfigurationError, match="before the year 10000"):
         every_minute.next_after(datetime(9999, 12, 31, 23, 59, 30, tzinfo=UTC))
+
+
+@pytest.mark.parametrize("space", ["\u00a0", "\u2003", "\u3000"])
+def test_fields_are_apart_by_spaces_and_tabs_only(space: str) -> None:
+    # str.split() took a no-break or an em space (pasted from a document) for a separator; crond does not.
+    with pytest.raises(ConfigurationError):
+        Cron.parse(f"0{space}* * * *")
+    assert Cron.parse(" 0\t*  * * *\n").minutes == frozenset({0})

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import calendar
+import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from conveyor._errors import ConfigurationError
 
+# What separates the five fields.
+_SPACES = " \t"
 _ALIASES = {
     "@yearly": "0 0 1 1 *",
     "@annually": "0 0 1 1 *",
@@ -53,8 +56,11 @@ class Cron:
         that never fires (a day none of its months has, such as ``0 0 31 2 *``)."""
         if not isinstance(expression, str):
             raise ConfigurationError(f"a cron expression must be a string, got {type(expression).__name__}")
-        text = _ALIASES.get(expression.strip().lower(), expression.strip())
-        parts = text.split()
+        stripped = expression.strip(_SPACES + "\r\n")
+        text = _ALIASES.get(stripped.lower(), stripped)
+        # Fields are apart by spaces and tabs only: str.split() also split at a no-break space or an em
+        # space, which a crontab line pasted from a document brings, and crond would not.
+        parts = [part for part in re.split(f"[{_SPACES}]+", text) if part]
         if len(parts) != 5:
             raise ConfigurationError(
                 f"cron expression {expression!r} must have 5 fields (minute hour day month weekday), got {len(parts)}"
