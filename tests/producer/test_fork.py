@@ -6,9 +6,11 @@ import multiprocessing
 import subprocess
 import sys
 from multiprocessing.queues import Queue
+from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 
 from conveyor import App
 
@@ -83,3 +85,47 @@ def test_a_child_that_exits_normally_leaves_the_parents_sessions_open(postgres_d
     )
     assert done.returncode == 0 and "parent sent" in done.stdout, done.stderr[-2000:]
     assert _stored(postgres_database) == {"parent": 6, "child": 1}
+
+
+_FORK_MID_SEND = """
+import os, signal, sys, threading, time
+from conveyor import App
+app = App(sys.argv[1], migrate=True)
+stop, errors = False, []
+def sending() -> None:
+    while not stop:
+        try:
+            app.send("t", {"tag": "parent"}, queue="fork")
+        except Exception as exc:
+            errors.append(repr(exc))
+thread = threading.Thread(target=sending, daemon=True)
+thread.start()
+time.sleep(0.2)
+codes = []
+for _ in range(12):
+    time.sleep(0.02)
+    pid = os.fork()
+    if pid == 0:
+        signal.alarm(10)  # a child that hangs ends by SIGALRM
+        try:
+            app.send("t", {"tag": "child"}, queue="fork")
+        except BaseException as exc:
+            print("child:", repr(exc), flush=True)
+            os._exit(3)
+        os._exit(0)
+    codes.append(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+stop = True
+thread.join(10)
+print("codes", codes, "errors", errors[:3])
+"""
+
+
+@pytest.mark.parametrize("engine", ["sqlite", "memory"])
+def test_a_child_forked_while_another_thread_writes_can_write(engine: str, tmp_path: Path) -> None:
+    # SQLite keeps a process's file locks in bookkeeping a child copies: a child forked while a thread of
+    # its parent was in a write found the file locked (30 s, then "database is locked", or for ever); with
+    # a private in-memory database it waited for ever on a lock held by a thread it does not have.
+    url = f"sqlite:///{tmp_path / 'fork.db'}" if engine == "sqlite" else "memory://"
+    done = subprocess.run([sys.executable, "-c", _FORK_MID_SEND, url], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "codes [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0] errors []" in done.stdout, done.stdout[-2000:]

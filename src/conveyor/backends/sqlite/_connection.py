@@ -12,9 +12,11 @@ Readers never block writers or each other in WAL mode.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -104,6 +106,29 @@ def _enable_wal(conn: sqlite3.Connection) -> None:
             time.sleep(0.01)
 
 
+# Every open pool and in-memory connection, for the fork hooks below.
+_open_sets: weakref.WeakSet[ConnectionPool | MemoryConnection] = weakref.WeakSet()
+_held_at_fork: list[ConnectionPool | MemoryConnection] = []
+
+
+def _before_fork() -> None:
+    """Wait for the writes under way in this process and hold them off until the fork is done: SQLite
+    keeps a process's file locks in bookkeeping the child copies, so a child forked in the middle of a
+    write found the file locked for ever (and one forked while a thread held a private in-memory
+    database's lock waited for that thread, which does not exist in the child)."""
+    for connections in list(_open_sets):
+        connections.fork_lock().acquire()
+        _held_at_fork.append(connections)
+
+
+def _after_fork() -> None:
+    while _held_at_fork:
+        _held_at_fork.pop().fork_lock().release()
+
+
+os.register_at_fork(before=_before_fork, after_in_parent=_after_fork, after_in_child=_after_fork)
+
+
 class ConnectionPool:
     """Connections to one SQLite file, shared by threads: each call borrows one and returns it.
 
@@ -118,6 +143,11 @@ class ConnectionPool:
         self._lock = threading.Lock()
         self._writer = threading.Lock()
         self._closed = False
+        _open_sets.add(self)
+
+    def fork_lock(self) -> threading.Lock:
+        """The lock a fork takes: no write of this process is under way while it is held."""
+        return self._writer
 
     def _borrow(self) -> sqlite3.Connection:
         with self._lock:
@@ -188,6 +218,11 @@ class MemoryConnection:
         self._lock = threading.RLock()
         self._on_commit = on_commit
         self._closed = False
+        _open_sets.add(self)
+
+    def fork_lock(self) -> threading.RLock:
+        """The lock a fork takes: no statement is under way while it is held."""
+        return self._lock
 
     @contextmanager
     def _held(self) -> Iterator[sqlite3.Connection]:
