@@ -498,6 +498,14 @@ def _positive(kind: Callable[[str], T]) -> Callable[[str], T]:
     return parse
 
 
+def pin_here() -> None:
+    """Run this process (its one thread so far: every thread started later inherits it) on the CPU it
+    is on now, as ``conveyor worker --pin`` does for a lone worker process."""
+    with open("/proc/thread-self/stat", "rb") as f:
+        cpu = int(f.read().rsplit(b")", 1)[1].split()[36])
+    os.sched_setaffinity(0, {cpu})
+
+
 def usage() -> tuple[int, float]:
     """This process's context switches (voluntary + involuntary) and CPU seconds so far, all its threads."""
     u = resource.getrusage(resource.RUSAGE_SELF)
@@ -515,7 +523,10 @@ def main() -> None:
     parser.add_argument("--clients", type=_positive(int), default=2)
     parser.add_argument("--timeout", type=_positive(float), default=300.0, help="queue floors: give up after (not ok)")
     parser.add_argument("--bare", action="store_true", help="body floors: the INCR without the handlers' stamp")
+    parser.add_argument("--pin", action="store_true", help="run on one CPU, as `conveyor worker --pin` does")
     args = parser.parse_args()
+    if args.pin:
+        pin_here()
     # The body floors write the handlers' stamps too: to a file of their own, removed after.
     switches, cpu = usage()
     with tempfile.TemporaryDirectory(prefix="conveyor-floor-") as side:

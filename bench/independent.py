@@ -55,6 +55,14 @@ SECTIONS = ("body", "pickup", "limit", "batch", "single", "peers", "kept")
 DRAIN_TARGETS = (
     ("async def", 0.8, "floor_body_async", "floor_queue_async", "drain_async_io"),
     ("def", 0.7, "floor_body_threads", "floor_queue_threads", "drain_def_io"),
+    ("def, --pin", 0.7, "floor_body_threads", "floor_queue_threads", "drain_def_io_pinned"),
+    (
+        "def, --pin, floors pinned",
+        0.7,
+        "floor_body_threads_pinned",
+        "floor_queue_threads_pinned",
+        "drain_def_io_pinned",
+    ),
 )
 
 
@@ -128,6 +136,14 @@ class Harness:
             self.floor("body_threads", "floor_body_threads_bare", n=a.n_drain, bare=True)
             self.floor("queue_threads", "floor_queue_threads", n=a.n_drain)
             self.conveyor(lambda: self.lib("conveyor", "drain", a.n_drain, "drain_def_io", options={"sync": True}))
+            # `conveyor worker --pin` (session 33), and the thread floors on one CPU as well.
+            self.floor("body_threads", "floor_body_threads_pinned", n=a.n_drain, pin=True)
+            self.floor("queue_threads", "floor_queue_threads_pinned", n=a.n_drain, pin=True)
+            self.conveyor(
+                lambda: self.lib(
+                    "conveyor", "drain", a.n_drain, "drain_def_io_pinned", options={"sync": True, "pin": True}
+                )
+            )
         finally:
             os.environ.pop("BENCH_BODY", None)
 
@@ -285,6 +301,16 @@ def report(results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
                get("floor_body_async", "floor", "rate"), "{a:,.0f} vs {b:,.0f}", lambda r: r >= 0.8)  # fmt: skip
         target("def drain ≥ 0.70 × thread body floor", v, get("drain_def_io", "conveyor", "rate", v),
                get("floor_body_threads", "floor", "rate"), "{a:,.0f} vs {b:,.0f}", lambda r: r >= 0.7)  # fmt: skip
+        # `conveyor worker --pin` (one CPU), against the floor as the issue defines it and against
+        # the same floor run on one CPU too.
+        target("def drain, --pin ≥ 0.70 × thread body floor", v, get("drain_def_io_pinned", "conveyor", "rate", v),
+               get("floor_body_threads", "floor", "rate"), "{a:,.0f} vs {b:,.0f}", lambda r: r >= 0.7)  # fmt: skip
+        target("(def drain, --pin vs the thread body floor pinned)", v,
+               get("drain_def_io_pinned", "conveyor", "rate", v), get("floor_body_threads_pinned", "floor", "rate"),
+               "{a:,.0f} vs {b:,.0f}", lambda r: r >= 0.7)  # fmt: skip
+        target("(def drain, --pin vs the minimal threaded queue pinned)", v,
+               get("drain_def_io_pinned", "conveyor", "rate", v), get("floor_queue_threads_pinned", "floor", "rate"),
+               "{a:,.0f} vs {b:,.0f}", lambda r: r >= 0.7)  # fmt: skip
         # The floors before session 23 ran the INCR without the stamp every handler writes first.
         target("(async drain vs the bare INCR floor)", v, get("drain_async_io", "conveyor", "rate", v),
                get("floor_body_async_bare", "floor", "rate"), "{a:,.0f} vs {b:,.0f}", lambda r: r >= 0.8)  # fmt: skip

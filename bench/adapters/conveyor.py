@@ -23,6 +23,8 @@ class Adapter:
         self.processes = int(options.get("processes", 1))
         self.durable_acks = bool(options.get("durable_acks"))
         self.prefetch = int(options.get("prefetch", 0))
+        # --pin for one figure (options) or, for an A/B, every worker of a variant ($BENCH_PIN=1).
+        self.pin = bool(options.get("pin")) or os.environ.get("BENCH_PIN") == "1"
         if db.startswith("postgres"):
             self.app.backend.migrate()
 
@@ -46,7 +48,7 @@ class Adapter:
         return [
             sys.executable, "-m", "conveyor", "--db", self.db, "worker", "bench.apps.conveyor_app:app",
             "--concurrency", "10", "--processes", str(self.processes),
-        ] + (["--prefetch", str(self.prefetch)] if self.prefetch else [])  # fmt: skip
+        ] + (["--prefetch", str(self.prefetch)] if self.prefetch else []) + (["--pin"] if self.pin else [])  # fmt: skip
 
     def worker_env(self) -> dict[str, str]:
         env = {"CONVEYOR_DATABASE_URL": self.db}

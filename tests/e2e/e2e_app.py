@@ -6,7 +6,8 @@ import time, so that a test sets them for its worker subprocesses:
 
 ``E2E_RUN_LOG``
     A file every handler run appends one line to (``O_APPEND``, one ``write``, so lines from
-    several processes never interleave): ``<event> <job id> <delivery> <attempt> <pid>``.
+    several processes never interleave): ``<event> <job id> <delivery> <attempt> <pid> <cpus>``, the
+    last the CPUs the handler's thread may run on (``0,1``; ``-`` where the platform cannot tell).
 ``E2E_WORK_SLEEP``
     Seconds each ``e2e.work`` run sleeps before deciding its outcome (default 0).
 ``E2E_VISIBILITY_TIMEOUT``
@@ -65,7 +66,9 @@ def record(event: str, ctx: JobContext) -> None:
     """Append one line to the run log (if configured): atomic across processes thanks to O_APPEND."""
     if RUN_LOG is None:
         return
-    line = f"{event} {ctx.job_id} {ctx.deliveries} {ctx.attempt} {os.getpid()}\n".encode()
+    getaffinity = getattr(os, "sched_getaffinity", None)
+    cpus = ",".join(map(str, sorted(getaffinity(0)))) if getaffinity is not None else "-"
+    line = f"{event} {ctx.job_id} {ctx.deliveries} {ctx.attempt} {os.getpid()} {cpus}\n".encode()
     fd = os.open(RUN_LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, line)

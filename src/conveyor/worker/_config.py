@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from conveyor._errors import ConfigurationError
 from conveyor._limits import check_int, check_name, check_seconds, check_worker_options
 from conveyor._task import DEFAULT_VISIBILITY_TIMEOUT
+from conveyor.worker import _cpu
 
 #: Handler slots per worker process.
 DEFAULT_CONCURRENCY = 10
@@ -49,6 +50,10 @@ class WorkerConfig:
     metrics_host: str = "127.0.0.1"
     #: Trace handlers with OpenTelemetry: None (default) when ``opentelemetry`` is importable.
     tracing: bool | None = None
+    #: Run this process on this one CPU (Linux): ``def`` handlers' GIL hand-offs then stay on one core
+    #: (see ``conveyor/worker/_cpu.py``). None (default): wherever the OS schedules it. ``conveyor
+    #: worker --pin`` gives each process its own.
+    cpu: int | None = None
 
     def __post_init__(self) -> None:
         error = ConfigurationError
@@ -75,6 +80,8 @@ class WorkerConfig:
         check_seconds(self.flush_interval, "flush_interval", error)
         if self.metrics_port is not None:
             check_int(self.metrics_port, "metrics_port", 0, 65535, error)
+        if self.cpu is not None:
+            _cpu.check(self.cpu)
 
     @property
     def identity(self) -> str:

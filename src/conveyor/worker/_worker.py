@@ -13,6 +13,7 @@ from typing import Any
 from conveyor._app import App
 from conveyor._errors import BackendCorrupt, BackendError, ConfigurationError, exit_code
 from conveyor.backends.base import JobsReleaseParams, LeaseRef, QueuesStatsParams
+from conveyor.worker import _cpu
 from conveyor.worker._config import WorkerConfig
 from conveyor.worker._loops import Loops, build_loops
 from conveyor.worker._observe import NO_OBSERVER, Observer, Observers
@@ -81,6 +82,8 @@ class Worker:
         self._stop_requested = asyncio.Event()
         if self._stopping:
             self._stop_requested.set()
+        if self.config.cpu is not None:
+            _cpu.pin(self.config.cpu)
         backend = self.app.backend
         if self._keeps_database_time:
             await self._read_database_clock()

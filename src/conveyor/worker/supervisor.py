@@ -16,6 +16,7 @@ import time
 from conveyor._app import App
 from conveyor._errors import EXIT_DAMAGED, ConfigurationError, ConveyorError, exit_code, first_line
 from conveyor.backends import check_url
+from conveyor.worker import _cpu
 from conveyor.worker._config import WorkerConfig
 from conveyor.worker._worker import Worker
 
@@ -82,12 +83,18 @@ def _child_main(
     sys.exit(code)
 
 
-def run_processes(app_path: str, database_url: str | None, processes: int, config: WorkerConfig) -> int:
+def run_processes(
+    app_path: str, database_url: str | None, processes: int, config: WorkerConfig, pin: bool = False
+) -> int:
     """Run ``processes`` worker processes and supervise them until a signal (or, with burst, until
     all have drained). A child that dies unexpectedly is restarted, unless it cannot work (its
     configuration, a damaged database: every other child is stopped). Returns 0 when every child
-    stopped cleanly, ``EXIT_DAMAGED`` when one found the database damaged, else 1."""
+    stopped cleanly, ``EXIT_DAMAGED`` when one found the database damaged, else 1. ``pin``: each
+    process on a CPU of its own (round robin; a restarted child on its predecessor's)."""
+    cpus = _cpu.spread(processes) if pin else None
     if processes <= 1:
+        if cpus is not None:
+            config = dataclasses.replace(config, cpu=cpus[0])
         return run_worker(app_path, database_url, config)
     # Fail fast, in the parent, with one clear line, on what each child would fail on and exit.
     app = load_app(app_path)
@@ -104,7 +111,9 @@ def run_processes(app_path: str, database_url: str | None, processes: int, confi
         # takes its predecessor's), so that no scrape sees half of another process's counters.
         own = config
         if config.metrics_port is not None:
-            own = dataclasses.replace(config, metrics_port=config.metrics_port + index)
+            own = dataclasses.replace(own, metrics_port=config.metrics_port + index)
+        if cpus is not None:
+            own = dataclasses.replace(own, cpu=cpus[index])
         p = ctx.Process(target=_child_main, args=(app_path, database_url, own, _log_config()), daemon=False)
         p.start()
         return p

@@ -1,0 +1,168 @@
+"""``conveyor worker --pin``: each worker process runs on one CPU (all its threads, those started
+before the worker's loops included); under prefork child *i* on the *i*-th CPU the process may use.
+Bad values and platforms that cannot pin are one clear error; a refusal at run time is a warning."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from conveyor import App, ConfigurationError, Message
+from conveyor.cli import main as conveyor_main
+from conveyor.worker import WorkerConfig
+
+from . import e2e_app
+from ._support import REPO, Db, Procs, iter_lines, wait_until, worker_argv
+
+ALLOWED = sorted(os.sched_getaffinity(0))
+
+
+def _send(url: str, n: int) -> set[object]:
+    producer = App(url, migrate=True)
+    e2e_app.register(producer)
+    try:
+        messages = [Message(task=e2e_app.WORK, payload={"kind": e2e_app.OK, "n": i}) for i in range(n)]
+        return {j.id for j in producer.send_many(messages)}
+    finally:
+        producer.close()
+
+
+def _cpus_by_pid(run_log: Path) -> dict[int, set[str]]:
+    """pid → the CPU lists its handler threads reported (one entry when all were pinned alike)."""
+    found: dict[int, set[str]] = {}
+    for fields in iter_lines(run_log):
+        found.setdefault(int(fields[4]), set()).add(fields[5])
+    return found
+
+
+def test_prefork_children_each_run_on_a_cpu_of_their_own(sqlite_url: str, procs: Procs, tmp_path: Path) -> None:
+    run_log = tmp_path / "runs.log"
+    ids = _send(sqlite_url, 300)
+    supervisor = procs.start(
+        "pinned",
+        worker_argv(sqlite_url, "--processes", "2", "--concurrency", "4", "--burst", "--pin"),
+        env={"E2E_RUN_LOG": str(run_log), "E2E_WORK_SLEEP": "0.005"},
+    )
+    assert supervisor.wait(timeout=120) == 0, supervisor.output()
+    assert {f[1] for f in iter_lines(run_log)} == {str(i) for i in ids}
+    by_pid = _cpus_by_pid(run_log)
+    assert len(by_pid) == 2, by_pid
+    # Every handler thread of a child on that child's one CPU; child i on ALLOWED[i % n].
+    assert all(len(lists) == 1 and "," not in next(iter(lists)) for lists in by_pid.values()), by_pid
+    used = sorted(int(next(iter(lists))) for lists in by_pid.values())
+    assert used == sorted(ALLOWED[i % len(ALLOWED)] for i in range(2)), (used, ALLOWED)
+    for cpu in used:
+        assert f"worker pinned to CPU {cpu}" in supervisor.output()
+
+
+def test_one_pinned_process_has_every_thread_on_one_cpu(database_url: str, procs: Procs, tmp_path: Path) -> None:
+    """All threads: the event loop's, the handlers', and those the App started before the worker's
+    loops (the database pool's), read from /proc while the worker runs."""
+    run_log = tmp_path / "runs.log"
+    ids = _send(database_url, 50)
+    worker = procs.start("pinned", worker_argv(database_url, "--pin"), env={"E2E_RUN_LOG": str(run_log)})
+    wait_until(lambda: {f[1] for f in iter_lines(run_log)} >= {str(i) for i in ids}, 60, "every job ran")
+    tids = [int(t) for t in os.listdir(f"/proc/{worker.pid}/task")]
+    masks = {tid: frozenset(os.sched_getaffinity(tid)) for tid in tids}
+    assert len(tids) > 10  # the loop, 10 handler slots, the pool's threads
+    assert len(set(masks.values())) == 1 and len(next(iter(masks.values()))) == 1, masks
+    (cpu,) = next(iter(masks.values()))
+    assert _cpus_by_pid(run_log) == {worker.pid: {str(cpu)}}
+    assert re.search(rf"worker pinned to CPU {cpu}\b", worker.output())
+    os.kill(worker.pid, signal.SIGTERM)
+    assert worker.wait(timeout=60) == 0, worker.output()
+
+
+def test_unpinned_worker_keeps_every_cpu(sqlite_url: str, procs: Procs, tmp_path: Path) -> None:
+    """Without --pin nothing changes (the check that the tests above can fail)."""
+    run_log = tmp_path / "runs.log"
+    _send(sqlite_url, 20)
+    worker = procs.start("free", worker_argv(sqlite_url, "--burst"), env={"E2E_RUN_LOG": str(run_log)})
+    assert worker.wait(timeout=60) == 0, worker.output()
+    expected = ",".join(map(str, ALLOWED))
+    assert set().union(*_cpus_by_pid(run_log).values()) == {expected}
+    assert "pinned" not in worker.output()
+
+
+@pytest.mark.parametrize("cpu", [-1, ALLOWED[-1] + 1, 4096, True, "0", 0.0, [0]])
+def test_a_cpu_the_process_cannot_use_is_refused(cpu: object) -> None:
+    with pytest.raises(ConfigurationError, match=r"cpu must be one of the CPUs this process may use \(\d"):
+        WorkerConfig(cpu=cpu)  # type: ignore[arg-type]
+
+
+def test_each_allowed_cpu_is_accepted() -> None:
+    assert [WorkerConfig(cpu=c).cpu for c in ALLOWED] == ALLOWED
+
+
+def test_a_platform_without_affinity_refuses_pinning_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], sqlite_url: str
+) -> None:
+    monkeypatch.delattr(os, "sched_setaffinity")
+    with pytest.raises(ConfigurationError, match="needs Linux"):
+        WorkerConfig(cpu=0)
+    monkeypatch.chdir(REPO)
+    for processes in ("1", "3"):
+        code = conveyor_main(["--db", sqlite_url, "worker", "tests.e2e.e2e_app:app", "--pin", "-p", processes])
+        err = capsys.readouterr().err
+        assert code == 1 and err.count("\n") == 1, (code, err)
+        assert err.startswith("conveyor: error: pinning to a CPU needs Linux"), err
+
+
+def test_a_refused_pin_is_a_warning_and_the_process_runs_unpinned() -> None:
+    """A CPU gone offline, a cpuset changed under the process: pinning is a hint about speed."""
+    script = (
+        "import logging, os; logging.basicConfig(format='%(levelname)s %(message)s');"
+        "from conveyor.worker import _cpu; before = os.sched_getaffinity(0); _cpu.pin(100000);"
+        "print(os.sched_getaffinity(0) == before)"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert done.returncode == 0 and done.stdout.strip() == "True", done
+    assert re.fullmatch(r"WARNING cannot pin this worker to CPU 100000 \(.+\); running unpinned\n", done.stderr)
+
+
+def test_pinned_cpus_round_robin_over_more_processes_than_cpus() -> None:
+    from conveyor.worker import _cpu
+
+    n = len(ALLOWED) * 2 + 1
+    assert _cpu.spread(n) == [ALLOWED[i % len(ALLOWED)] for i in range(n)]
+    assert _cpu.spread(1)[0] in ALLOWED
+    assert _cpu._ranges([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
+
+
+def test_pinned_worker_drains_correctly(database_url: str) -> None:
+    """In-process (``Worker(cpu=...)``), after the App was used: threads started before the worker
+    (the App's pool, any of the program's own) are pinned too, and the outcomes are the same."""
+    from conveyor.worker import Worker
+
+    app = App(database_url, migrate=True)
+    e2e_app.register(app)
+    db = Db(database_url)
+    before = os.sched_getaffinity(0)
+    release = threading.Event()
+    bystander = threading.Thread(target=release.wait, daemon=True)
+    bystander.start()
+    try:
+        ids = {
+            j.id for j in app.send_many([Message(task=e2e_app.WORK, payload={"kind": "ok", "n": i}) for i in range(40)])
+        }
+        worker = Worker(app, [e2e_app.WORK_QUEUE], burst=True, cpu=ALLOWED[-1], concurrency=4)
+        assert worker.run_sync(install_signals=False) == 0
+        assert os.sched_getaffinity(bystander.native_id or 0) == {ALLOWED[-1]}
+        assert {r.id for r in db.archived()} >= ids
+        assert {(r.state, r.attempts) for r in db.archived() if r.id in ids} == {("completed", 1)}
+    finally:
+        release.set()
+        # The in-process worker pinned this test process: give every thread its CPUs back.
+        for tid in os.listdir("/proc/self/task"):
+            with contextlib.suppress(ProcessLookupError):
+                os.sched_setaffinity(int(tid), before)
+        db.close()
+        app.close()
