@@ -254,8 +254,3 @@ def _not_after_latest(at: datetime, name: str) -> datetime:
     if at > LATEST:
         raise PayloadError(f"{name} is past the latest time a job may carry ({at.isoformat()} > {LATEST.isoformat()})")
     return at
-
-
-def utcnow() -> datetime:
-    """The current time, timezone-aware UTC."""
-    return datetime.now(UTC)

@@ -22,8 +22,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from conveyor._app import App
+from conveyor._clock import host_now
 from conveyor._job import JobStatus
-from conveyor._message import utcnow
 from conveyor._task import Task
 from conveyor.backends.base import JobRecord, JobsListParams
 from conveyor.backends.sqlite import MemoryBackend
@@ -110,7 +110,7 @@ class _Clock:
         self.offset = timedelta(0)
 
     def __call__(self) -> datetime:
-        return utcnow() + self.offset
+        return host_now() + self.offset
 
 
 async def _drain(app: App, queues: Sequence[str] | None, max_jobs: int, until: Any) -> DrainResult:

@@ -19,7 +19,7 @@ from tests.http.conftest import REPO, Server, make_tokens, start, stop
 from tests.observability._receiver import Receiver
 
 from conveyor import App
-from conveyor._message import utcnow
+from conveyor._clock import host_now
 from conveyor.backends.base import WorkerInfo, WorkersBeatParams
 
 
@@ -74,9 +74,9 @@ def test_metrics_and_workers_read_the_database(watched: Server) -> None:
         held = app.send("now", {}, queue="mixed")
         from conveyor.backends.base import JobsAcquireParams
 
-        app.backend.jobs_acquire(JobsAcquireParams("mixed", 1, 60, "host-b:7", utcnow()))
+        app.backend.jobs_acquire(JobsAcquireParams("mixed", 1, 60, "host-b:7", host_now()))
         app.backend.workers_beat(
-            WorkersBeatParams(WorkerInfo("host-b:7", "host-b", 7, ("mixed",), 4, utcnow(), utcnow()), utcnow())
+            WorkersBeatParams(WorkerInfo("host-b:7", "host-b", 7, ("mixed",), 4, host_now(), host_now()), host_now())
         )
     with watched.client("operator") as ops, watched.client("producer") as shop:
         deadline = time.monotonic() + 20
@@ -232,9 +232,9 @@ def test_a_token_limited_to_queues_sees_only_its_queues_of_a_worker(watched: Ser
         mail = app.send("send", {}, queue="emails")
         pay = app.send("pay", {}, queue="payroll")
         for queue in ("emails", "payroll"):
-            app.backend.jobs_acquire(JobsAcquireParams(queue, 1, 60, "host-c:9", utcnow()))
-        info = WorkerInfo("host-c:9", "host-c", 9, ("emails", "payroll"), 4, utcnow(), utcnow())
-        app.backend.workers_beat(WorkersBeatParams(info, utcnow()))
+            app.backend.jobs_acquire(JobsAcquireParams(queue, 1, 60, "host-c:9", host_now()))
+        info = WorkerInfo("host-c:9", "host-c", 9, ("emails", "payroll"), 4, host_now(), host_now())
+        app.backend.workers_beat(WorkersBeatParams(info, host_now()))
     with watched.client("emails_ops") as scoped, watched.client("operator") as ops:
         (everything,) = [w for w in ops.get("/v1/workers").json()["workers"] if w["id"] == "host-c:9"]
         assert sorted(everything["in_flight"]) == sorted([str(mail.id), str(pay.id)])

@@ -16,7 +16,7 @@ import pytest
 from conveyor import App, ConfigurationError
 from conveyor._alerting import AlertLoop, Webhooks
 from conveyor._alerts import AlertRules, check_webhook
-from conveyor._message import utcnow
+from conveyor._clock import host_now
 
 from ._receiver import Receiver
 from .conftest import Running
@@ -93,7 +93,7 @@ def test_oldest_pending_age_over_the_queue_sla(app: App, receiver: Receiver) -> 
     @app.task(queue="slow", name="late")
     def late() -> None: ...
 
-    app.send("late", {}, queue="slow", run_at=utcnow() - timedelta(seconds=60))
+    app.send("late", {}, queue="slow", run_at=host_now() - timedelta(seconds=60))
     loop = Loop(app, AlertRules(queues=app.catalogue.queues), receiver.url)
     try:
         loop.round()
@@ -252,7 +252,7 @@ def test_a_webhook_that_redirects_is_not_delivered() -> None:
     from conveyor.backends.base import AlertState
 
     redirecting = Receiver("redirect")
-    alert = AlertState("dlq_depth", "q", "firing", utcnow(), 1.0, 0.0, "queue q: 1 dead letter")
+    alert = AlertState("dlq_depth", "q", "firing", host_now(), 1.0, 0.0, "queue q: 1 dead letter")
 
     hooks = Webhooks([redirecting.url], attempts=2, timeout=1.0, backoff=0.01)
 
@@ -295,7 +295,7 @@ def test_a_round_while_the_database_is_away_is_one_log_line(caplog: pytest.LogCa
 def test_an_alert_on_a_queue_named_with_a_newline_logs_one_line(caplog: pytest.LogCaptureFixture) -> None:
     from conveyor.backends.base import AlertState
 
-    forged = AlertState("dlq_depth", "q\nFAKE alert resolved", "firing", utcnow(), 1.0, 0.0, "queue q\nFAKE: 1")
+    forged = AlertState("dlq_depth", "q\nFAKE alert resolved", "firing", host_now(), 1.0, 0.0, "queue q\nFAKE: 1")
 
     class Admin:
         def evaluate_alerts(self, rules: AlertRules) -> list[AlertState]:

@@ -20,7 +20,7 @@ from types import ModuleType
 import psycopg
 
 from conveyor import App
-from conveyor._message import utcnow
+from conveyor._clock import host_now
 from conveyor.backends.base import ArchivePruneParams
 
 from .conftest import drain
@@ -144,7 +144,7 @@ def test_totals_equal_a_count_over_the_archive_after_crash_replay_purge_and_rete
     assert sum(n for (q, _, _), n in totals.items() if q == "alpha") == 91
 
     # Retention deletes archive rows and never lowers a total; the DLQ depth follows the archive.
-    far = utcnow() + timedelta(days=400)
+    far = host_now() + timedelta(days=400)
     while app.backend.archive_prune(ArchivePruneParams(far, far, far)):
         pass
     assert _archive(database_url) == (Counter(), Counter())

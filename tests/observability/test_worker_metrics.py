@@ -16,7 +16,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from conveyor import App, JobContext, Retry
-from conveyor._message import utcnow
+from conveyor._clock import host_now
 from conveyor.backends.base import Finish, JobsAcquireParams, JobsRescueParams
 from conveyor.metrics import WorkerMetrics
 from conveyor.worker import WorkerConfig
@@ -82,7 +82,7 @@ def test_a_stale_ack_is_counted(app: App) -> None:
     def ok() -> None: ...
 
     job = ok.delay()
-    now = utcnow()
+    now = host_now()
     backend = app.backend
     (old,) = backend.jobs_acquire(JobsAcquireParams("q", 1, 1.0, "w-1", now))
     backend.jobs_rescue_expired(JobsRescueParams(now + timedelta(seconds=5)))
@@ -90,7 +90,7 @@ def test_a_stale_ack_is_counted(app: App) -> None:
     assert new.receipt != old.receipt
     metrics = WorkerMetrics()
     config = WorkerConfig(worker_id="w-1")
-    loops = build_loops(app.catalogue, app.producer, backend, config, ["q"], utcnow, observer=metrics)
+    loops = build_loops(app.catalogue, app.producer, backend, config, ["q"], host_now, observer=metrics)
     try:
         loops.completer.add(Finish(old.id, old.receipt, "completed"))
         asyncio.run(loops.completer.run_once())

@@ -880,7 +880,7 @@ def test_stopping_an_idle_worker_leaves_no_job_leased(pg_app: App, postgres_data
 
 
 def test_the_default_buffer_grows_with_the_start_rate_and_shrinks_back(sqlite_url: str) -> None:
-    from conveyor._message import utcnow
+    from conveyor._clock import host_now
     from conveyor.worker import WorkerConfig
     from conveyor.worker._buffer import Buffer
     from conveyor.worker._calls import BackendCalls
@@ -892,7 +892,7 @@ def test_the_default_buffer_grows_with_the_start_rate_and_shrinks_back(sqlite_ur
     calls = BackendCalls(app.backend, counters)
 
     def fetcher(config: WorkerConfig) -> Fetcher:
-        return Fetcher(app.catalogue, calls, Registry(), counters, Buffer(config.concurrency), config, ["q"], utcnow)
+        return Fetcher(app.catalogue, calls, Registry(), counters, Buffer(config.concurrency), config, ["q"], host_now)
 
     # The default buffer adapts (4 to 16 x concurrency: 40 to 160); a given prefetch is fixed.
     adaptive, fixed = fetcher(WorkerConfig(concurrency=10)), fetcher(WorkerConfig(concurrency=10, prefetch=40))
@@ -922,7 +922,7 @@ def test_outcomes_queued_during_a_flush_go_in_the_next_flush_together(sqlite_url
     # few outcomes that arrived during the one before (a drain averaged ~10 jobs per statement).
     from uuid import uuid4
 
-    from conveyor._message import utcnow
+    from conveyor._clock import host_now
     from conveyor.backends.base import Finish, JobsFinishParams
     from conveyor.worker._calls import BackendCalls
     from conveyor.worker._state import Counters, Registry
@@ -941,7 +941,7 @@ def test_outcomes_queued_during_a_flush_go_in_the_next_flush_together(sqlite_url
     app.backend.jobs_finish_many = finish_many  # type: ignore[method-assign]
     counters = Counters()
     calls = BackendCalls(app.backend, counters)
-    completer = Completer(calls, Registry(), counters, utcnow)
+    completer = Completer(calls, Registry(), counters, host_now)
     completer.add(Finish(uuid4(), str(uuid4()), "completed"))
     try:
         assert asyncio.run(completer.run_once()) == 1
