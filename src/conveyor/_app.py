@@ -93,6 +93,7 @@ class App:
         self.database_url = database_url or os.environ.get("CONVEYOR_DATABASE_URL") or DEFAULT_DATABASE_URL
         self._backend = backend
         self._migrate = migrate
+        self._forked_from: Backend | None = None  # see _forked
         self._lock = threading.Lock()
         self.max_payload_bytes = check_int(max_payload_bytes, "max_payload_bytes", 1, 2**30, ConfigurationError)
         self.catalogue = Catalogue(dedup_window, self.max_payload_bytes)
@@ -110,6 +111,10 @@ class App:
         if backend is not None and backend.engine != "memory":
             _inherited.append(backend)
             self._backend = None
+            # The same database and options at the next call: not open_backend(database_url), which
+            # for an App given its backend (App(backend=PostgresBackend(url, ...))) names another
+            # database (the default SQLite file) or drops the options.
+            self._forked_from = backend
         self.clock.forked()
 
     # -- storage -------------------------------------------------------------------------------
@@ -120,6 +125,10 @@ class App:
         if self._backend is None:
             with self._lock:
                 if self._backend is None:
+                    if self._forked_from is not None:
+                        # The parent's backend, opened (and migrated) before the fork: the same again.
+                        self._backend = self._forked_from.forked()
+                        return self._backend
                     backend = open_backend(self.database_url)
                     migrate = self._migrate if self._migrate is not None else backend.engine in ("sqlite", "memory")
                     if migrate:

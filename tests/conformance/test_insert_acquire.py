@@ -227,3 +227,19 @@ def test_a_vacuum_of_the_jobs_table_changes_no_job(backend: Backend) -> None:
     assert get(backend, first.id).state == "completed"
     assert complete(backend, second) == 1
     assert len(acquire(backend, limit=10)) == 2
+
+
+def test_a_forked_backend_is_the_same_database_on_connections_of_its_own(backend: Backend) -> None:
+    """What a forked child's App uses in its parent's backend's place (``Backend.forked``)."""
+    job = new_job("fork")
+    insert(backend, job)
+    copy = backend.forked()
+    try:
+        assert copy.engine == backend.engine
+        # A private in-memory database is the child's own copy: the backend itself; else a new one.
+        assert (copy is backend) == (backend.engine == "memory")
+        assert [d.id for d in acquire(copy, "fork")] == [job.id]
+        assert get(backend, job.id).state == "processing"
+    finally:
+        if copy is not backend:
+            copy.close()

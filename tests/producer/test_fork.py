@@ -129,3 +129,54 @@ def test_a_child_forked_while_another_thread_writes_can_write(engine: str, tmp_p
     done = subprocess.run([sys.executable, "-c", _FORK_MID_SEND, url], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "codes [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0] errors []" in done.stdout, done.stdout[-2000:]
+
+
+_FORK_GIVEN_BACKEND = """
+import os, sys
+from conveyor import App
+from conveyor.backends.postgres import PostgresBackend
+from conveyor.backends.sqlite import SqliteBackend
+url = sys.argv[1]
+backend = PostgresBackend(url, durable_acks=True, max_size=3) if url.startswith("postgres") else SqliteBackend(url)
+app = App(backend=backend)  # no database URL: the App's own is the default SQLite file
+app.backend.migrate()
+app.send("t", {"tag": "parent"}, queue="fork")
+pid = os.fork()
+if pid == 0:
+    try:
+        app.send("t", {"tag": "child"}, queue="fork")
+        child = app.backend
+        same = type(child) is type(backend) and child is not backend
+        if url.startswith("postgres"):
+            same = same and child._durable_acks and child._sizes == (1, 3)
+        print("child backend like the parent's:", same, flush=True)
+    finally:
+        os._exit(0)
+os.waitpid(pid, 0)
+print("parent sent", app.send("t", {"tag": "parent"}, queue="fork") is not None)
+"""
+
+
+@pytest.mark.parametrize("engine", ["postgres", "sqlite"])
+def test_a_child_of_an_app_given_its_backend_keeps_that_database(
+    engine: str, postgres_database: str, tmp_path: Path
+) -> None:
+    # Before: the child reopened App.database_url, which for App(backend=...) is the default SQLite file
+    # ./conveyor.db: the child's jobs went there (created and migrated on the spot), never to the workers'
+    # database; and a backend's options (durable_acks, pool sizes) were dropped.
+    db_file = tmp_path / "given.db"
+    url = postgres_database if engine == "postgres" else str(db_file)
+    done = subprocess.run(
+        [sys.executable, "-c", _FORK_GIVEN_BACKEND, url], capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "child backend like the parent's: True" in done.stdout and "parent sent True" in done.stdout, done.stdout
+    assert not (tmp_path / "conveyor.db").exists()
+    if engine == "postgres":
+        assert _stored(postgres_database) == {"parent": 2, "child": 1}
+    else:
+        import sqlite3
+
+        with sqlite3.connect(db_file) as conn:
+            rows = conn.execute("SELECT json_extract(payload, '$.tag'), count(*) FROM jobs GROUP BY 1").fetchall()
+        assert dict(rows) == {"parent": 2, "child": 1}

@@ -895,6 +895,13 @@ class Backend(Protocol):
 
     def close(self) -> None: ...
 
+    def forked(self) -> Backend:
+        """For a forked child: a backend on the same database with the same options that shares
+        none of this one's connections (the child must leave those alone: the parent still uses
+        them). Opens nothing until its first call. A private in-memory database returns itself:
+        the child's copy is its own."""
+        ...
+
     def jobs_insert_many(self, params: JobsInsertParams) -> list[UUID]:
         """Insert jobs; return the stored id for each job, in order."""
         ...

@@ -219,6 +219,7 @@ class PostgresBackend:
         _check_url(url, self._secrets)
         self._url = url
         self._connect_timeout = connect_timeout
+        self._sizes = (min_size, max_size)
         self._q = load_queries(_PACKAGE)
         self._last_used: weakref.WeakKeyDictionary[Conn, float] = weakref.WeakKeyDictionary()
         self._listeners: weakref.WeakSet[PostgresListener] = weakref.WeakSet()
@@ -365,6 +366,17 @@ class PostgresBackend:
         with self._connection(name, ack) as conn:
             cur = conn.cursor(row_factory=record_row(record))
             return cur.execute(self._q[name], params, prepare=True).fetchall()
+
+    def forked(self) -> PostgresBackend:
+        """The same URL and options, new pools (see :meth:`Backend.forked`)."""
+        min_size, max_size = self._sizes
+        return PostgresBackend(
+            self._url,
+            min_size=min_size,
+            max_size=max_size,
+            connect_timeout=self._connect_timeout,
+            durable_acks=self._durable_acks,
+        )
 
     def close(self) -> None:
         """Close the pool and every listener this backend opened."""

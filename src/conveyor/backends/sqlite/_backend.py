@@ -62,6 +62,11 @@ class SqliteBackend:
         """Close the connections; calls made afterwards raise BackendError."""
         self._pool.close()
 
+    def forked(self) -> SqliteBackend:
+        """The same file, connections of its own; a private in-memory database: itself (see
+        :meth:`Backend.forked`)."""
+        return self if self.engine == "memory" else SqliteBackend(self.path)
+
     def listen(self, queues: Sequence[str]) -> base.Listener:
         """A polling listener on a file (SQLite cannot notify other processes); on a private
         in-memory database, a listener woken by every committed write (a wake-up may be spurious)."""
