@@ -127,7 +127,10 @@ class Admin:
     def migrate(self) -> list[str]:
         """Apply pending schema migrations; return the names of those applied."""
         # A backend of its own: the App's migrates the embedded default on open, and would then
-        # report nothing applied.
+        # report nothing applied. An App given its backend migrates that one (its database_url
+        # would name the default SQLite file): it never migrates on open.
+        if self.app._backend_given:
+            return self.app.backend.migrate()
         backend = open_backend(self.app.database_url)
         try:
             return backend.migrate()

@@ -38,6 +38,7 @@ from conveyor._task import (
 )
 from conveyor._topics import matches, parse_filter
 from conveyor.backends import DEFAULT_DATABASE_URL, in_memory_url, open_backend
+from conveyor.backends._redact import redact_url
 from conveyor.backends.base import (
     Backend,
     Schedule,
@@ -90,7 +91,10 @@ class App:
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         dedup_window: timedelta = DEFAULT_DEDUP_WINDOW,
     ) -> None:
-        self.database_url = database_url or os.environ.get("CONVEYOR_DATABASE_URL") or DEFAULT_DATABASE_URL
+        # Given its backend (``App(backend=...)``), the App's database is that backend's, whatever
+        # database_url says (the default, unless given too); see the database_url setter.
+        self._backend_given = backend is not None
+        self._database_url = database_url or os.environ.get("CONVEYOR_DATABASE_URL") or DEFAULT_DATABASE_URL
         self._backend = backend
         self._migrate = migrate
         self._forked_from: Backend | None = None  # see _forked
@@ -118,6 +122,22 @@ class App:
         self.clock.forked()
 
     # -- storage -------------------------------------------------------------------------------
+
+    @property
+    def database_url(self) -> str:
+        """The URL of this App's database (for an App given its backend: as given, or the default)."""
+        return self._database_url
+
+    @database_url.setter
+    def database_url(self, url: str) -> None:
+        # The CLI's --db over an app module's own URL. An App given its backend would go on using that
+        # backend while its commands and workers were told of another database: refused.
+        if self._backend_given and url != self._database_url:
+            raise ConfigurationError(
+                f"this App was given its backend (App(backend=...)), which a database URL cannot replace "
+                f"({redact_url(url)}): give the URL or the backend, not both"
+            )
+        self._database_url = url
 
     @property
     def backend(self) -> Backend:

@@ -1,0 +1,67 @@
+"""An App given its backend (``App(backend=...)``): its database is that backend's, whatever its
+``database_url`` says (the default SQLite file unless given too)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from conveyor import App, ConfigurationError
+from conveyor.backends.postgres import PostgresBackend
+from conveyor.cli import main as conveyor_main
+
+
+def test_admin_migrate_migrates_the_given_backend(
+    postgres_database: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before: migrate() opened database_url (the default ./conveyor.db), migrated that file, and the
+    # App's sends then failed on PostgreSQL: "the Conveyor schema is missing in this database".
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("CONVEYOR_DATABASE_URL", raising=False)
+    app = App(backend=PostgresBackend(postgres_database))
+    try:
+        assert "0001_init.sql" in app.admin.migrate()
+        assert app.admin.migrate() == []
+        assert app.send("t", {}, queue="q") is not None
+        assert not (tmp_path / "conveyor.db").exists()
+    finally:
+        app.close()
+
+
+def test_a_database_url_cannot_replace_a_given_backend(postgres_database: str) -> None:
+    app = App(postgres_database, backend=PostgresBackend(postgres_database))
+    try:
+        app.database_url = postgres_database  # the same: nothing changes
+        with pytest.raises(ConfigurationError, match=r"given its backend .* \(sqlite:///other.db\): give the URL or"):
+            app.database_url = "sqlite:///other.db"
+        assert app.database_url == postgres_database
+    finally:
+        app.close()
+    plain = App("sqlite:///a.db")
+    plain.database_url = "sqlite:///b.db"  # an App of a URL may be pointed elsewhere before its first use
+    assert plain.database_url == "sqlite:///b.db"
+
+
+def test_cli_db_with_an_app_that_brings_its_backend_is_one_line(
+    postgres_database: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Before: stats and workers used the app's backend and ignored --db without a word; migrate used --db.
+    module = "given_backend_app_" + tmp_path.name.replace("-", "_")
+    (tmp_path / f"{module}.py").write_text(
+        "from conveyor import App\nfrom conveyor.backends.postgres import PostgresBackend\n"
+        f"app = App(backend=PostgresBackend({postgres_database!r}))\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("CONVEYOR_DATABASE_URL", raising=False)
+    try:
+        for argv in (["stats"], ["migrate"], ["worker", f"{module}:app", "--burst"]):
+            code = conveyor_main(["--app", f"{module}:app", "--db", "postgresql://u:pw@127.0.0.1:1/x", *argv])
+            err = capsys.readouterr().err
+            assert code == 1 and err.count("\n") == 1, (argv, code, err)
+            assert "given its backend" in err and "pw" not in err, err
+        assert conveyor_main(["--app", f"{module}:app", "migrate"]) == 0
+        assert "applied" in capsys.readouterr().out
+    finally:
+        sys.modules.pop(module, None)
