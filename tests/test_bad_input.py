@@ -477,3 +477,20 @@ def test_one_failing_schedule_does_not_block_the_others(app: App) -> None:
     stats = app.backend.queues_stats(QueuesStatsParams(now))
     assert [(s.queue, s.pending) for s in stats] == [("q", 1)]
     assert asyncio.run(run_once()) == 0  # the bad ones are skipped again, without harm
+
+
+def test_printable_escapes_what_a_terminal_would_act_on_or_cannot_show() -> None:
+    """One helper for the CLI and the pipeline's CLI (they had one each, and the CLI's let a lone
+    surrogate through: a UnicodeEncodeError when printed)."""
+    from conveyor._errors import printable
+
+    assert printable("plain ünïcode 名前") == "plain ünïcode 名前"
+    assert printable("a\x1b[31mb") == "a\\x1b[31mb"
+    assert printable("x\u202ey\u2066z") == "x\\u202ey\\u2066z"
+    assert printable("bad \udcff byte") == "bad \\udcff byte"
+    assert printable("private \ue000 unassigned \U000e0080") == "private \\ue000 unassigned \\U000e0080"
+    assert printable("line\u2028para\u2029") == "line\\u2028para\\u2029"
+    assert printable("a\nb\tc") == "a\\x0ab\\x09c"
+    assert printable("a\nb\tc\x00", multiline=True) == "a\nb\tc\\x00"
+    assert printable(42) == "42"
+    printable("\udcff".join(chr(c) for c in range(0x2100))).encode("utf-8")  # never a lone surrogate left

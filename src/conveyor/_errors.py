@@ -143,6 +143,29 @@ def exit_code(exc: BaseException) -> int:
     return EXIT_DAMAGED if isinstance(exc, BackendCorrupt) else 1
 
 
+def printable(value: object, multiline: bool = False) -> str:
+    """``value`` as text safe to print on a terminal: every character a terminal would act on or could
+    not show as a backslash escape (controls ``\\x1b``, format and bidi controls ``\\u202e``, a byte
+    that was not UTF-8 ``\\udcff``, private and unassigned code points, line and paragraph
+    separators); with ``multiline`` newlines and tabs are kept (error messages, tracebacks)."""
+    text = str(value)
+    if text.isprintable():
+        return text
+    out = []
+    for char in text:
+        if multiline and char in "\n\t":
+            out.append(char)
+        elif unicodedata.category(char) in _UNPRINTABLE:
+            code = ord(char)
+            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
+        else:
+            out.append(char)
+    return "".join(out)
+
+
+_UNPRINTABLE = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
+
+
 def first_line(exc: BaseException) -> str:
     """An error's message as one line (a database's message without its ``LINE n:``, caret and HINT
     lines), or its class's name when it has none."""

@@ -10,8 +10,8 @@ from collections.abc import Sequence
 
 import click
 
-from conveyor._errors import ConveyorError, exit_code, first_line
-from conveyor.cli._common import configure_logging, printable, settings
+from conveyor._errors import ConveyorError, exit_code, first_line, printable
+from conveyor.cli._common import configure_logging, settings
 from conveyor.cli.dlq import audit, dlq
 from conveyor.cli.jobs import contract, job, migrate, publish, send, stats
 from conveyor.cli.monitor import alerts, workers

@@ -7,7 +7,6 @@ import getpass
 import json
 import logging
 import math
-import unicodedata
 from typing import Any, NoReturn
 
 import click
@@ -15,6 +14,7 @@ from rich.console import Console
 from rich.text import Text
 
 from conveyor._app import App
+from conveyor._errors import printable
 from conveyor._limits import MAX_JSON_DEPTH
 
 console = Console()
@@ -103,29 +103,6 @@ def parse_json(text: str, what: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         fail(f"{what} must be a JSON object, got {type(value).__name__}")
     return value
-
-
-# Terminal control characters (ESC starts an escape sequence), bidi overrides and line separators in
-# a name could rewrite what an operator sees; they are shown escaped, as repr() would.
-_BIDI = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
-
-
-def printable(value: object, multiline: bool = False) -> str:
-    """``value`` as text safe to print on a terminal: control characters escaped (``\\x1b``);
-    with ``multiline``, newlines and tabs are kept (error messages, tracebacks)."""
-    text = str(value)
-    if text.isprintable():
-        return text
-    out = []
-    for char in text:
-        if multiline and char in "\n\t":
-            out.append(char)
-        elif char in _BIDI or unicodedata.category(char) in ("Cc", "Cf", "Zl", "Zp"):
-            code = ord(char)
-            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
-        else:
-            out.append(char)
-    return "".join(out)
 
 
 def cell(value: object) -> Text:

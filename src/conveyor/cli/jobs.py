@@ -7,8 +7,9 @@ import json
 import click
 from rich.table import Table
 
+from conveyor._errors import printable
 from conveyor._job import JobStatus
-from conveyor.cli._common import app_of, cell, console, dump, parse_json, printable
+from conveyor.cli._common import app_of, cell, console, dump, parse_json
 
 
 @click.command()

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from conveyor._errors import BackendError, ConfigurationError
-from conveyor.cli._common import FiniteFloat, app_of, fail, printable, settings
+from conveyor._errors import BackendError, ConfigurationError, printable
+from conveyor.cli._common import FiniteFloat, app_of, fail, settings
 
 
 @click.command()

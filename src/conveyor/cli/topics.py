@@ -7,7 +7,8 @@ import json
 import click
 from rich.table import Table
 
-from conveyor.cli._common import actor, app_of, cell, console, dump, parse_json, printable
+from conveyor._errors import printable
+from conveyor.cli._common import actor, app_of, cell, console, dump, parse_json
 
 _ACTOR = click.option("--actor", "who", default=None, help="Who (default: the OS user); kept in the audit log.")
 

@@ -11,7 +11,6 @@ import functools
 import logging
 import math
 import os
-import unicodedata
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -21,7 +20,7 @@ import click
 from rich.console import Console
 from rich.table import Column, Table
 
-from conveyor._errors import ConveyorError, first_line
+from conveyor._errors import ConveyorError, first_line, printable
 from conveyor.backends import DEFAULT_DATABASE_URL
 from conveyor.pipeline.spark import DEFAULT_MASTER
 
@@ -486,20 +485,6 @@ def shown(text: str) -> str:
     from rich.markup import escape
 
     return escape(printable(text))
-
-
-def printable(text: str) -> str:
-    """``text`` with every character a terminal would act on, or could not show, as a backslash
-    escape (``\\x00``, ``\\x1b``, ``\\u202e``, ``\\udcff`` for a byte that was not UTF-8)."""
-    return "".join(_escaped(ch) if unicodedata.category(ch) in _UNPRINTABLE else ch for ch in text)
-
-
-def _escaped(ch: str) -> str:
-    code = ord(ch)
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
-
-
-_UNPRINTABLE = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
 
 
 def _num(value: Any) -> str:
