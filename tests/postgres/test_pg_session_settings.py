@@ -442,3 +442,75 @@ def test_a_migrate_whose_schema_is_picked_by_user_warns_of_the_other_set(
         with psycopg.connect(postgres_database, autocommit=True) as conn:
             conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
             conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
+def test_heartbeats_longer_than_the_statement_timeout_are_split_and_keep_every_lease(
+    postgres_database: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Every update of a running job's row costs 4 ms (a user's trigger, a slow disk): extending 100
+    # leases takes ~0.4 s, past the database's 300 ms statement_timeout; 50 take ~0.2 s. Before: the
+    # heartbeat (and the counting of starts) retried the same cancelled batch forever, the leases ran out,
+    # the jobs were rescued and ran again, and the completer, stuck behind the counting, acked nothing.
+    with App(postgres_database, migrate=True) as app:
+        app.send_many([Message("t", {"i": i}, queue="q") for i in range(100)])
+    with psycopg.connect(postgres_database, autocommit=True) as conn:
+        conn.execute(
+            "CREATE FUNCTION slow_row() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+            "PERFORM pg_sleep(0.004); RETURN NEW; END $$; "
+            "CREATE TRIGGER slow_row BEFORE UPDATE ON jobs FOR EACH ROW "
+            "WHEN (OLD.state = 'processing' AND NEW.state = 'processing') EXECUTE FUNCTION slow_row()"
+        )
+    _alter(postgres_database, "statement_timeout", "300ms")
+    runs: list[int] = []
+    with App(postgres_database) as app:
+
+        @app.task(queue="q", name="t", visibility_timeout=3.0)
+        async def t(i: int) -> None:
+            runs.append(i)
+            await asyncio.sleep(6.5)  # two leases long: only heartbeats keep the jobs
+
+        with caplog.at_level(logging.WARNING, logger="conveyor.worker"):
+            worker = Worker(app, burst=True, poll_interval=0.02, concurrency=100, rescue_interval=0.5)
+            asyncio.run(asyncio.wait_for(worker.run(), timeout=60))
+        assert worker.exit_code == 0
+        assert sorted(runs) == list(range(100))  # each once
+        assert (worker.counters.rescued, worker.counters.lost_leases) == (0, 0)
+        assert [(q.pending, q.processing, q.completed) for q in app.admin.queues()] == [(0, 0, 100)]
+    split = [r.getMessage() for r in caplog.records if "splitting" in r.getMessage()]
+    assert any(m.startswith("heartbeat: splitting a batch of 100") for m in split), split[:5]
+
+
+def test_a_rescue_longer_than_the_statement_timeout_takes_fewer_rows_a_statement(
+    postgres_database: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # 200 expired leases whose return to pending costs 4 ms a row (~0.8 s, past 300 ms). Before: the same
+    # rescue of up to 1,000 rows was retried forever and the jobs never ran again.
+    with App(postgres_database, migrate=True) as app:
+        app.send_many([Message("t", {"i": i}, queue="q") for i in range(200)])
+        now = datetime.now(UTC)
+        taken = app.backend.jobs_acquire(JobsAcquireParams("q", 200, 0.05, "dead-worker", now))
+        assert len(taken) == 200
+    with psycopg.connect(postgres_database, autocommit=True) as conn:
+        conn.execute(
+            "CREATE FUNCTION slow_row() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+            "PERFORM pg_sleep(0.004); RETURN NEW; END $$; "
+            "CREATE TRIGGER slow_row BEFORE UPDATE ON jobs FOR EACH ROW "
+            "WHEN (OLD.state = 'processing' AND NEW.state = 'pending') EXECUTE FUNCTION slow_row()"
+        )
+    _alter(postgres_database, "statement_timeout", "300ms")
+    time.sleep(0.1)  # the leases expire
+    runs: list[int] = []
+    with App(postgres_database) as app:
+
+        @app.task(queue="q", name="t")
+        def t(i: int) -> None:
+            runs.append(i)
+
+        with caplog.at_level(logging.WARNING, logger="conveyor.worker"):
+            worker = Worker(app, burst=True, poll_interval=0.02, rescue_interval=0.2)
+            asyncio.run(asyncio.wait_for(worker.run(), timeout=60))
+        assert worker.exit_code == 0
+        assert sorted(runs) == list(range(200))
+        assert worker.counters.rescued == 200
+    cut = [r.getMessage() for r in caplog.records if r.getMessage().startswith("rescue: the database cancelled")]
+    assert cut and "trying 500" in cut[0], cut

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -17,6 +17,8 @@ log = logging.getLogger("conveyor.worker")
 
 T = TypeVar("T")
 P_ = TypeVar("P_")
+I = TypeVar("I")  # noqa: E741 - an item of a batch
+R = TypeVar("R", list[Any], int)  # what a batch statement returns: rows (joined) or a count (added)
 
 
 class BackendCalls:
@@ -78,6 +80,28 @@ class BackendCalls:
                 log.warning("%s: database unavailable (%s); retrying in %.2fs", what, exc, delay)
                 await asyncio.sleep(delay * random.uniform(0.5, 1.0))
                 delay = min(delay * 2, 5.0)
+
+    async def call_batch(
+        self,
+        fn: Callable[[P_], R],
+        items: Sequence[I],
+        params: Callable[[Sequence[I]], P_],
+        *,
+        give_up: Callable[[], bool] = lambda: False,
+        what: str = "backend call",
+    ) -> R:
+        """:meth:`call` for a statement over a batch of ``items`` whose result is a list (joined) or
+        a count (added): a batch the database cancelled (past its ``statement_timeout``) is split in
+        halves, each called on its own; one item alone so cancelled is retried like an unavailable
+        database. Before, the same batch was retried whole, forever (a heartbeat that never extended
+        its leases: every job rescued and run again)."""
+        try:
+            return await self.call(fn, params(items), give_up=give_up, what=what, splits=len(items) > 1)
+        except StatementCancelled as exc:
+            middle = len(items) // 2
+            log.warning("%s: splitting a batch of %d the database cancelled (%s)", what, len(items), exc)
+            first = await self.call_batch(fn, items[:middle], params, give_up=give_up, what=what)
+            return first + await self.call_batch(fn, items[middle:], params, give_up=give_up, what=what)
 
     def shutdown(self) -> None:
         """Close the loop's connections, then wait for the database threads' calls to end."""

@@ -8,6 +8,7 @@ import os
 import signal
 from collections.abc import Callable, Sequence
 from datetime import datetime
+from functools import partial
 from typing import Any
 
 from conveyor._app import App
@@ -195,9 +196,10 @@ class Worker:
         if refs:
             deadline = asyncio.get_running_loop().time() + 30
             calls = loops.calls
-            released = await calls.call(
+            released = await calls.call_batch(
                 calls.backend.jobs_release_many,
-                JobsReleaseParams(refs, self.clock()),
+                refs,
+                partial(JobsReleaseParams, now=self.clock()),
                 give_up=lambda: asyncio.get_running_loop().time() > deadline,
                 what="release",
             )

@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from datetime import datetime
+from functools import partial
 from typing import cast
 from uuid import UUID
 
@@ -144,9 +145,10 @@ class Completer(Service):
         if not marks:
             return
         try:
-            counted = await self.calls.call(
+            counted = await self.calls.call_batch(
                 self.calls.backend.jobs_start_many,
-                JobsStartParams(marks, self.clock()),
+                marks,
+                partial(JobsStartParams, now=self.clock()),
                 give_up=self._should_give_up,
                 what="count starts",
             )

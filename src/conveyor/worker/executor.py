@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import datetime
+from functools import partial
 from typing import Any
 
 from conveyor._catalogue import Catalogue
@@ -97,9 +98,11 @@ class Starts:
         try:
             while self._waiting:
                 batch, self._waiting = self._waiting, []
-                params = JobsStartParams([LeaseRef(d.id, d.receipt) for d, _ in batch], self.clock())
+                refs = [LeaseRef(d.id, d.receipt) for d, _ in batch]
+                params = partial(JobsStartParams, now=self.clock())
                 try:
-                    started = set(await self.calls.call(self.calls.backend.jobs_start_many, params, what="start"))
+                    starts = self.calls.backend.jobs_start_many
+                    started = set(await self.calls.call_batch(starts, refs, params, what="start"))
                 except BaseException as exc:
                     for _, future in batch:
                         if not future.done():

@@ -7,6 +7,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from datetime import datetime
+from functools import partial
 
 from conveyor._task import DEFAULT_VISIBILITY_TIMEOUT
 from conveyor.backends.base import LeaseRef, LeasesExtendParams
@@ -83,10 +84,13 @@ class Heartbeat(Service):
                     self.completer.count_start(ref)
         extended = 0
         for vt, refs in groups.items():
-            params = LeasesExtendParams(refs, vt, self.clock())
             ids = set(
-                await self.calls.call(
-                    self.calls.backend.leases_extend_many, params, give_up=lambda: self.stopping, what="heartbeat"
+                await self.calls.call_batch(
+                    self.calls.backend.leases_extend_many,
+                    refs,
+                    partial(LeasesExtendParams, visibility_timeout=vt, now=self.clock()),
+                    give_up=lambda: self.stopping,
+                    what="heartbeat",
                 )
             )
             extended += len(ids)

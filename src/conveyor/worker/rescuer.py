@@ -7,6 +7,7 @@ import random
 from collections.abc import Callable
 from datetime import datetime
 
+from conveyor._errors import StatementCancelled
 from conveyor.backends.base import JobsRescueParams
 from conveyor.worker._calls import BackendCalls
 from conveyor.worker._service import Service
@@ -47,11 +48,23 @@ class Rescuer(Service):
         if not self.ready():
             return 0
         total = 0
+        limit = JobsRescueParams(self.clock()).limit  # the default
         while True:
-            params = JobsRescueParams(self.clock())
-            n = await self.calls.call(
-                self.calls.backend.jobs_rescue_expired, params, give_up=lambda: self.stopping, what="rescue"
-            )
+            params = JobsRescueParams(self.clock(), limit)
+            try:
+                n = await self.calls.call(
+                    self.calls.backend.jobs_rescue_expired,
+                    params,
+                    give_up=lambda: self.stopping,
+                    what="rescue",
+                    splits=limit > 1,
+                )
+            except StatementCancelled as exc:
+                # Past the database's statement_timeout: fewer rows a statement (one row alone is
+                # retried like an unavailable database). Before, the same statement was retried forever.
+                limit //= 2
+                log.warning("rescue: the database cancelled a rescue of %d rows (%s); trying %d", limit * 2, exc, limit)
+                continue
             total += n
             if n < params.limit:
                 break
