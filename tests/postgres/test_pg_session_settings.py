@@ -514,3 +514,34 @@ def test_a_rescue_longer_than_the_statement_timeout_takes_fewer_rows_a_statement
         assert worker.counters.rescued == 200
     cut = [r.getMessage() for r in caplog.records if r.getMessage().startswith("rescue: the database cancelled")]
     assert cut and "trying 500" in cut[0], cut
+
+
+def test_an_acquire_longer_than_the_statement_timeout_leases_fewer_jobs_a_statement(
+    postgres_database: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Leasing a row costs 4 ms: an acquire of 200 (~0.8 s) runs past 300 ms, one of 50 does not.
+    # Before: the same acquire was retried forever and the worker ran nothing.
+    with App(postgres_database, migrate=True) as app:
+        app.send_many([Message("t", {"i": i}, queue="q") for i in range(200)])
+    with psycopg.connect(postgres_database, autocommit=True) as conn:
+        conn.execute(
+            "CREATE FUNCTION slow_row() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+            "PERFORM pg_sleep(0.004); RETURN NEW; END $$; "
+            "CREATE TRIGGER slow_row BEFORE UPDATE ON jobs FOR EACH ROW "
+            "WHEN (OLD.state = 'pending' AND NEW.state = 'processing') EXECUTE FUNCTION slow_row()"
+        )
+    _alter(postgres_database, "statement_timeout", "300ms")
+    runs: list[int] = []
+    with App(postgres_database) as app:
+
+        @app.task(queue="q", name="t")
+        def t(i: int) -> None:
+            runs.append(i)
+
+        with caplog.at_level(logging.WARNING, logger="conveyor.worker"):
+            worker = Worker(app, burst=True, poll_interval=0.02, prefetch=200)
+            asyncio.run(asyncio.wait_for(worker.run(), timeout=60))
+        assert worker.exit_code == 0
+        assert sorted(runs) == list(range(200))
+    cut = [r.getMessage() for r in caplog.records if r.getMessage().startswith("acquire: the database cancelled")]
+    assert cut and cut[0].startswith("acquire: the database cancelled an acquire of 200 ("), cut

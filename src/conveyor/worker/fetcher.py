@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 
 from conveyor._catalogue import Catalogue
+from conveyor._errors import StatementCancelled
 from conveyor.backends.base import Delivery, JobsAcquireParams, Listener
 from conveyor.worker._buffer import Buffer
 from conveyor.worker._calls import BackendCalls
@@ -142,10 +143,23 @@ class Fetcher(Service):
     async def _acquire(self, queue: str, limit: int) -> int:
         if limit <= 0:
             return 0
-        params = JobsAcquireParams(queue, limit, self._vt_for(queue), self.worker_id, self.clock())
-        deliveries = await self.calls.call(
-            self.calls.backend.jobs_acquire, params, give_up=(lambda: self.stopping), what="acquire"
-        )
+        while True:
+            params = JobsAcquireParams(queue, limit, self._vt_for(queue), self.worker_id, self.clock())
+            try:
+                deliveries = await self.calls.call(
+                    self.calls.backend.jobs_acquire,
+                    params,
+                    give_up=(lambda: self.stopping),
+                    what="acquire",
+                    splits=limit > 1,
+                )
+            except StatementCancelled as exc:
+                # Past the database's statement_timeout (nothing was leased: the statement rolled
+                # back): half as many jobs. Before, the same acquire was retried forever.
+                limit //= 2
+                log.warning("acquire: the database cancelled an acquire of %d (%s); trying %d", limit * 2, exc, limit)
+                continue
+            break
         self.observer.fetched(queue, len(deliveries))
         return self._take(deliveries)
 
