@@ -134,7 +134,8 @@ def check_int(value: object, what: str, low: int, high: int, error: ErrorClass =
     except TypeError:
         _raise(error, f"{what} must be an integer, got {type(value).__name__} {_short(value)}")
     if not low <= number <= high:
-        _raise(error, f"{what} must be between {low:,} and {high:,}, got {number:,}")
+        shown = f"{number:,}" if number.bit_length() < 4000 else f"an integer of {number.bit_length():,} bits"
+        _raise(error, f"{what} must be between {low:,} and {high:,}, got {shown}")
     return number
 
 

@@ -5,12 +5,15 @@ Bad values and platforms that cannot pin are one clear error; a refusal at run t
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import signal
 import subprocess
 import sys
 import threading
+import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
@@ -92,10 +95,34 @@ def test_unpinned_worker_keeps_every_cpu(sqlite_url: str, procs: Procs, tmp_path
     assert "pinned" not in worker.output()
 
 
-@pytest.mark.parametrize("cpu", [-1, ALLOWED[-1] + 1, 4096, True, "0", 0.0, [0]])
-def test_a_cpu_the_process_cannot_use_is_refused(cpu: object) -> None:
-    with pytest.raises(ConfigurationError, match=r"cpu must be one of the CPUs this process may use \(\d"):
+@pytest.mark.parametrize(
+    ("cpu", "message"),
+    [
+        (-1, "cpu must be between 0 and 8,191, got -1"),
+        (ALLOWED[-1] + 1, f"cpu {ALLOWED[-1] + 1} is not one of the CPUs this process may use ("),
+        (4096, "cpu 4096 is not one of the CPUs this process may use ("),
+        (10**5000, "cpu must be between 0 and 8,191, got an integer of 16,610 bits"),
+        (True, "cpu must be an integer, got True"),
+        ("0", "cpu must be an integer, got str '0'"),
+        ("x" * 10**6, "cpu must be an integer, got str 'xxxx"),
+        (0.0, "cpu must be an integer, got float 0.0"),
+        ([0], "cpu must be an integer, got list [0]"),
+    ],
+    ids=["negative", "past-the-last", "4096", "10**5000", "bool", "str", "huge-str", "float", "list"],
+)
+def test_a_cpu_the_process_cannot_use_is_refused(cpu: object, message: str) -> None:
+    with pytest.raises(ConfigurationError) as refused:
         WorkerConfig(cpu=cpu)  # type: ignore[arg-type]
+    assert str(refused.value).startswith(message) and len(str(refused.value)) < 200, str(refused.value)[:300]
+
+
+def test_an_integer_like_cpu_is_taken_as_an_int() -> None:
+    class NumpyLikeInt:  # numpy.int64 and friends: integers through __index__
+        def __index__(self) -> int:
+            return ALLOWED[0]
+
+    cpu = WorkerConfig(cpu=NumpyLikeInt()).cpu  # type: ignore[arg-type]
+    assert cpu == ALLOWED[0] and type(cpu) is int
 
 
 def test_each_allowed_cpu_is_accepted() -> None:
@@ -137,32 +164,143 @@ def test_pinned_cpus_round_robin_over_more_processes_than_cpus() -> None:
     assert _cpu._ranges([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
 
 
-def test_pinned_worker_drains_correctly(database_url: str) -> None:
-    """In-process (``Worker(cpu=...)``), after the App was used: threads started before the worker
-    (the App's pool, any of the program's own) are pinned too, and the outcomes are the same."""
+def _affinities() -> dict[int, set[int]]:
+    found = {}
+    for tid in os.listdir("/proc/self/task"):
+        with contextlib.suppress(ProcessLookupError):
+            found[int(tid)] = os.sched_getaffinity(int(tid))
+    return found
+
+
+@contextlib.contextmanager
+def _restored_afterwards() -> Iterator[set[int]]:
+    """The test process's CPUs, given back to every thread afterwards whatever the test did."""
+    before = os.sched_getaffinity(0)
+    try:
+        yield before
+    finally:
+        for tid in os.listdir("/proc/self/task"):
+            with contextlib.suppress(ProcessLookupError):
+                os.sched_setaffinity(int(tid), before)
+
+
+def test_an_in_process_worker_pins_every_thread_while_it_runs_and_gives_them_back(database_url: str) -> None:
+    """``Worker(cpu=...)`` after the App was used: threads started before the worker (the App's pool,
+    the program's own) run on the CPU while it runs, and on their own CPUs again once it stops."""
     from conveyor.worker import Worker
 
     app = App(database_url, migrate=True)
     e2e_app.register(app)
     db = Db(database_url)
-    before = os.sched_getaffinity(0)
     release = threading.Event()
     bystander = threading.Thread(target=release.wait, daemon=True)
     bystander.start()
-    try:
-        ids = {
-            j.id for j in app.send_many([Message(task=e2e_app.WORK, payload={"kind": "ok", "n": i}) for i in range(40)])
-        }
-        worker = Worker(app, [e2e_app.WORK_QUEUE], burst=True, cpu=ALLOWED[-1], concurrency=4)
-        assert worker.run_sync(install_signals=False) == 0
-        assert os.sched_getaffinity(bystander.native_id or 0) == {ALLOWED[-1]}
-        assert {r.id for r in db.archived()} >= ids
-        assert {(r.state, r.attempts) for r in db.archived() if r.id in ids} == {("completed", 1)}
-    finally:
-        release.set()
-        # The in-process worker pinned this test process: give every thread its CPUs back.
-        for tid in os.listdir("/proc/self/task"):
-            with contextlib.suppress(ProcessLookupError):
-                os.sched_setaffinity(int(tid), before)
-        db.close()
-        app.close()
+    seen: list[set[int]] = []
+
+    @app.task(name="pin.probe", queue="pinprobe")
+    def probe() -> None:
+        seen.append(os.sched_getaffinity(bystander.native_id or 0))
+
+    with _restored_afterwards() as before:
+        try:
+            ids = {
+                j.id
+                for j in app.send_many([Message(task=e2e_app.WORK, payload={"kind": "ok", "n": i}) for i in range(40)])
+            }
+            probe.delay()
+            worker = Worker(app, [e2e_app.WORK_QUEUE, "pinprobe"], burst=True, cpu=ALLOWED[-1], concurrency=4)
+            assert worker.run_sync(install_signals=False) == 0
+            assert seen == [{ALLOWED[-1]}]
+            assert set(map(frozenset, _affinities().values())) == {frozenset(before)}
+            assert {(r.state, r.attempts) for r in db.archived() if r.id in ids} == {("completed", 1)}
+            # And a worker pinned elsewhere afterwards may (the CPU it checks against is the process's again).
+            other = Worker(app, ["pinprobe"], burst=True, cpu=ALLOWED[0])
+            assert other.run_sync(install_signals=False) == 0
+        finally:
+            release.set()
+            db.close()
+            app.close()
+
+
+def test_in_process_workers_share_one_cpu_or_the_second_is_refused(database_url: str) -> None:
+    from conveyor.worker import Worker
+
+    app = App(database_url, migrate=True)
+
+    @app.task(name="pin.slow", queue="pinslow")
+    def slow() -> None:
+        time.sleep(2.0)
+
+    with _restored_afterwards() as before:
+        try:
+            slow.delay()
+            first = Worker(app, ["pinslow"], burst=True, cpu=ALLOWED[0], concurrency=1)
+            codes: list[int] = []
+            runner = threading.Thread(target=lambda: codes.append(first.run_sync(install_signals=False)))
+            runner.start()
+            wait_until(lambda: os.sched_getaffinity(0) == {ALLOWED[0]}, 10, "the first worker pinned")
+            if len(ALLOWED) > 1:
+                second = Worker(app, ["pinidle"], burst=True, cpu=ALLOWED[1])
+                with pytest.raises(ConfigurationError, match=rf"already runs a worker pinned to CPU {ALLOWED[0]}"):
+                    second.run_sync(install_signals=False)
+            alike = Worker(app, ["pinidle"], burst=True, cpu=ALLOWED[0])  # an empty queue: done at once
+            assert alike.run_sync(install_signals=False) == 0
+            assert runner.is_alive() and os.sched_getaffinity(0) == {ALLOWED[0]}  # still the first's
+            runner.join(30)
+            assert codes == [0]
+            assert os.sched_getaffinity(0) == before
+        finally:
+            app.close()
+
+
+def test_a_pin_refused_halfway_is_undone(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A refusal on the third thread: the two pinned before it get their CPUs back, as the warning says."""
+    from conveyor.worker import _cpu
+
+    real = os.sched_setaffinity
+    calls = [0]
+
+    def refuse_third(tid: int, mask: Iterable[int]) -> None:
+        calls[0] += 1
+        if calls[0] == 3:
+            raise OSError(22, "Invalid argument")
+        real(tid, mask)
+
+    releases = [threading.Event() for _ in range(4)]
+    threads = [threading.Thread(target=e.wait, daemon=True) for e in releases]
+    for t in threads:
+        t.start()
+    with _restored_afterwards() as before:
+        try:
+            monkeypatch.setattr(os, "sched_setaffinity", refuse_third)
+            with caplog.at_level(logging.WARNING, logger="conveyor.worker"):
+                unpin = _cpu.pin(ALLOWED[-1])
+            monkeypatch.undo()
+            assert calls[0] > 3  # the two pinned were given back
+            assert set(map(frozenset, _affinities().values())) == {frozenset(before)}
+            assert "cannot pin this worker to CPU" in caplog.text and "running unpinned" in caplog.text
+            unpin()  # nothing to give back
+            assert _cpu._pinned == []
+        finally:
+            for e in releases:
+                e.set()
+
+
+def test_a_supervisor_whose_cpus_shrank_restarts_its_child_unpinned(sqlite_url: str, procs: Procs) -> None:
+    """Before: the restart raised in the supervisor, which stopped supervising and hung (waiting for
+    the other child at exit)."""
+    if len(ALLOWED) < 2:
+        pytest.skip("needs two CPUs to take one away")
+    _send(sqlite_url, 1)
+    supervisor = procs.start("pinned", worker_argv(sqlite_url, "--pin", "-p", "2"))
+    wait_until(lambda: supervisor.output().count("worker pinned to CPU") >= 2, 60, "both children pinned")
+    children = [int(c) for c in Path(f"/proc/{supervisor.pid}/task/{supervisor.pid}/children").read_text().split()]
+    on_second = [c for c in children if os.sched_getaffinity(c) == {ALLOWED[1]}]
+    assert len(on_second) == 1, children
+    os.sched_setaffinity(supervisor.pid, {ALLOWED[0]})  # a cpuset shrunk under it
+    os.kill(on_second[0], signal.SIGKILL)
+    wait_until(lambda: "starts unpinned" in supervisor.output(), 30, "the restart")
+    wait_until(lambda: supervisor.output().count("INFO conveyor.worker: worker ") >= 3, 30, "the new child's start")
+    os.kill(supervisor.pid, signal.SIGTERM)
+    assert supervisor.wait(timeout=60) in (0, 1), supervisor.output()
+    assert "Traceback" not in supervisor.output()

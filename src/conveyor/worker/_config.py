@@ -81,7 +81,7 @@ class WorkerConfig:
         if self.metrics_port is not None:
             check_int(self.metrics_port, "metrics_port", 0, 65535, error)
         if self.cpu is not None:
-            _cpu.check(self.cpu)
+            object.__setattr__(self, "cpu", _cpu.check(self.cpu))
 
     @property
     def identity(self) -> str:

@@ -12,10 +12,23 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
+from collections.abc import Callable
 
 from conveyor._errors import ConfigurationError
+from conveyor._limits import check_int
+
+#: The highest CPU number Linux knows of (CONFIG_NR_CPUS tops out at 8,192).
+_MOST_CPUS = 8191
 
 log = logging.getLogger("conveyor.worker")
+
+
+# Pinning is process-wide: the CPU this process's workers are pinned to, and how many of them run.
+_lock = threading.Lock()
+_pinned: list[int] = []  # [cpu, workers], empty when unpinned
+_restore: list[Callable[[], None]] = []
+_unpinned: list[set[int]] = []  # the pinning thread's CPUs before, while pinned
 
 
 def allowed() -> list[int]:
@@ -24,15 +37,19 @@ def allowed() -> list[int]:
     getaffinity = getattr(os, "sched_getaffinity", None)
     if getaffinity is None or not hasattr(os, "sched_setaffinity"):
         raise ConfigurationError("pinning to a CPU needs Linux (os.sched_setaffinity); run without --pin")
+    with _lock:
+        if _unpinned:  # a worker of this process pinned it: the CPUs it had before
+            return sorted(_unpinned[0])
     return sorted(getaffinity(0))
 
 
 def check(cpu: object) -> int:
     """``cpu`` as a CPU this process may run on, else ConfigurationError."""
     cpus = allowed()
-    if isinstance(cpu, bool) or not isinstance(cpu, int) or cpu not in cpus:
-        raise ConfigurationError(f"cpu must be one of the CPUs this process may use ({_ranges(cpus)}), got {cpu!r}")
-    return cpu
+    number = check_int(cpu, "cpu", 0, _MOST_CPUS, ConfigurationError)
+    if number not in cpus:
+        raise ConfigurationError(f"cpu {number} is not one of the CPUs this process may use ({_ranges(cpus)})")
+    return number
 
 
 def current() -> int:
@@ -47,24 +64,76 @@ def current() -> int:
     return cpu if cpu in cpus else cpus[0]
 
 
-def pin(cpu: int) -> None:
-    """Run every thread of this process on ``cpu`` (threads started later inherit it). A refusal
-    (the CPU went offline, a container's cpuset changed) is logged and the process runs unpinned:
-    a hint about speed is never a reason to stop working."""
-    try:
-        tids = [int(t) for t in os.listdir("/proc/self/task")]
-    except OSError:
-        tids = [0]  # no /proc: the calling thread, which starts the worker's threads
-    try:
-        for tid in tids:
-            try:
-                os.sched_setaffinity(tid, {cpu})
-            except ProcessLookupError:
-                continue  # the thread ended meanwhile
-    except OSError as exc:
-        log.warning("cannot pin this worker to CPU %d (%s); running unpinned", cpu, exc.strerror or exc)
-        return
+def pin(cpu: int) -> Callable[[], None]:
+    """Run every thread of this process on ``cpu`` (threads started later inherit it) until the
+    returned function is called: it gives every thread the CPUs it had (a thread started meanwhile,
+    those of the thread that pinned). Workers of one process share it, so a second worker asking for
+    another CPU is a ConfigurationError. A refusal (the CPU went offline, a container's cpuset
+    changed) is logged and undone, and the process runs unpinned: a hint about speed is never a
+    reason to stop working."""
+    with _lock:
+        if _pinned:
+            if _pinned[0] != cpu:
+                raise ConfigurationError(
+                    f"this process already runs a worker pinned to CPU {_pinned[0]}; workers of one process share "
+                    f"its CPUs: pin them to the same one, or run them as processes of their own (not CPU {cpu})"
+                )
+            _pinned[1] += 1
+            return _release
+        default = os.sched_getaffinity(0)
+        before: dict[int, set[int]] = {}
+        try:
+            for tid in _threads():
+                try:
+                    before[tid] = os.sched_getaffinity(tid)
+                    os.sched_setaffinity(tid, {cpu})
+                except ProcessLookupError:
+                    continue  # the thread ended meanwhile
+        except OSError as exc:
+            _set(before, None)
+            log.warning("cannot pin this worker to CPU %d (%s); running unpinned", cpu, exc.strerror or exc)
+            return _nothing
+        _pinned[:] = [cpu, 1]
+        _restore[:] = [lambda: _set(before, default)]
+        _unpinned[:] = [default]
     log.info("worker pinned to CPU %d", cpu)
+    return _release
+
+
+def _release() -> None:
+    with _lock:
+        if not _pinned:
+            return
+        _pinned[1] -= 1
+        if _pinned[1] > 0:
+            return
+        _pinned.clear()
+        _unpinned.clear()
+        restore = _restore.pop()
+    restore()
+
+
+def _nothing() -> None:
+    return None
+
+
+def _set(masks: dict[int, set[int]], default: set[int] | None) -> None:
+    """Give every thread its mask from ``masks``; one not in it ``default`` (None: left as it is)."""
+    for tid in _threads():
+        mask = masks.get(tid, default)
+        if mask is None:
+            continue
+        try:
+            os.sched_setaffinity(tid, mask)
+        except OSError:
+            continue  # ended meanwhile, or that mask is no longer possible: leave it
+
+
+def _threads() -> list[int]:
+    try:
+        return [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        return [0]  # no /proc: the calling thread, which starts the worker's threads
 
 
 def spread(processes: int) -> list[int]:

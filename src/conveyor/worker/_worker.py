@@ -79,12 +79,19 @@ class Worker:
             self._stop_requested.set()
 
     async def run(self) -> None:
-        """Run until stopped (or drained, with ``burst``)."""
+        """Run until stopped (or drained, with ``burst``). With ``cpu``, every thread of this process
+        runs on that CPU meanwhile (see ``conveyor/worker/_cpu.py``)."""
         self._stop_requested = asyncio.Event()
         if self._stopping:
             self._stop_requested.set()
-        if self.config.cpu is not None:
-            _cpu.pin(self.config.cpu)
+        unpin = _cpu.pin(self.config.cpu) if self.config.cpu is not None else None
+        try:
+            await self._run(self._stop_requested)
+        finally:
+            if unpin is not None:
+                unpin()
+
+    async def _run(self, stop_requested: asyncio.Event) -> None:
         backend = self.app.backend
         if self._keeps_database_time:
             await self._read_database_clock()
@@ -111,7 +118,7 @@ class Worker:
         )
         tasks = {loop: asyncio.create_task(loop.run(), name=loop.name) for loop in loops.all()}
         watch = asyncio.create_task(self._watch(loops), name="watch")
-        stop_wait = asyncio.create_task(self._stop_requested.wait())
+        stop_wait = asyncio.create_task(stop_requested.wait())
         done, _ = await asyncio.wait({stop_wait, *tasks.values()}, return_when=asyncio.FIRST_COMPLETED)
         for task in done:
             if task is stop_wait:

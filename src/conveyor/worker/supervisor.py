@@ -113,7 +113,10 @@ def run_processes(
         if config.metrics_port is not None:
             own = dataclasses.replace(own, metrics_port=config.metrics_port + index)
         if cpus is not None:
-            own = dataclasses.replace(own, cpu=cpus[index])
+            try:
+                own = dataclasses.replace(own, cpu=cpus[index])
+            except ConfigurationError as exc:  # the supervisor's CPUs changed since it started
+                log.warning("worker process %d starts unpinned: %s", index, first_line(exc))
         p = ctx.Process(target=_child_main, args=(app_path, database_url, own, _log_config()), daemon=False)
         p.start()
         return p
@@ -142,32 +145,43 @@ def run_processes(
         forward(children[-1])  # a signal that came while it was being started
     burst = config.burst
     failed = damaged = False
-    while True:
-        alive = False
-        for i, p in enumerate(children):
-            if p.is_alive():
+    try:
+        while True:
+            alive = False
+            for i, p in enumerate(children):
+                if p.is_alive():
+                    alive = True
+                    continue
+                code = p.exitcode
+                if stopping[0] or (burst and code == 0):
+                    failed = failed or not _stopped_cleanly(code, bool(stopping[0]))
+                    continue
+                if code in (EXIT_CONFIG, EXIT_DAMAGED):
+                    why = "cannot run with its configuration" if code == EXIT_CONFIG else "found the database damaged"
+                    log.error("worker process %s %s; stopping the others, restarting none", p.pid, why)
+                    failed, damaged = True, damaged or code == EXIT_DAMAGED
+                    on_signal(signal.SIGTERM, None)
+                    continue
+                log.warning("worker process %s exited with %s; restarting it", p.pid, code)
+                time.sleep(0.5)
+                if stopping[0]:
+                    continue
+                children[i] = spawn(i)
+                forward(children[i])  # a signal that came while it was being started
                 alive = True
-                continue
-            code = p.exitcode
-            if stopping[0] or (burst and code == 0):
-                failed = failed or not _stopped_cleanly(code, bool(stopping[0]))
-                continue
-            if code in (EXIT_CONFIG, EXIT_DAMAGED):
-                why = "cannot run with its configuration" if code == EXIT_CONFIG else "found the database damaged"
-                log.error("worker process %s %s; stopping the others, restarting none", p.pid, why)
-                failed, damaged = True, damaged or code == EXIT_DAMAGED
-                on_signal(signal.SIGTERM, None)
-                continue
-            log.warning("worker process %s exited with %s; restarting it", p.pid, code)
-            time.sleep(0.5)
-            if stopping[0]:
-                continue
-            children[i] = spawn(i)
-            forward(children[i])  # a signal that came while it was being started
-            alive = True
-        if not alive:
-            break
-        time.sleep(0.1)
+            if not alive:
+                break
+            time.sleep(0.1)
+    except BaseException as exc:
+        # The supervisor itself failed (a child it could not start, ...): stop the children as a
+        # SIGTERM would and wait for them, rather than leave them running unsupervised.
+        log.error("the worker supervisor failed (%s); stopping its worker processes", first_line(exc))
+        on_signal(signal.SIGTERM, None)
+        for p in children:
+            p.join(config.graceful_timeout + 10)
+            if p.is_alive():
+                p.kill()
+        raise
     for p in children:
         p.join()
         failed = failed or not _stopped_cleanly(p.exitcode, bool(stopping[0]))
