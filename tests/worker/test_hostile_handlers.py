@@ -275,3 +275,30 @@ def test_a_finished_job_keeps_its_lease_while_its_outcome_cannot_be_written(app:
     assert runs == [1]
     assert app.job(job.id).state == "completed"
     assert worker.counters.rescued == 0 and worker.counters.stale_acks == 0
+
+
+def test_a_cancelled_batch_split_down_to_one_item_ends_once_its_caller_gives_up() -> None:
+    """A graceful stop whose release the database cancels row after row (a lock held elsewhere, a
+    statement_timeout shorter than one row): the split ends at one item, raised once the caller gives
+    up. Before: one item "split" into none and itself, one level deeper per attempt, until a
+    RecursionError after ~1,000 attempts (a stop of ~1,000 statement timeouts instead of 30 s)."""
+    from conveyor._errors import StatementCancelled
+    from conveyor.backends.sqlite import MemoryBackend
+    from conveyor.worker._calls import BackendCalls
+    from conveyor.worker._state import Counters
+
+    calls: list[list[int]] = []
+
+    def cancelled(part: list[int]) -> int:
+        calls.append(part)
+        raise StatementCancelled("canceling statement due to statement timeout")
+
+    backend = MemoryBackend()
+    runner = BackendCalls(backend, Counters())
+    try:
+        with pytest.raises(StatementCancelled):
+            asyncio.run(runner.call_batch(cancelled, [1, 2, 3, 4], list, give_up=lambda: True, what="release"))
+    finally:
+        runner.shutdown()
+        backend.close()
+    assert calls == [[1, 2, 3, 4], [1, 2], [1]]  # halves, then the first single item, given up: raised

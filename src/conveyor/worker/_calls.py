@@ -98,6 +98,8 @@ class BackendCalls:
         try:
             return await self.call(fn, params(items), give_up=give_up, what=what, splits=len(items) > 1)
         except StatementCancelled as exc:
+            if len(items) <= 1:  # the caller gave up on it (give_up): nothing left to split
+                raise
             middle = len(items) // 2
             log.warning("%s: splitting a batch of %d the database cancelled (%s)", what, len(items), exc)
             first = await self.call_batch(fn, items[:middle], params, give_up=give_up, what=what)

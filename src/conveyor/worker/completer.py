@@ -195,7 +195,9 @@ class Completer(Service):
         like an unavailable database, never dead-lettered."""
         try:
             applied = await self._statement(items, splits=len(items) > 1)
-        except StatementCancelled as exc:  # raised for a batch only: smaller ones may end in time
+        except StatementCancelled as exc:  # a batch may split; one outcome alone is raised once given up
+            if len(items) <= 1:
+                raise
             middle = len(items) // 2
             log.warning("splitting a batch of %d outcomes the database cancelled (%s)", len(items), exc)
             return await self._write(items[:middle]) + await self._write(items[middle:])

@@ -156,8 +156,10 @@ class Fetcher(Service):
             except StatementCancelled as exc:
                 # Past the database's statement_timeout (nothing was leased: the statement rolled
                 # back): half as many jobs. Before, the same acquire was retried forever.
+                if limit <= 1:  # given up (stopping)
+                    raise
+                log.warning("acquire: the database cancelled an acquire of %d (%s); trying %d", limit, exc, limit // 2)
                 limit //= 2
-                log.warning("acquire: the database cancelled an acquire of %d (%s); trying %d", limit * 2, exc, limit)
                 continue
             break
         self.observer.fetched(queue, len(deliveries))

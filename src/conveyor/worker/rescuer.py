@@ -62,8 +62,10 @@ class Rescuer(Service):
             except StatementCancelled as exc:
                 # Past the database's statement_timeout: fewer rows a statement (one row alone is
                 # retried like an unavailable database). Before, the same statement was retried forever.
+                if limit <= 1:  # given up (stopping)
+                    raise
+                log.warning("rescue: the database cancelled a rescue of %d (%s); trying %d", limit, exc, limit // 2)
                 limit //= 2
-                log.warning("rescue: the database cancelled a rescue of %d rows (%s); trying %d", limit * 2, exc, limit)
                 continue
             total += n
             if n < params.limit:
