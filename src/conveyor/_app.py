@@ -75,6 +75,11 @@ def _after_fork() -> None:
 os.register_at_fork(after_in_child=_after_fork)
 
 
+def _new_memory() -> Backend:
+    """A new private in-memory database: what an App given one opens after close(), as memory:// does."""
+    return open_backend("memory://")
+
+
 class App:
     """A Conveyor application: where tasks are registered and jobs are sent.
 
@@ -97,7 +102,9 @@ class App:
         self._database_url = database_url or os.environ.get("CONVEYOR_DATABASE_URL") or DEFAULT_DATABASE_URL
         self._backend = backend
         self._migrate = migrate
-        self._forked_from: Backend | None = None  # see _forked
+        # What the next call opens where database_url would be wrong: the parent's backend again after a
+        # fork (see _forked), a given backend again after close().
+        self._reopen: Callable[[], Backend] | None = None
         self._lock = threading.Lock()
         self.max_payload_bytes = check_int(max_payload_bytes, "max_payload_bytes", 1, 2**30, ConfigurationError)
         self.catalogue = Catalogue(dedup_window, self.max_payload_bytes)
@@ -118,7 +125,7 @@ class App:
             # The same database and options at the next call: not open_backend(database_url), which
             # for an App given its backend (App(backend=PostgresBackend(url, ...))) names another
             # database (the default SQLite file) or drops the options.
-            self._forked_from = backend
+            self._reopen = backend.forked
         self.clock.forked()
 
     # -- storage -------------------------------------------------------------------------------
@@ -145,10 +152,14 @@ class App:
         if self._backend is None:
             with self._lock:
                 if self._backend is None:
-                    if self._forked_from is not None:
-                        # The parent's backend, opened (and migrated) before the fork: the same again.
-                        self._backend = self._forked_from.forked()
-                        return self._backend
+                    if self._reopen is not None:
+                        # The same database and options as before the fork or the close(); a private
+                        # in-memory one is a new, empty database, as memory:// is after close().
+                        backend = self._reopen()
+                        if backend.engine == "memory":
+                            backend.migrate()
+                        self._backend = backend
+                        return backend
                     backend = open_backend(self.database_url)
                     migrate = self._migrate if self._migrate is not None else backend.engine in ("sqlite", "memory")
                     if migrate:
@@ -166,9 +177,12 @@ class App:
 
     def close(self) -> None:
         """Close the backend's connections (a later call opens them again)."""
-        if self._backend is not None:
-            self._backend.close()
+        backend = self._backend
+        if backend is not None:
+            backend.close()
             self._backend = None
+            if self._backend_given:  # not database_url, which names another database (the default)
+                self._reopen = backend.forked if backend.engine != "memory" else _new_memory
 
     def __enter__(self) -> App:
         return self

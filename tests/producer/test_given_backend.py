@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conveyor import App, ConfigurationError
+from conveyor import App, ConfigurationError, JobNotFoundError
 from conveyor.backends.postgres import PostgresBackend
 from conveyor.cli import main as conveyor_main
 
@@ -65,3 +65,39 @@ def test_cli_db_with_an_app_that_brings_its_backend_is_one_line(
         assert "applied" in capsys.readouterr().out
     finally:
         sys.modules.pop(module, None)
+
+
+@pytest.mark.parametrize("engine", ["postgres", "sqlite", "memory"])
+def test_an_app_given_its_backend_reopens_that_database_after_close(
+    engine: str, postgres_database: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before: close() forgot the backend and the next call opened database_url, the default
+    # ./conveyor.db (conveyor serve closes its App before serving: POST 202, the job in that file).
+    from conveyor.backends.sqlite import MemoryBackend, SqliteBackend
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("CONVEYOR_DATABASE_URL", raising=False)
+    if engine == "postgres":
+        given: object = PostgresBackend(postgres_database, durable_acks=True, max_size=3)
+    elif engine == "sqlite":
+        given = SqliteBackend(str(tmp_path / "given.db"))
+    else:
+        given = MemoryBackend()
+    app = App(backend=given)  # type: ignore[arg-type]
+    try:
+        app.admin.migrate()
+        first = app.send("t", {}, queue="q").id
+        app.close()
+        second = app.send("t", {}, queue="q").id
+        assert app.backend is not given and app.backend.engine == engine
+        if engine == "memory":
+            with pytest.raises(JobNotFoundError):  # a private database dies with its close, as memory:// does
+                app.job(first)
+        else:
+            assert app.job(first) is not None
+            if engine == "postgres":
+                assert app.backend._durable_acks and app.backend._sizes == (1, 3)  # type: ignore[attr-defined]
+        assert app.job(second) is not None
+        assert not (tmp_path / "conveyor.db").exists()
+    finally:
+        app.close()
