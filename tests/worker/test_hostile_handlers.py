@@ -302,3 +302,36 @@ def test_a_cancelled_batch_split_down_to_one_item_ends_once_its_caller_gives_up(
         runner.shutdown()
         backend.close()
     assert calls == [[1, 2, 3, 4], [1, 2], [1]]  # halves, then the first single item, given up: raised
+
+
+def test_a_stale_run_of_a_job_leaves_the_newer_delivery_alone(app: App) -> None:
+    """A job whose lease ran out mid-run is rescued and leased again by the same worker while the
+    first run goes on. Before: the worker's registry held one entry per job id, so the stale run's
+    outcome dropped the newer delivery's entry: its lease was no longer extended (ctx.extend said the
+    lease was lost), it ran out, and the job ran again and again (a helper's sweep: 99 of 100 jobs
+    ran more than once under a lock wait)."""
+    first_done = threading.Event()
+    extended: list[bool] = []
+    runs: list[object] = []
+    lock = threading.Lock()
+
+    @app.task(name="stale.twice", queue="stale", visibility_timeout=1.0)
+    def twice(ctx: JobContext) -> None:
+        with lock:
+            runs.append(ctx.job_id)
+            first = len(runs) == 1
+        if first:
+            time.sleep(2.5)  # past its lease: rescued and leased again meanwhile
+            first_done.set()
+            return
+        assert ctx.extend(30)  # no heartbeat in this test: this run keeps its lease by itself
+        assert first_done.wait(10)
+        time.sleep(0.3)  # the stale run's outcome is flushed
+        extended.append(ctx.extend(30))
+
+    job = twice.delay()
+    worker = Worker(app, burst=True, concurrency=2, heartbeat_interval=100, rescue_interval=0.2, poll_interval=0.05)
+    asyncio.run(asyncio.wait_for(worker.run(), timeout=60))
+    assert extended == [True]
+    assert len(runs) == 2 and worker.counters.stale_acks == 1
+    assert app.job(job.id).state == "completed"

@@ -47,7 +47,10 @@ class Counters:
 
 @dataclass(slots=True)
 class Registry:
-    """Every delivery this worker holds, by job id."""
+    """Every delivery this worker holds, by job id: the latest one of each job. A job this worker
+    leased again after its lease ran out (rescued while its first run went on) replaces the stale
+    delivery, so what the stale run does (its outcome, its drop, a lost lease) is matched by receipt
+    and never touches the newer delivery."""
 
     held: dict[UUID, Held] = field(default_factory=dict)
 
@@ -56,8 +59,15 @@ class Registry:
         self.held[delivery.id] = entry
         return entry
 
-    def drop(self, job_id: UUID) -> None:
-        self.held.pop(job_id, None)
+    def get(self, job_id: UUID, receipt: str) -> Held | None:
+        """The entry of this delivery (job and receipt), None when another one replaced it."""
+        entry = self.held.get(job_id)
+        return entry if entry is not None and entry.delivery.receipt == receipt else None
+
+    def drop(self, job_id: UUID, receipt: str) -> None:
+        """Forget this delivery (not a newer one of the same job)."""
+        if self.get(job_id, receipt) is not None:
+            del self.held[job_id]
 
     def __len__(self) -> int:
         return len(self.held)

@@ -196,10 +196,10 @@ class Worker:
     async def _release(self, loops: Loops) -> None:
         refs: list[LeaseRef] = []
         for delivery in loops.buffer.drain():
-            held = loops.registry.held.get(delivery.id)
+            held = loops.registry.get(delivery.id, delivery.receipt)
             if held is not None and not held.lost:
                 refs.append(LeaseRef(delivery.id, delivery.receipt))
-            loops.registry.drop(delivery.id)
+            loops.registry.drop(delivery.id, delivery.receipt)
         if refs:
             deadline = asyncio.get_running_loop().time() + 30
             calls = loops.calls

@@ -85,7 +85,7 @@ class Completer(Service):
 
     def add(self, outcome: Outcome) -> None:
         """Queue one outcome for the next flush (from any thread)."""
-        held = self.registry.held.get(outcome.id)
+        held = self.registry.get(outcome.id, outcome.receipt)
         if held is not None:
             held.state = "finishing"
         with self._lock:
@@ -140,7 +140,9 @@ class Completer(Service):
         marks = [
             ref
             for ref in starts.values()
-            if ref.id not in finishing and (held := self.registry.held.get(ref.id)) is not None and not held.counted
+            if ref.id not in finishing
+            and (held := self.registry.get(ref.id, ref.receipt)) is not None
+            and not held.counted
         ]
         if not marks:
             return
@@ -155,8 +157,9 @@ class Completer(Service):
         except BaseException:
             self._starts = {**starts, **self._starts}
             raise
+        receipts = {ref.id: ref.receipt for ref in marks}
         for job_id in counted:
-            if (held := self.registry.held.get(job_id)) is not None:
+            if (held := self.registry.get(job_id, receipts[job_id])) is not None:
                 held.counted = True
 
     async def _flush(self, batch: list[Outcome]) -> None:
@@ -174,10 +177,10 @@ class Completer(Service):
             self.counters.stale_acks += stale
             log.warning("%d stale ack(s): their leases had expired and the jobs were redelivered", stale)
         for outcome in batch:
-            self.registry.drop(outcome.id)
+            self.registry.drop(outcome.id, outcome.receipt)
 
     def _with_count(self, outcome: Outcome) -> Outcome:
-        held = self.registry.held.get(outcome.id)
+        held = self.registry.get(outcome.id, outcome.receipt)
         if held is not None and held.counted and not outcome.counted:
             return dataclasses.replace(outcome, counted=True)
         return outcome

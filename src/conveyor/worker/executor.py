@@ -66,7 +66,7 @@ class _ThreadSlot:
                     executor.process_blocking(delivery, self)
                 except Exception:
                     log.exception("internal error processing job %s", delivery.id)
-                    executor.registry.drop(delivery.id)
+                    executor.registry.drop(delivery.id, delivery.receipt)
                 if self.abandoned:
                     return  # the watchdog gave this slot's permit back already
         finally:
@@ -169,7 +169,7 @@ class Executor(Service):
 
     # The worker passes itself as the lease keeper so that ``ctx.extend`` reaches the database.
     def extend(self, delivery: Delivery, seconds: float) -> bool:
-        held = self.registry.held.get(delivery.id)
+        held = self.registry.get(delivery.id, delivery.receipt)
         if held is None or held.lost:
             return False
         params = LeasesExtendParams([LeaseRef(delivery.id, delivery.receipt)], seconds, self.clock())
@@ -183,9 +183,9 @@ class Executor(Service):
     def _admit(self, delivery: Delivery) -> tuple[Held, Task[Any, Any] | None, Outcome | None] | None:
         """The job's entry, its task and the outcome that ends it unrun (poison, TTL, unknown task);
         None when its lease was lost before it started."""
-        held = self.registry.held.get(delivery.id)
+        held = self.registry.get(delivery.id, delivery.receipt)
         if held is None or held.lost:
-            self.registry.drop(delivery.id)
+            self.registry.drop(delivery.id, delivery.receipt)
             return None
         task = self.catalogue.tasks.get(delivery.task)
         options = task.options if task else None
@@ -198,7 +198,7 @@ class Executor(Service):
             held.lost = True
             with self._tally:
                 self.counters.lost_leases += 1
-            self.registry.drop(held.delivery.id)
+            self.registry.drop(held.delivery.id, held.delivery.receipt)
             return False
         held.state = "running"
         with self._tally:
@@ -359,7 +359,7 @@ class Executor(Service):
                 # A bug in Conveyor itself, or a database that refused the start: forget the job, so
                 # that its lease is no longer extended; it expires and rescue hands the job out again.
                 log.exception("internal error processing job %s", delivery.id)
-                self.registry.drop(delivery.id)
+                self.registry.drop(delivery.id, delivery.receipt)
 
     def _start_slot(self) -> None:
         slot = _ThreadSlot(self, self._slots_started)

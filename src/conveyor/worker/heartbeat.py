@@ -95,7 +95,7 @@ class Heartbeat(Service):
             )
             extended += len(ids)
             for ref in refs:
-                entry = self.registry.held.get(ref.id)
+                entry = self.registry.get(ref.id, ref.receipt)
                 if ref.id not in ids and entry is not None and entry.state != "finishing":
                     entry.lost = True
                     self.counters.lost_leases += 1
