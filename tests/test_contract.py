@@ -41,3 +41,14 @@ def test_contract_lists_every_queue_options_and_topic(app: App) -> None:
     assert "## Queue `emails`" in md and "| max_depth | 1000 |" in md
     yaml_text = render(contract, "yaml")
     assert "max_depth: 1000" in yaml_text and 'topic: "signups"' in yaml_text
+
+
+def test_markdown_escapes_what_a_terminal_would_act_on(app: App) -> None:
+    # Before: names sent with an ESC sequence or a bidi override were printed raw by `conveyor contract`
+    # (its default, markdown), while --format json and yaml escaped them.
+    queue, task = "q\x1b]0;own\x07", "ta\x1b[31msk\u202e"
+    app.send(task, {}, queue=queue)
+    app.subscribe("tp\x1b[5mX", queue, task)
+    md = render(build(app), "md")
+    assert "\x1b" not in md and "\x07" not in md and "\u202e" not in md
+    assert "`q\\x1b]0;own\\x07`" in md and "`tp\\x1b[5mX`" in md

@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from conveyor._app import App
+from conveyor._errors import printable as _p
 from conveyor.backends.base import QueuesStatsParams, SubscriptionsListParams
 
 
@@ -115,9 +116,11 @@ def _yaml(value: Any, indent: int) -> list[str]:
 
 
 def _markdown(contract: dict[str, Any]) -> str:
-    out = [f"# Queue contract ({contract['database']})", ""]
+    """Markdown for a terminal or a file: every name escaped where a terminal would act on it (an ESC
+    in a queue name, a bidi override), as the JSON and YAML renderings escape them."""
+    out = [f"# Queue contract ({_p(contract['database'])})", ""]
     for q in contract["queues"]:
-        out.append(f"## Queue `{q['queue']}`" + ("" if q["declared"] else " (not declared: defaults)"))
+        out.append(f"## Queue `{_p(q['queue'])}`" + ("" if q["declared"] else " (not declared: defaults)"))
         out.append("")
         out.append("| policy | value |")
         out.append("| --- | --- |")
@@ -141,14 +144,16 @@ def _markdown(contract: dict[str, Any]) -> str:
             )
             out.append("| --- | --- | --- | --- | --- | --- | --- | --- |")
             for t in q["tasks"]:
+                dead_on = _p(", ".join(t["dead_on"]))
                 out.append(
-                    f"| `{t['task']}` | {t['visibility_timeout_s']} | {t['max_attempts']} | {t['max_deliveries']} | "
-                    f"{t['backoff']} | {', '.join(t['dead_on'])} | {t['timeout_s'] or '-'} | {t['ack_policy']} |"
+                    f"| `{_p(t['task'])}` | {t['visibility_timeout_s']} | {t['max_attempts']} | "
+                    f"{t['max_deliveries']} | {t['backoff']} | {dead_on} | {t['timeout_s'] or '-'} | "
+                    f"{t['ack_policy']} |"
                 )
             out.append("")
         for s in q["schedules"]:
             state = "paused" if s["paused"] else f"next {s['next_run_at']}"
-            out.append(f"- schedule `{s['name']}`: `{s['cron']}` → `{s['task']}` ({state})")
+            out.append(f"- schedule `{_p(s['name'])}`: `{_p(s['cron'])}` → `{_p(s['task'])}` ({state})")
         if q["schedules"]:
             out.append("")
     if contract["topics"]:
@@ -156,7 +161,7 @@ def _markdown(contract: dict[str, Any]) -> str:
         out.append("")
         for t in contract["topics"]:
             for sub in t["subscriptions"]:
-                where = f"queue `{sub['queue']}` task `{sub['task']}`"
-                out.append(f"- `{t['topic']}` → {where} filter `{json.dumps(sub['filter'])}`")
+                where = f"queue `{_p(sub['queue'])}` task `{_p(sub['task'])}`"
+                out.append(f"- `{_p(t['topic'])}` → {where} filter `{json.dumps(sub['filter'])}`")
         out.append("")
     return "\n".join(out)
