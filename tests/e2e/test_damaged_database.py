@@ -103,10 +103,13 @@ def test_a_damaged_release_on_stopping_still_flushes_the_running_jobs(
     # running handlers were cut and their outcomes never written; now it is one line, and the stop goes on.
     with App(f"sqlite:///{tmp_path}/q.db", migrate=True) as app:
         started = threading.Event()
+        starts: list[int] = []
 
         @app.task(queue="q", name="slow")
         def slow(i: int) -> int:
-            started.set()
+            starts.append(i)
+            if len(starts) >= 2:  # both slots run a job (stopping after the first start raced the second)
+                started.set()
             time.sleep(0.3)
             return i
 
