@@ -105,6 +105,29 @@ class BackendCalls:
             first = await self.call_batch(fn, items[:middle], params, give_up=give_up, what=what)
             return first + await self.call_batch(fn, items[middle:], params, give_up=give_up, what=what)
 
+    async def call_limited(
+        self,
+        fn: Callable[[P_], T],
+        limit: int,
+        params: Callable[[int], P_],
+        *,
+        give_up: Callable[[], bool] = lambda: False,
+        what: str = "backend call",
+    ) -> tuple[T, int]:
+        """:meth:`call` for a statement over up to ``limit`` rows (an acquire, a rescue): one the
+        database cancelled (past its ``statement_timeout``; it rolled back) is called again for half as
+        many rows, down to one, which is retried like an unavailable database. Returns the result and
+        the limit it was called with. Before, the same statement was retried forever."""
+        while True:
+            try:
+                return await self.call(fn, params(limit), give_up=give_up, what=what, splits=limit > 1), limit
+            except StatementCancelled as exc:
+                if limit <= 1:  # the caller gave up on it (give_up)
+                    raise
+                one = f"{'an' if what[:1] in 'aeiou' else 'a'} {what}"
+                log.warning("%s: the database cancelled %s of %d (%s); trying %d", what, one, limit, exc, limit // 2)
+                limit //= 2
+
     def shutdown(self) -> None:
         """Close the loop's connections, then wait for the database threads' calls to end."""
         if self._statements is not None:

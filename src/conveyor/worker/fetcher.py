@@ -11,7 +11,6 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 
 from conveyor._catalogue import Catalogue
-from conveyor._errors import StatementCancelled
 from conveyor.backends.base import Delivery, JobsAcquireParams, Listener
 from conveyor.worker._buffer import Buffer
 from conveyor.worker._calls import BackendCalls
@@ -143,25 +142,14 @@ class Fetcher(Service):
     async def _acquire(self, queue: str, limit: int) -> int:
         if limit <= 0:
             return 0
-        while True:
-            params = JobsAcquireParams(queue, limit, self._vt_for(queue), self.worker_id, self.clock())
-            try:
-                deliveries = await self.calls.call(
-                    self.calls.backend.jobs_acquire,
-                    params,
-                    give_up=(lambda: self.stopping),
-                    what="acquire",
-                    splits=limit > 1,
-                )
-            except StatementCancelled as exc:
-                # Past the database's statement_timeout (nothing was leased: the statement rolled
-                # back): half as many jobs. Before, the same acquire was retried forever.
-                if limit <= 1:  # given up (stopping)
-                    raise
-                log.warning("acquire: the database cancelled an acquire of %d (%s); trying %d", limit, exc, limit // 2)
-                limit //= 2
-                continue
-            break
+        vt = self._vt_for(queue)
+        deliveries, _ = await self.calls.call_limited(
+            self.calls.backend.jobs_acquire,
+            limit,
+            lambda n: JobsAcquireParams(queue, n, vt, self.worker_id, self.clock()),
+            give_up=(lambda: self.stopping),
+            what="acquire",
+        )
         self.observer.fetched(queue, len(deliveries))
         return self._take(deliveries)
 

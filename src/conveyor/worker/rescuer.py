@@ -7,7 +7,6 @@ import random
 from collections.abc import Callable
 from datetime import datetime
 
-from conveyor._errors import StatementCancelled
 from conveyor.backends.base import JobsRescueParams
 from conveyor.worker._calls import BackendCalls
 from conveyor.worker._service import Service
@@ -50,25 +49,15 @@ class Rescuer(Service):
         total = 0
         limit = JobsRescueParams(self.clock()).limit  # the default
         while True:
-            params = JobsRescueParams(self.clock(), limit)
-            try:
-                n = await self.calls.call(
-                    self.calls.backend.jobs_rescue_expired,
-                    params,
-                    give_up=lambda: self.stopping,
-                    what="rescue",
-                    splits=limit > 1,
-                )
-            except StatementCancelled as exc:
-                # Past the database's statement_timeout: fewer rows a statement (one row alone is
-                # retried like an unavailable database). Before, the same statement was retried forever.
-                if limit <= 1:  # given up (stopping)
-                    raise
-                log.warning("rescue: the database cancelled a rescue of %d (%s); trying %d", limit, exc, limit // 2)
-                limit //= 2
-                continue
+            n, limit = await self.calls.call_limited(
+                self.calls.backend.jobs_rescue_expired,
+                limit,
+                lambda rows: JobsRescueParams(self.clock(), rows),
+                give_up=lambda: self.stopping,
+                what="rescue",
+            )
             total += n
-            if n < params.limit:
+            if n < limit:
                 break
         if total:
             self.counters.rescued += total
