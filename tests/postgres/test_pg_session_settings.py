@@ -444,6 +444,20 @@ def test_a_migrate_whose_schema_is_picked_by_user_warns_of_the_other_set(
             conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
 
 
+def _slow_updates(url: str, before: str, after: str) -> None:
+    """Make every update of a jobs row from state ``before`` to ``after`` cost 4 ms (a user's trigger,
+    a slow disk)."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL(
+                "CREATE FUNCTION slow_row() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+                "PERFORM pg_sleep(0.004); RETURN NEW; END $$; "
+                "CREATE TRIGGER slow_row BEFORE UPDATE ON jobs FOR EACH ROW "
+                "WHEN (OLD.state = {} AND NEW.state = {}) EXECUTE FUNCTION slow_row()"
+            ).format(sql.Literal(before), sql.Literal(after))
+        )
+
+
 def test_heartbeats_longer_than_the_statement_timeout_are_split_and_keep_every_lease(
     postgres_database: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -453,13 +467,7 @@ def test_heartbeats_longer_than_the_statement_timeout_are_split_and_keep_every_l
     # the jobs were rescued and ran again, and the completer, stuck behind the counting, acked nothing.
     with App(postgres_database, migrate=True) as app:
         app.send_many([Message("t", {"i": i}, queue="q") for i in range(100)])
-    with psycopg.connect(postgres_database, autocommit=True) as conn:
-        conn.execute(
-            "CREATE FUNCTION slow_row() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
-            "PERFORM pg_sleep(0.004); RETURN NEW; END $$; "
-            "CREATE TRIGGER slow_row BEFORE UPDATE ON jobs FOR EACH ROW "
-            "WHEN (OLD.state = 'processing' AND NEW.state = 'processing') EXECUTE FUNCTION slow_row()"
-        )
+    _slow_updates(postgres_database, "processing", "processing")
     _alter(postgres_database, "statement_timeout", "300ms")
     runs: list[int] = []
     with App(postgres_database) as app:
@@ -490,13 +498,7 @@ def test_a_rescue_longer_than_the_statement_timeout_takes_fewer_rows_a_statement
         now = datetime.now(UTC)
         taken = app.backend.jobs_acquire(JobsAcquireParams("q", 200, 0.05, "dead-worker", now))
         assert len(taken) == 200
-    with psycopg.connect(postgres_database, autocommit=True) as conn:
-        conn.execute(
-            "CREATE FUNCTION slow_row() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
-            "PERFORM pg_sleep(0.004); RETURN NEW; END $$; "
-            "CREATE TRIGGER slow_row BEFORE UPDATE ON jobs FOR EACH ROW "
-            "WHEN (OLD.state = 'processing' AND NEW.state = 'pending') EXECUTE FUNCTION slow_row()"
-        )
+    _slow_updates(postgres_database, "processing", "pending")
     _alter(postgres_database, "statement_timeout", "300ms")
     time.sleep(0.1)  # the leases expire
     runs: list[int] = []
@@ -523,13 +525,7 @@ def test_an_acquire_longer_than_the_statement_timeout_leases_fewer_jobs_a_statem
     # Before: the same acquire was retried forever and the worker ran nothing.
     with App(postgres_database, migrate=True) as app:
         app.send_many([Message("t", {"i": i}, queue="q") for i in range(200)])
-    with psycopg.connect(postgres_database, autocommit=True) as conn:
-        conn.execute(
-            "CREATE FUNCTION slow_row() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
-            "PERFORM pg_sleep(0.004); RETURN NEW; END $$; "
-            "CREATE TRIGGER slow_row BEFORE UPDATE ON jobs FOR EACH ROW "
-            "WHEN (OLD.state = 'pending' AND NEW.state = 'processing') EXECUTE FUNCTION slow_row()"
-        )
+    _slow_updates(postgres_database, "pending", "processing")
     _alter(postgres_database, "statement_timeout", "300ms")
     runs: list[int] = []
     with App(postgres_database) as app:
