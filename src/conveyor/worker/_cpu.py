@@ -27,8 +27,8 @@ log = logging.getLogger("conveyor.worker")
 # Pinning is process-wide: the CPU this process's workers are pinned to, and how many of them run.
 _lock = threading.Lock()
 _pinned: list[int] = []  # [cpu, workers], empty when unpinned
-_restore: list[Callable[[], None]] = []
-_unpinned: list[set[int]] = []  # the pinning thread's CPUs before, while pinned
+# While pinned: each thread's CPUs before, and the pinning thread's (for threads started meanwhile).
+_saved: list[tuple[dict[int, set[int]], set[int]]] = []
 
 
 def allowed() -> list[int]:
@@ -38,8 +38,8 @@ def allowed() -> list[int]:
     if getaffinity is None or not hasattr(os, "sched_setaffinity"):
         raise ConfigurationError("pinning to a CPU needs Linux (os.sched_setaffinity); run without --pin")
     with _lock:
-        if _unpinned:  # a worker of this process pinned it: the CPUs it had before
-            return sorted(_unpinned[0])
+        if _saved:  # a worker of this process pinned it: the CPUs it had before
+            return sorted(_saved[0][1])
     return sorted(getaffinity(0))
 
 
@@ -94,8 +94,7 @@ def pin(cpu: int) -> Callable[[], None]:
             log.warning("cannot pin this worker to CPU %d (%s); running unpinned", cpu, exc.strerror or exc)
             return _nothing
         _pinned[:] = [cpu, 1]
-        _restore[:] = [lambda: _set(before, default)]
-        _unpinned[:] = [default]
+        _saved[:] = [(before, default)]
     log.info("worker pinned to CPU %d", cpu)
     return _release
 
@@ -108,9 +107,8 @@ def _release() -> None:
         if _pinned[1] > 0:
             return
         _pinned.clear()
-        _unpinned.clear()
-        restore = _restore.pop()
-    restore()
+        before, default = _saved.pop()
+    _set(before, default)
 
 
 def _nothing() -> None:
