@@ -180,6 +180,22 @@ def test_a_poison_job_must_start_max_deliveries_plus_one_times() -> None:
     assert len(report.missing_runs) == 1  # dead-lettered before its last start: charged one it never made
 
 
+def test_a_poison_start_cut_by_another_poison_jobs_crash_is_explained() -> None:
+    # Two suspects counted in one statement: the other one's handler kills the process before this
+    # one's handler logs its start. A death outside the job's life, or of its own process, explains nothing.
+    poison, other = uuid4(), uuid4()
+    dead = {"state": "dead", "attempts": 0, "reason": "max_deliveries_exceeded", "error_type": "PoisonJob"}
+    rows = [row(poison, mix.CRASH, finished_at=T0 + 30, **dead), row(other, mix.CRASH, finished_at=T0 + 30, **dead)]
+    mine = [run(poison, n, n * 5, None, task=mix.CRASH) for n in (1, 2)]
+    theirs = [run(other, pid, start, None, task=mix.CRASH) for pid, start in ((7, 3), (8, 12), (9, 20))]
+    report = check(mine + theirs, rows)
+    assert (report.missing_runs, report.cut_starts) == ([], 1)
+    late = [run(other, pid, start, None, task=mix.CRASH) for pid, start in ((7, 40), (8, 41), (9, 42))]
+    report = check(mine + late, rows)
+    assert len(report.missing_runs) == 1
+    assert report.cut_starts == 0
+
+
 def test_a_job_started_just_after_a_crash_began_lost_its_outcome_to_it() -> None:
     # The crashing handler records its start, then os._exit: another slot can start and finish a job
     # in between; its outcome, not yet flushed, dies with the process.
