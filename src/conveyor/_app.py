@@ -37,7 +37,7 @@ from conveyor._task import (
     TaskOptions,
 )
 from conveyor._topics import matches, parse_filter
-from conveyor.backends import DEFAULT_DATABASE_URL, in_memory_url, open_backend
+from conveyor.backends import DEFAULT_DATABASE_URL, in_memory_url, open_backend, same_database
 from conveyor.backends._redact import redact_url
 from conveyor.backends.base import (
     Backend,
@@ -80,12 +80,22 @@ def _new_memory() -> Backend:
     return open_backend("memory://")
 
 
+def _check_same(url: str, backend_url: str) -> None:
+    if url != backend_url and not same_database(url, backend_url):
+        raise ConfigurationError(
+            f"this App was given its backend (App(backend=...)) on {redact_url(backend_url)}, which a database "
+            f"URL naming another database cannot replace ({redact_url(url)}): give the URL or the backend, not both"
+        )
+
+
 class App:
     """A Conveyor application: where tasks are registered and jobs are sent.
 
     ``database_url`` defaults to ``$CONVEYOR_DATABASE_URL``, else the embedded SQLite file
-    ``sqlite:///conveyor.db``. The schema is migrated on first use of the embedded default
-    (SQLite); PostgreSQL schemas are migrated by ``conveyor migrate`` (or ``migrate=True``)."""
+    ``sqlite:///conveyor.db``; ``backend`` (a backend of your own making, with its options) is used
+    instead, and the App's database is then that backend's. The schema is migrated on first use of
+    the embedded default (SQLite); PostgreSQL schemas are migrated by ``conveyor migrate`` (or
+    ``migrate=True``)."""
 
     def __init__(
         self,
@@ -96,12 +106,18 @@ class App:
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         dedup_window: timedelta = DEFAULT_DEDUP_WINDOW,
     ) -> None:
-        # Given its backend (``App(backend=...)``), the App's database is that backend's, whatever
-        # database_url says (the default, unless given too); see the database_url setter.
+        # Given its backend (``App(backend=...)``), the App's database is that backend's: not
+        # $CONVEYOR_DATABASE_URL's, and a database_url given too must name the same (see its setter).
         self._backend_given = backend is not None
+        if backend is not None:
+            if database_url:
+                _check_same(database_url, backend.url)
+            database_url = backend.url
         self._database_url = database_url or os.environ.get("CONVEYOR_DATABASE_URL") or DEFAULT_DATABASE_URL
         self._backend = backend
         self._migrate = migrate
+        # Whether the backend is to be migrated at its next use: a given one as a URL's would be.
+        self._unmigrated = backend is not None and self._migrates(backend)
         # What the next call opens where database_url would be wrong: the parent's backend again after a
         # fork (see _forked), a given backend again after close().
         self._reopen: Callable[[], Backend] | None = None
@@ -123,8 +139,8 @@ class App:
             _inherited.append(backend)
             self._backend = None
             # The same database and options at the next call: not open_backend(database_url), which
-            # for an App given its backend (App(backend=PostgresBackend(url, ...))) names another
-            # database (the default SQLite file) or drops the options.
+            # for an App given its backend (App(backend=PostgresBackend(url, max_size=...))) would
+            # drop the options.
             self._reopen = backend.forked
         self.clock.forked()
 
@@ -132,40 +148,42 @@ class App:
 
     @property
     def database_url(self) -> str:
-        """The URL of this App's database (for an App given its backend: as given, or the default)."""
+        """The URL of this App's database (for an App given its backend: that backend's)."""
         return self._database_url
 
     @database_url.setter
     def database_url(self, url: str) -> None:
-        # The CLI's --db over an app module's own URL. An App given its backend would go on using that
-        # backend while its commands and workers were told of another database: refused.
-        if self._backend_given and url != self._database_url:
-            raise ConfigurationError(
-                f"this App was given its backend (App(backend=...)), which a database URL cannot replace "
-                f"({redact_url(url)}): give the URL or the backend, not both"
-            )
+        # The CLI's --db (or $CONVEYOR_DATABASE_URL) over an app module's own URL. An App given its
+        # backend would go on using that backend while its commands and workers were told of another
+        # database: refused, unless the URL names the backend's own database.
+        if self._backend_given:
+            _check_same(url, self._database_url)
         self._database_url = url
 
     @property
     def backend(self) -> Backend:
-        """The storage backend, opened (and, for SQLite, migrated) on first use."""
-        if self._backend is None:
-            with self._lock:
-                if self._backend is None:
-                    if self._reopen is not None:
-                        # The same database and options as before the fork or the close(); a private
-                        # in-memory one is a new, empty database, as memory:// is after close().
-                        backend = self._reopen()
-                        if backend.engine == "memory":
-                            backend.migrate()
-                        self._backend = backend
-                        return backend
-                    backend = open_backend(self.database_url)
-                    migrate = self._migrate if self._migrate is not None else backend.engine in ("sqlite", "memory")
-                    if migrate:
-                        backend.migrate()
-                    self._backend = backend
-        return self._backend
+        """The storage backend, opened (and, for SQLite or ``migrate=True``, migrated) on first use."""
+        backend = self._backend
+        if backend is not None and not self._unmigrated:
+            return backend
+        with self._lock:
+            if self._backend is None:
+                if self._reopen is not None:
+                    # The same database and options as before the fork or the close(); a private
+                    # in-memory one is a new, empty database, as memory:// is after close().
+                    self._backend = self._reopen()
+                    self._unmigrated = self._unmigrated or self._backend.engine == "memory"
+                else:
+                    self._backend = open_backend(self.database_url)
+                    self._unmigrated = self._migrates(self._backend)
+            if self._unmigrated:
+                self._backend.migrate()
+                self._unmigrated = False
+            return self._backend
+
+    def _migrates(self, backend: Backend) -> bool:
+        """Whether the first use of ``backend`` migrates it: ``migrate``, else only the embedded engines."""
+        return self._migrate if self._migrate is not None else backend.engine in ("sqlite", "memory")
 
     @property
     def in_memory(self) -> bool:
@@ -181,7 +199,7 @@ class App:
         if backend is not None:
             backend.close()
             self._backend = None
-            if self._backend_given:  # not database_url, which names another database (the default)
+            if self._backend_given:  # not open_backend(database_url), which would drop its options
                 self._reopen = backend.forked if backend.engine != "memory" else _new_memory
 
     def __enter__(self) -> App:

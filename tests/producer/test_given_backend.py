@@ -1,5 +1,5 @@
-"""An App given its backend (``App(backend=...)``): its database is that backend's, whatever its
-``database_url`` says (the default SQLite file unless given too)."""
+"""An App given its backend (``App(backend=...)``): its database is that backend's, and so is its
+``database_url`` (not ``$CONVEYOR_DATABASE_URL``'s, nor the default SQLite file's)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conveyor import App, ConfigurationError, JobNotFoundError
+from conveyor import App, BackendError, ConfigurationError, JobNotFoundError
 from conveyor.backends.postgres import PostgresBackend
 from conveyor.cli import main as conveyor_main
 
@@ -28,6 +28,20 @@ def test_admin_migrate_migrates_the_given_backend(
         assert not (tmp_path / "conveyor.db").exists()
     finally:
         app.close()
+
+
+def test_a_given_backend_is_migrated_at_first_use_as_its_url_would_be(postgres_database: str, tmp_path: Path) -> None:
+    # Before: a given backend was never migrated: App(backend=SqliteBackend(path)) failed its first
+    # send with "no such table: jobs", and migrate=True was ignored.
+    from conveyor.backends.sqlite import SqliteBackend
+
+    with App(backend=SqliteBackend(str(tmp_path / "given.db"))) as app:  # the embedded engine: always
+        assert app.send("t", {}, queue="q") is not None
+    with App(backend=PostgresBackend(postgres_database)) as app, pytest.raises(BackendError, match="schema is missing"):
+        app.send("t", {}, queue="q")  # PostgreSQL: only when asked
+    with App(backend=PostgresBackend(postgres_database), migrate=True) as app:
+        assert app.send("t", {}, queue="q") is not None
+        assert app.admin.migrate() == []
 
 
 def test_a_database_url_cannot_replace_a_given_backend(postgres_database: str) -> None:
@@ -63,6 +77,70 @@ def test_cli_db_with_an_app_that_brings_its_backend_is_one_line(
             assert "given its backend" in err and "pw" not in err, err
         assert conveyor_main(["--app", f"{module}:app", "migrate"]) == 0
         assert "applied" in capsys.readouterr().out
+    finally:
+        sys.modules.pop(module, None)
+
+
+def test_the_database_url_of_an_app_given_its_backend_is_the_backends(
+    postgres_database: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before: database_url was $CONVEYOR_DATABASE_URL's (or the default file) while the App used its
+    # backend: conveyor serve handed that URL to its processes, and the CLI's env check passed.
+    from conveyor.backends.sqlite import MemoryBackend, SqliteBackend
+
+    monkeypatch.setenv("CONVEYOR_DATABASE_URL", postgres_database)
+    path = str(tmp_path / "given.db")
+    assert App(backend=SqliteBackend(path)).database_url == "sqlite:///" + path
+    assert App(backend=MemoryBackend()).database_url == "memory://"
+    with App(backend=PostgresBackend(postgres_database)) as app:
+        assert app.database_url == postgres_database
+        app.database_url = postgres_database.replace("postgresql://", "postgres://", 1)  # the same database
+        with pytest.raises(ConfigurationError, match="another database"):
+            app.database_url = "sqlite:///" + path
+    with pytest.raises(ConfigurationError, match=r"given its backend \(App\(backend=...\)\) on sqlite:///"):
+        App(postgres_database, backend=SqliteBackend(path))
+    App("memory://", backend=MemoryBackend())  # the URL a private database's backend has
+
+
+@pytest.mark.parametrize("argv", [["stats"], ["worker", "{module}:app", "--burst"]])
+def test_cli_env_database_against_an_app_that_brings_its_backend_is_one_line(
+    argv: list[str],
+    postgres_database: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Before: with $CONVEYOR_DATABASE_URL set, the CLI used the app's own backend without a word (a
+    # worker drained an app's private in-memory database, found nothing and exited 0).
+    module = "env_backend_app_" + tmp_path.name.replace("-", "_")
+    (tmp_path / f"{module}.py").write_text(
+        f"from conveyor import App\nfrom conveyor.backends.sqlite import SqliteBackend\n"
+        f"app = App(backend=SqliteBackend({str(tmp_path / 'own.db')!r}))\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("CONVEYOR_DATABASE_URL", postgres_database)
+    try:
+        code = conveyor_main(["--app", f"{module}:app", *(a.format(module=module) for a in argv)])
+        err = capsys.readouterr().err
+        assert code == 1 and err.count("\n") == 1, (code, err)
+        assert "$CONVEYOR_DATABASE_URL" in err and "another database" in err, err
+    finally:
+        sys.modules.pop(module, None)
+
+
+def test_cli_worker_of_an_app_on_a_private_in_memory_database_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    module = "memory_backend_app_" + tmp_path.name.replace("-", "_")
+    (tmp_path / f"{module}.py").write_text(
+        "from conveyor import App\nfrom conveyor.backends.sqlite import MemoryBackend\n"
+        "app = App(backend=MemoryBackend())\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("CONVEYOR_DATABASE_URL", raising=False)
+    try:
+        assert conveyor_main(["worker", f"{module}:app", "--burst"]) == 1
+        assert "private in-memory database" in capsys.readouterr().err
     finally:
         sys.modules.pop(module, None)
 

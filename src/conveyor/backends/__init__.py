@@ -154,6 +154,13 @@ def open_backend(url: str) -> Backend:
     return MemoryBackend()
 
 
+def same_database(a: str, b: str) -> bool:
+    """Whether two database URLs name the same database as :func:`open_backend` reads them
+    (``postgres://`` is ``postgresql://``; two private in-memory databases are never the same)."""
+    engine, target = _parse(a)
+    return engine != "memory" and (engine, target) == _parse(b)
+
+
 def check_url(url: str) -> None:
     """Raise the :class:`ConfigurationError` :func:`open_backend` would for ``url``'s scheme or sqlite
     path, without opening anything: a supervisor checks once what each of its processes would fail on."""

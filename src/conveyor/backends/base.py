@@ -885,6 +885,9 @@ class Backend(Protocol):
 
     #: A short engine name: "postgres", "sqlite", "memory".
     engine: str
+    #: The database this backend opens, as the URL :func:`conveyor.backends.open_backend` takes (with
+    #: its password: redact it before showing it).
+    url: str
     #: True when ``listen`` delivers real notifications (pickup latency then does not depend on
     #: a polling interval); False when the listener only sleeps.
     notifies: bool

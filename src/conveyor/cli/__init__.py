@@ -49,6 +49,7 @@ def cli(ctx: click.Context, database_url: str | None, app_path: str | None, verb
     settings(ctx).update(
         database_url=database_url,
         db_given=source is not None and source.name != "DEFAULT",
+        db_from_env=source is not None and source.name == "ENVIRONMENT",
         app_path=app_path,
         verbose=verbose,
     )
@@ -57,7 +58,7 @@ def cli(ctx: click.Context, database_url: str | None, app_path: str | None, verb
 
 def _set_db(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
     if value is not None:
-        settings(ctx).update(database_url=value, db_given=True)
+        settings(ctx).update(database_url=value, db_given=True, db_from_env=False)
 
 
 def _set_app(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:

@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.text import Text
 
 from conveyor._app import App
-from conveyor._errors import printable
+from conveyor._errors import ConfigurationError, printable
 from conveyor._limits import MAX_JSON_DEPTH
 
 console = Console()
@@ -58,6 +58,20 @@ def shared(app: App) -> App:
     return app
 
 
+def given_database(ctx: click.Context, app: App) -> str | None:
+    """Point an app module's App at the database --db or $CONVEYOR_DATABASE_URL names, if one does;
+    return that URL. An App given its backend on another database fails the command."""
+    found = settings(ctx)
+    if not found["db_given"]:
+        return None
+    url: str = found["database_url"]
+    try:
+        app.database_url = url
+    except ConfigurationError as e:
+        fail(f"{e} (the URL is $CONVEYOR_DATABASE_URL's)" if found.get("db_from_env") else str(e))
+    return url
+
+
 def app_of(ctx: click.Context, database: bool = True) -> App:
     """The App the command works on, made on first use: by then every --db/--app is parsed,
     including those given after the subcommand. ``database``: the command uses its database, which
@@ -70,8 +84,7 @@ def app_of(ctx: click.Context, database: bool = True) -> App:
             from conveyor.worker.supervisor import load_app
 
             app = load_app(found["app_path"])
-            if found["db_given"] or not app.database_url:
-                app.database_url = found["database_url"]
+            given_database(ctx, app)
         else:
             app = App(found["database_url"])
         found["app"] = app

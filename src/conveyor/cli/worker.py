@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import click
 
-from conveyor._app import App
-from conveyor.cli._common import fail, settings, shared
+from conveyor.cli._common import fail, given_database, shared
 from conveyor.worker import WorkerConfig
 
 
@@ -82,9 +81,8 @@ def worker(
     from conveyor.worker.supervisor import load_app, run_processes
 
     loaded = load_app(app_path)
-    found = settings(ctx)
-    db = found["database_url"] if found["db_given"] else None
-    shared(App(db) if db else loaded)
+    db = given_database(ctx, loaded)
+    shared(loaded)
     lanes, weights = _lanes(queues)
     # Checked here, before any process is forked: a child that refuses its options would be restarted forever.
     config = WorkerConfig(

@@ -217,7 +217,7 @@ class PostgresBackend:
         # The password never reaches a message or a log line: ours are scrubbed, the drivers' filtered.
         self._secrets = hide(url)
         _check_url(url, self._secrets)
-        self._url = url
+        self._url = self.url = url
         self._connect_timeout = connect_timeout
         self._sizes = (min_size, max_size)
         self._q = load_queries(_PACKAGE)

@@ -44,8 +44,10 @@ class SqliteBackend:
             self._pool = MemoryConnection(on_commit=self._commits.committed)
             self.engine = "memory"
             self.notifies = True
+            self.url = "memory://"
         else:
             self._pool = ConnectionPool(path)
+            self.url = "sqlite:///" + path
         self._q = _QUERIES
         # The next scheduled job each queue's last acquire saw, and those this process wrote since.
         self._promotions = Promotions()
