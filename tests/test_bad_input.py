@@ -29,6 +29,7 @@ from conveyor import (
     Retry,
     Worker,
 )
+from conveyor._errors import UnstorableText
 from conveyor._limits import MAX_JSON_DEPTH, MAX_KEY_BYTES, MAX_NAME_CHARS
 from conveyor._message import LATEST
 from conveyor.backends.base import DeadListParams, QueuesStatsParams, Schedule, SchedulesUpsertParams
@@ -453,6 +454,21 @@ def test_bad_topic_names_are_refused(app: App) -> None:
     with pytest.raises(PayloadError, match="topic contains a NUL"):
         app.publish("or\x00ders", {})
     assert app.publish("orders", {}) == []
+
+
+def test_names_from_non_utf8_bytes_in_lookups_are_one_clear_error(app: App) -> None:
+    # A name read from a command line of non-UTF-8 bytes holds lone surrogates. Before, on SQLite,
+    # pausing or removing a schedule or unsubscribing by such a name raised a bare UnicodeEncodeError
+    # (a traceback at the CLI); PostgreSQL already said UnstorableText.
+    name = b"\xff\xfe".decode("utf-8", "surrogateescape")
+    for call in (
+        lambda: app.admin.pause_schedule(name, actor="t"),
+        lambda: app.admin.remove_schedule(name, actor="t"),
+        lambda: app.admin.unsubscribe("orders", name, actor="t"),
+    ):
+        with pytest.raises(UnstorableText, match="U\\+DCFF"):
+            call()
+    _nothing_written(app)
 
 
 def test_one_failing_schedule_does_not_block_the_others(app: App) -> None:

@@ -262,6 +262,20 @@ def test_passwords_never_appear_and_a_malformed_url_fails_fast() -> None:
         assert time.monotonic() - started < 5, run  # no pool retrying in the background until a timeout
         line = assert_one_line_error(run, "bob:***@")
         assert SECRET not in line + run.out
+    # A password of bytes that are not UTF-8 (the shell's $'\xff'): was a UnicodeEncodeError traceback.
+    run = conveyor(f"postgresql://bob:{SECRET}\udcff@127.0.0.1/db", "stats")
+    line = assert_one_line_error(run, "bob:***@", "not valid UTF-8")
+    assert SECRET not in line + run.out
+
+
+def test_output_a_terminal_cannot_encode_is_escaped_not_a_traceback(sqlite_url: str) -> None:
+    # Before: on an ASCII terminal (PYTHONIOENCODING=ascii) stats and dlq list died on the tables' "…"
+    # and on non-ASCII names with a UnicodeEncodeError traceback.
+    assert conveyor(sqlite_url, "send", "t\u00e4\u20acsk", "job").code == 0
+    for args in (("stats",), ("dlq", "list"), ("stats", "--json")):
+        run = conveyor(sqlite_url, *args, env={"PYTHONIOENCODING": "ascii"})
+        assert run.code == 0 and "Traceback" not in run.err, run
+    assert "t\\xe4\\u20acsk" in conveyor(sqlite_url, "stats", env={"PYTHONIOENCODING": "ascii"}).out
 
 
 @pytest.mark.parametrize("where", ["before", "after"])

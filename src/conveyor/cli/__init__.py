@@ -140,6 +140,7 @@ _accept_global_options(cli)
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: run the CLI; user errors end in one line on stderr and exit code 1 or 2 (74, EX_IOERR, for
     a damaged database)."""
+    _tolerant_output()
     try:
         result = cli.main(args=list(argv) if argv is not None else None, prog_name="conveyor", standalone_mode=False)
     except click.exceptions.Abort:
@@ -164,6 +165,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     return result if isinstance(result, int) else 0
+
+
+def _tolerant_output() -> None:
+    """Output that cannot be encoded (a table's "…" on an ASCII terminal, PYTHONIOENCODING=ascii) is
+    escaped rather than a traceback."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None and (stream.encoding or "").lower().replace("-", "") != "utf8":
+            reconfigure(errors="backslashreplace")
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ from conveyor._errors import (
     StatementCancelled,
     UnstorableText,
     first_line,
+    printable,
 )
 from conveyor.backends._promotion import Promotions, scheduled_earliest
 from conveyor.backends._redact import hide, redact_url, scrub
@@ -123,6 +124,12 @@ def _check_url(url: str, secrets: set[str]) -> None:
     at once: the pool would otherwise retry it in the background until every call timed out."""
     try:
         params = conninfo_to_dict(url)
+    except UnicodeEncodeError:
+        # Bytes that are not UTF-8 (a shell's $'\xff'), read as lone surrogates: libpq takes UTF-8.
+        raise ConfigurationError(
+            f"malformed PostgreSQL URL {printable(redact_url(url))}: it is not valid UTF-8 text "
+            "(percent-encode other bytes, e.g. %FF)"
+        ) from None
     except psycopg.Error as exc:
         raise ConfigurationError(
             f"malformed PostgreSQL URL {redact_url(url)!r}: {scrub(first_line(exc), secrets)}"

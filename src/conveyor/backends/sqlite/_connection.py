@@ -20,7 +20,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from conveyor._errors import BackendCorrupt, BackendError, BackendUnavailable
+from conveyor._errors import BackendCorrupt, BackendError, BackendUnavailable, UnstorableText
 
 #: How long a statement waits for another connection's write lock before giving up.
 BUSY_TIMEOUT_S = 30.0
@@ -64,11 +64,14 @@ def translate(exc: sqlite3.Error, path: str | None = None) -> BackendError:
 
 @contextmanager
 def translated(path: str | None = None) -> Iterator[None]:
-    """Re-raise any sqlite3 error inside the block as BackendError / BackendUnavailable."""
+    """Re-raise any sqlite3 error inside the block as BackendError / BackendUnavailable, and text
+    sqlite3 cannot encode (a lone surrogate: a name read from non-UTF-8 bytes) as UnstorableText."""
     try:
         yield
     except sqlite3.Error as exc:
         raise translate(exc, path) from exc
+    except UnicodeEncodeError as exc:
+        raise UnstorableText(f"SQLite{f' ({path})' if path else ''}", exc) from None
 
 
 def _open(path: str) -> sqlite3.Connection:
