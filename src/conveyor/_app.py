@@ -110,7 +110,7 @@ class App:
         # $CONVEYOR_DATABASE_URL's, and a database_url given too must name the same (see its setter).
         self._backend_given = backend is not None
         if backend is not None:
-            if database_url:
+            if database_url is not None and database_url != "":
                 _check_same(database_url, backend.url)
             database_url = backend.url
         self._database_url = database_url or os.environ.get("CONVEYOR_DATABASE_URL") or DEFAULT_DATABASE_URL

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from _factory import VT, acquire, at, complete, dead, get, insert, new_job, retry
 
 from conveyor.backends.base import (
@@ -24,44 +25,53 @@ def _redelivered(backend: Backend) -> tuple[Delivery, Delivery]:
     return stale, current
 
 
-def _extend(backend: Backend, *deliveries: Delivery, now_s: float, vt: float = VT) -> list[object]:
+def _extend(backend: Backend, *deliveries: Delivery, now_s: float, vt: float = VT, wait: bool = True) -> list[object]:
     return list(
         backend.leases_extend_many(
             LeasesExtendParams(
                 items=[LeaseRef(id=d.id, receipt=d.receipt) for d in deliveries],
                 visibility_timeout=vt,
                 now=at(now_s),
+                wait=wait,
             )
         )
     )
 
 
-def test_extend_pushes_the_lease_of_held_deliveries(backend: Backend) -> None:
+# The heartbeat's form (wait=False, which skips rows other transactions hold locked) and ctx.extend's
+# agree when nothing is locked (tests/postgres/test_pg_session_settings.py has the locked row).
+WAITS = pytest.mark.parametrize("wait", [True, False], ids=["wait", "skip_locked"])
+
+
+@WAITS
+def test_extend_pushes_the_lease_of_held_deliveries(backend: Backend, wait: bool) -> None:
     insert(backend, new_job(), new_job())
     a, b = acquire(backend, limit=2, visibility_timeout=VT)
 
-    extended = _extend(backend, a, b, now_s=10, vt=120)
+    extended = _extend(backend, a, b, now_s=10, vt=120, wait=wait)
 
     assert set(extended) == {a.id, b.id}
     assert get(backend, a.id).lease_expires_at == at(130)
     assert get(backend, b.id).lease_expires_at == at(130)
 
 
-def test_extend_with_a_stale_receipt_is_refused_and_changes_nothing(backend: Backend) -> None:
+@WAITS
+def test_extend_with_a_stale_receipt_is_refused_and_changes_nothing(backend: Backend, wait: bool) -> None:
     stale, current = _redelivered(backend)
     lease_before = get(backend, current.id).lease_expires_at
 
-    assert _extend(backend, stale, now_s=VT + 3, vt=600) == []
+    assert _extend(backend, stale, now_s=VT + 3, vt=600, wait=wait) == []
     assert get(backend, current.id).lease_expires_at == lease_before
-    assert _extend(backend, current, now_s=VT + 3, vt=600) == [current.id]
+    assert _extend(backend, current, now_s=VT + 3, vt=600, wait=wait) == [current.id]
 
 
-def test_extend_of_a_finished_job_reports_the_lease_lost(backend: Backend) -> None:
+@WAITS
+def test_extend_of_a_finished_job_reports_the_lease_lost(backend: Backend, wait: bool) -> None:
     insert(backend, new_job(), new_job())
     done, held = acquire(backend, limit=2)
     assert complete(backend, done) == 1
 
-    assert _extend(backend, done, held, now_s=5) == [held.id]
+    assert _extend(backend, done, held, now_s=5, wait=wait) == [held.id]
 
 
 def test_finish_with_a_stale_receipt_is_skipped(backend: Backend) -> None:

@@ -15,7 +15,7 @@ import pytest
 from psycopg import sql
 
 from conveyor import App, BackendError, BackendUnavailable, Message, Worker, _clock
-from conveyor.backends.base import JobsAcquireParams
+from conveyor.backends.base import JobsAcquireParams, LeaseRef, LeasesExtendParams
 from conveyor.backends.postgres import PostgresBackend
 
 
@@ -484,8 +484,77 @@ def test_heartbeats_longer_than_the_statement_timeout_are_split_and_keep_every_l
         assert sorted(runs) == list(range(100))  # each once
         assert (worker.counters.rescued, worker.counters.lost_leases) == (0, 0)
         assert [(q.pending, q.processing, q.completed) for q in app.admin.queues()] == [(0, 0, 100)]
-    split = [r.getMessage() for r in caplog.records if "splitting" in r.getMessage()]
-    assert any(m.startswith("heartbeat: splitting a batch of 100") for m in split), split[:5]
+    split = [r.getMessage() for r in caplog.records if r.getMessage().startswith("heartbeat: the database cancelled")]
+    assert split and split[0].startswith("heartbeat: the database cancelled a batch of 100"), split[:5]
+    # The size that fits is kept: a warning when it shrinks (100 -> 50 at most -> ...), not one or more
+    # at every beat (before: 3 beats, each split again and warned again).
+    assert 1 <= len(split) <= 3, split
+
+
+def _locked(url: str, job_id: uuid.UUID, seconds: float) -> threading.Thread:
+    """Hold ``job_id``'s row locked for ``seconds`` from another session (an operator's open transaction)."""
+    locked = threading.Event()
+
+    def hold() -> None:
+        with psycopg.connect(url) as conn:
+            conn.execute("SELECT 1 FROM jobs WHERE id = %s FOR UPDATE", (job_id,))
+            locked.set()
+            time.sleep(seconds)
+            conn.rollback()
+
+    thread = threading.Thread(target=hold, daemon=True)
+    thread.start()
+    assert locked.wait(10)
+    return thread
+
+
+def test_a_heartbeat_skips_a_row_another_transaction_holds_locked_and_keeps_the_other_leases(
+    postgres_database: str,
+) -> None:
+    # Before: the heartbeat's UPDATE waited for the locked row; past the statement_timeout the batch was
+    # split down to that row, retried inline until the lock went, and meanwhile no other lease was
+    # extended: they expired, were rescued and their jobs ran again.
+    with App(postgres_database, migrate=True) as app:
+        ids = app.send_many([Message("t", {"i": i}, queue="q") for i in range(10)])
+    _alter(postgres_database, "statement_timeout", "300ms")
+    runs: list[int] = []
+    with App(postgres_database) as app:
+
+        @app.task(queue="q", name="t", visibility_timeout=2.0)
+        async def t(i: int) -> None:
+            runs.append(i)
+            await asyncio.sleep(7)  # three leases long: only heartbeats keep the jobs
+
+        worker = Worker(app, burst=True, poll_interval=0.02, concurrency=10, rescue_interval=0.3)
+
+        async def scenario() -> None:
+            task = asyncio.create_task(worker.run())
+            while len(runs) < 10:
+                await asyncio.sleep(0.02)
+            await asyncio.to_thread(lambda: _locked(postgres_database, ids[0].id, 5.0).join())
+            await task
+
+        asyncio.run(asyncio.wait_for(scenario(), timeout=60))
+        assert worker.exit_code == 0
+        # The locked job's own lease could not be extended for 5 s: it may have run again after the lock.
+        assert sorted(i for i in runs if i != 0) == list(range(1, 10)), runs  # the others each once
+        assert [(q.pending, q.processing, q.completed) for q in app.admin.queues()] == [(0, 0, 10)]
+    # The seam: the locked row is skipped (held, not extended), the others extended, without waiting.
+    with App(postgres_database) as app:
+        app.send_many([Message("t", {}, queue="r") for _ in range(2)])
+        backend = app.backend
+        leased = backend.jobs_acquire(JobsAcquireParams("r", 2, 30.0, "w", datetime.now(UTC)))
+        holder = _locked(postgres_database, leased[0].id, 2.0)
+        started = time.monotonic()
+        refs = [LeaseRef(d.id, d.receipt) for d in leased]
+        held = backend.leases_extend_many(LeasesExtendParams(refs, 600.0, datetime.now(UTC), wait=False))
+        assert time.monotonic() - started < 1.0
+        assert held == [d.id for d in leased]
+        holder.join()
+        with psycopg.connect(postgres_database) as conn:
+            ends = dict(conn.execute("SELECT id, lease_expires_at FROM jobs WHERE queue = 'r'").fetchall())
+        assert ends[leased[0].id] == leased[0].lease_expires_at  # skipped this time
+        assert ends[leased[1].id] > leased[1].lease_expires_at + timedelta(seconds=500)
 
 
 def test_a_rescue_longer_than_the_statement_timeout_takes_fewer_rows_a_statement(

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -58,18 +60,32 @@ def test_a_database_url_cannot_replace_a_given_backend(postgres_database: str) -
     assert plain.database_url == "sqlite:///b.db"
 
 
+@contextmanager
+def _app_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str, env: str | None = None) -> Iterator[str]:
+    """A module in ``tmp_path`` (the working directory) holding ``app = App(backend=<backend>)``, and
+    ``$CONVEYOR_DATABASE_URL`` set to ``env`` or unset; yields the module's name."""
+    module = "given_app_" + tmp_path.name.replace("-", "_")
+    (tmp_path / f"{module}.py").write_text(
+        "from conveyor import App\nfrom conveyor.backends.postgres import PostgresBackend\n"
+        f"from conveyor.backends.sqlite import MemoryBackend, SqliteBackend\napp = App(backend={backend})\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    if env is None:
+        monkeypatch.delenv("CONVEYOR_DATABASE_URL", raising=False)
+    else:
+        monkeypatch.setenv("CONVEYOR_DATABASE_URL", env)
+    try:
+        yield module
+    finally:
+        sys.modules.pop(module, None)
+
+
 def test_cli_db_with_an_app_that_brings_its_backend_is_one_line(
     postgres_database: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # Before: stats and workers used the app's backend and ignored --db without a word; migrate used --db.
-    module = "given_backend_app_" + tmp_path.name.replace("-", "_")
-    (tmp_path / f"{module}.py").write_text(
-        "from conveyor import App\nfrom conveyor.backends.postgres import PostgresBackend\n"
-        f"app = App(backend=PostgresBackend({postgres_database!r}))\n"
-    )
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("CONVEYOR_DATABASE_URL", raising=False)
-    try:
+    with _app_module(tmp_path, monkeypatch, f"PostgresBackend({postgres_database!r})") as module:
         for argv in (["stats"], ["migrate"], ["worker", f"{module}:app", "--burst"]):
             code = conveyor_main(["--app", f"{module}:app", "--db", "postgresql://u:pw@127.0.0.1:1/x", *argv])
             err = capsys.readouterr().err
@@ -77,8 +93,6 @@ def test_cli_db_with_an_app_that_brings_its_backend_is_one_line(
             assert "given its backend" in err and "pw" not in err, err
         assert conveyor_main(["--app", f"{module}:app", "migrate"]) == 0
         assert "applied" in capsys.readouterr().out
-    finally:
-        sys.modules.pop(module, None)
 
 
 def test_the_database_url_of_an_app_given_its_backend_is_the_backends(
@@ -102,6 +116,29 @@ def test_the_database_url_of_an_app_given_its_backend_is_the_backends(
     App("memory://", backend=MemoryBackend())  # the URL a private database's backend has
 
 
+def test_the_same_database_spelled_another_way_is_the_same(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A helper's sweep: an absolute $CONVEYOR_DATABASE_URL for the file an app names relative, or a URL
+    # with the default port or a password written out, was refused as "another database".
+    from conveyor.backends import same_database
+    from conveyor.backends.sqlite import SqliteBackend
+
+    monkeypatch.chdir(tmp_path)
+    app = App(backend=SqliteBackend(Path("t.db")))  # a path object, as sqlite3 takes (was a TypeError)
+    app.database_url = f"sqlite:///{tmp_path}/t.db"
+    app.database_url = "sqlite:///./t.db"
+    with pytest.raises(ConfigurationError, match="another database"):
+        app.database_url = "sqlite:///u.db"
+    assert same_database("postgres://u:pw@h/db?sslmode=disable", "postgresql://u@h:5432/db")
+    assert not same_database("postgresql://u@h/db", "postgresql://u@h/other")
+    assert not same_database("postgresql://u@h/db", "postgresql://v@h/db")
+    # A backend on a file whose name a URL cannot carry ("?"): another database, said as such.
+    odd = App(backend=SqliteBackend(str(tmp_path / "odd?v=1.db")))
+    with pytest.raises(ConfigurationError, match="another database"):
+        odd.database_url = "sqlite:///other.db"
+    with pytest.raises(ConfigurationError, match="must be a string"):
+        App(0, backend=SqliteBackend("t.db"))  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize("argv", [["stats"], ["worker", "{module}:app", "--burst"]])
 def test_cli_env_database_against_an_app_that_brings_its_backend_is_one_line(
     argv: list[str],
@@ -112,37 +149,28 @@ def test_cli_env_database_against_an_app_that_brings_its_backend_is_one_line(
 ) -> None:
     # Before: with $CONVEYOR_DATABASE_URL set, the CLI used the app's own backend without a word (a
     # worker drained an app's private in-memory database, found nothing and exited 0).
-    module = "env_backend_app_" + tmp_path.name.replace("-", "_")
-    (tmp_path / f"{module}.py").write_text(
-        f"from conveyor import App\nfrom conveyor.backends.sqlite import SqliteBackend\n"
-        f"app = App(backend=SqliteBackend({str(tmp_path / 'own.db')!r}))\n"
-    )
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("CONVEYOR_DATABASE_URL", postgres_database)
-    try:
+    own = f"SqliteBackend({str(tmp_path / 'own.db')!r})"
+    with _app_module(tmp_path, monkeypatch, own, env=postgres_database) as module:
         code = conveyor_main(["--app", f"{module}:app", *(a.format(module=module) for a in argv)])
-        err = capsys.readouterr().err
-        assert code == 1 and err.count("\n") == 1, (code, err)
-        assert "$CONVEYOR_DATABASE_URL" in err and "another database" in err, err
-    finally:
-        sys.modules.pop(module, None)
+    err = capsys.readouterr().err
+    assert code == 1 and err.count("\n") == 1, (code, err)
+    assert "$CONVEYOR_DATABASE_URL" in err and "another database" in err, err
+
+
+def test_cli_worker_processes_of_an_app_on_a_file_a_url_cannot_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A helper's sweep: `worker -p 2` checked the app's URL, now its backend's ("sqlite URLs take no options").
+    with _app_module(tmp_path, monkeypatch, f"SqliteBackend({str(tmp_path / 'odd?v=1.db')!r})") as module:
+        assert conveyor_main(["worker", f"{module}:app", "--burst", "-p", "2"]) == 0, capsys.readouterr().err
 
 
 def test_cli_worker_of_an_app_on_a_private_in_memory_database_fails(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    module = "memory_backend_app_" + tmp_path.name.replace("-", "_")
-    (tmp_path / f"{module}.py").write_text(
-        "from conveyor import App\nfrom conveyor.backends.sqlite import MemoryBackend\n"
-        "app = App(backend=MemoryBackend())\n"
-    )
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("CONVEYOR_DATABASE_URL", raising=False)
-    try:
+    with _app_module(tmp_path, monkeypatch, "MemoryBackend()") as module:
         assert conveyor_main(["worker", f"{module}:app", "--burst"]) == 1
-        assert "private in-memory database" in capsys.readouterr().err
-    finally:
-        sys.modules.pop(module, None)
+    assert "private in-memory database" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("engine", ["postgres", "sqlite", "memory"])

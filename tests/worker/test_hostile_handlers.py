@@ -304,6 +304,42 @@ def test_a_cancelled_batch_split_down_to_one_item_ends_once_its_caller_gives_up(
     assert calls == [[1, 2, 3, 4], [1, 2], [1]]  # halves, then the first single item, given up: raised
 
 
+def test_a_batch_size_that_fit_is_kept_for_the_next_batches_of_its_kind(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: every heartbeat sent its whole batch again, had it cancelled, split it and warned again."""
+    from conveyor._errors import StatementCancelled
+    from conveyor.backends.sqlite import MemoryBackend
+    from conveyor.worker import _calls
+    from conveyor.worker._calls import BackendCalls
+    from conveyor.worker._state import Counters
+
+    calls: list[list[int]] = []
+
+    def at_most_two(part: list[int]) -> list[int]:
+        calls.append(part)
+        if len(part) > 2:
+            raise StatementCancelled("canceling statement due to statement timeout")
+        return part
+
+    backend = MemoryBackend()
+    runner = BackendCalls(backend, Counters())
+    try:
+        assert asyncio.run(runner.call_batch(at_most_two, [1, 2, 3, 4, 5], list, what="heartbeat")) == [1, 2, 3, 4, 5]
+        assert calls == [[1, 2, 3, 4, 5], [1, 2], [3, 4], [5]]  # halved once, then in parts of that size
+        calls.clear()
+        assert asyncio.run(runner.call_batch(at_most_two, [1, 2, 3, 4, 5], list, what="heartbeat")) == [1, 2, 3, 4, 5]
+        assert calls == [[1, 2], [3, 4], [5]]  # in parts of the size that fit, none cancelled
+        calls.clear()
+        asyncio.run(runner.call_batch(at_most_two, [1, 2], list, what="release"))  # another kind: its own size
+        assert calls == [[1, 2]]
+        calls.clear()
+        monkeypatch.setattr(_calls, "BATCH_CAP_SECONDS", 0.0)  # kept for a while only: whole again after
+        asyncio.run(runner.call_batch(at_most_two, [1, 2, 3, 4, 5], list, what="heartbeat"))
+        assert calls[0] == [1, 2, 3, 4, 5]
+    finally:
+        runner.shutdown()
+        backend.close()
+
+
 def test_a_stale_run_of_a_job_leaves_the_newer_delivery_alone(app: App) -> None:
     """A job whose lease ran out mid-run is rescued and leased again by the same worker while the
     first run goes on. Before: the worker's registry held one entry per job id, so the stale run's

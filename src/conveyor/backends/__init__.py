@@ -155,10 +155,34 @@ def open_backend(url: str) -> Backend:
 
 
 def same_database(a: str, b: str) -> bool:
-    """Whether two database URLs name the same database as :func:`open_backend` reads them
-    (``postgres://`` is ``postgresql://``; two private in-memory databases are never the same)."""
-    engine, target = _parse(a)
-    return engine != "memory" and (engine, target) == _parse(b)
+    """Whether two database URLs name the same database as :func:`open_backend` reads them:
+    ``postgres://`` is ``postgresql://`` and a password or an option changes nothing (not a host
+    spelled another way: ``localhost`` may be a socket); a SQLite file named relative to the working
+    directory is the file named absolute; two private in-memory databases are never the same. A
+    malformed ``a`` raises ConfigurationError; a ``b`` open_backend would refuse (a backend's own
+    URL, for a file name with a ``?``) is another database."""
+    one = _identity(*_parse(a))
+    try:
+        other = _identity(*_parse(b))
+    except ConfigurationError:
+        return False
+    return one[0] != "memory" and one == other
+
+
+def _identity(engine: str, target: str) -> tuple[str, ...]:
+    if engine == "sqlite":
+        return engine, os.path.abspath(target)
+    if engine == "postgres":
+        from psycopg.conninfo import conninfo_to_dict
+
+        try:
+            params = conninfo_to_dict(target)
+        except Exception:  # malformed: compared as written (opening it says why)
+            return engine, target
+        named = (str(params.get(k) or "") for k in ("host", "port", "dbname", "user"))
+        host, port, dbname, user = named
+        return engine, host, port or "5432", dbname or user, user
+    return (engine,)
 
 
 def check_url(url: str) -> None:

@@ -466,11 +466,17 @@ class JobsReleaseParams:
 
 @dataclass(frozen=True, slots=True)
 class LeasesExtendParams:
-    """Set ``lease_expires_at = now + visibility_timeout`` for deliveries still held."""
+    """Set ``lease_expires_at = now + visibility_timeout`` for deliveries still held.
+
+    ``wait=False`` (the heartbeat's) does not wait for a row another transaction holds locked (an
+    operator's open transaction, say): that lease is left as it is this time and its id returned as
+    held, so that one locked row cannot stall the extension of all the others until they expire.
+    ``wait=True`` (a handler's ``ctx.extend``) waits for it: its id is returned only if extended."""
 
     items: Sequence[LeaseRef]
     visibility_timeout: float
     now: datetime
+    wait: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -926,7 +932,8 @@ class Backend(Protocol):
     def jobs_release_many(self, params: JobsReleaseParams) -> int: ...
 
     def leases_extend_many(self, params: LeasesExtendParams) -> list[UUID]:
-        """Return the ids whose lease was extended (a missing id means the lease was lost)."""
+        """Return the ids of the deliveries still held: extended (or, with ``wait=False``, left for
+        the next call because their row was locked); a missing id means the lease was lost."""
         ...
 
     def jobs_rescue_expired(self, params: JobsRescueParams) -> int: ...

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -14,6 +15,9 @@ from conveyor.backends.base import Backend
 from conveyor.worker._state import Counters
 
 log = logging.getLogger("conveyor.worker")
+
+#: How long a batch size that fit a statement_timeout is kept (see BackendCalls.call_batch).
+BATCH_CAP_SECONDS = 60.0
 
 T = TypeVar("T")
 P_ = TypeVar("P_")
@@ -32,6 +36,10 @@ class BackendCalls:
         self.backend = backend
         self.counters = counters
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="conveyor-db")
+        # The largest batch of each kind (``what``) known to end within the database's statement_timeout,
+        # once one was cancelled, and since when: later batches of that kind go in parts of that size
+        # from the start, for BATCH_CAP_SECONDS (what slowed them, a lock, a load, may be gone by then).
+        self._batch_caps: dict[str, tuple[int, float]] = {}
         # Acquire and finish run on the event loop itself where the backend can (LoopStatements):
         # on a thread, each wake-up took the GIL from the handlers. Only the backend's own methods
         # are: one replaced or wrapped (a test's fault injection, a proxy) is called as it is.
@@ -94,16 +102,54 @@ class BackendCalls:
         a count (added): a batch the database cancelled (past its ``statement_timeout``) is split in
         halves, each called on its own; one item alone so cancelled is retried like an unavailable
         database. Before, the same batch was retried whole, forever (a heartbeat that never extended
-        its leases: every job rescued and run again)."""
+        its leases: every job rescued and run again). The size that fits is kept for later batches
+        of the same ``what`` (one warning when it shrinks, not a split and a warning every call)."""
+        cap, since = self._batch_caps.get(what, (len(items), 0.0))
+        if since and time.monotonic() - since > BATCH_CAP_SECONDS:
+            del self._batch_caps[what]
+            cap = len(items)
+        return await self._in_parts(fn, items, max(cap, 1), params, give_up, what)
+
+    async def _in_parts(
+        self,
+        fn: Callable[[P_], R],
+        items: Sequence[I],
+        size: int,
+        params: Callable[[Sequence[I]], P_],
+        give_up: Callable[[], bool],
+        what: str,
+    ) -> R:
+        result: R | None = None
+        for start in range(0, max(len(items), 1), size):
+            done = await self._call_part(fn, items[start : start + size], params, give_up, what)
+            result = done if result is None else result + done
+        assert result is not None
+        return result
+
+    async def _call_part(
+        self,
+        fn: Callable[[P_], R],
+        items: Sequence[I],
+        params: Callable[[Sequence[I]], P_],
+        give_up: Callable[[], bool],
+        what: str,
+    ) -> R:
         try:
             return await self.call(fn, params(items), give_up=give_up, what=what, splits=len(items) > 1)
         except StatementCancelled as exc:
             if len(items) <= 1:  # the caller gave up on it (give_up): nothing left to split
                 raise
-            middle = len(items) // 2
-            log.warning("%s: splitting a batch of %d the database cancelled (%s)", what, len(items), exc)
-            first = await self.call_batch(fn, items[:middle], params, give_up=give_up, what=what)
-            return first + await self.call_batch(fn, items[middle:], params, give_up=give_up, what=what)
+            cap = len(items) // 2
+            if cap < self._batch_caps.get(what, (len(items), 0.0))[0]:
+                self._batch_caps[what] = (cap, time.monotonic())
+                log.warning(
+                    "%s: the database cancelled a batch of %d (%s); batches of at most %d from now on",
+                    what,
+                    len(items),
+                    exc,
+                    cap,
+                )
+            return await self._in_parts(fn, items, cap, params, give_up, what)
 
     async def call_limited(
         self,

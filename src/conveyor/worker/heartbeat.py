@@ -88,7 +88,7 @@ class Heartbeat(Service):
                 await self.calls.call_batch(
                     self.calls.backend.leases_extend_many,
                     refs,
-                    partial(LeasesExtendParams, visibility_timeout=vt, now=self.clock()),
+                    partial(LeasesExtendParams, visibility_timeout=vt, now=self.clock(), wait=False),
                     give_up=lambda: self.stopping,
                     what="heartbeat",
                 )

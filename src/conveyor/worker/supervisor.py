@@ -98,7 +98,8 @@ def run_processes(
         return run_worker(app_path, database_url, config)
     # Fail fast, in the parent, with one clear line, on what each child would fail on and exit.
     app = load_app(app_path)
-    check_url(database_url or app.database_url)
+    if database_url or not app._backend_given:  # an App given its backend opens no URL of its own
+        check_url(database_url or app.database_url)
     if config.metrics_port is not None and config.metrics_port + processes - 1 > 65535:
         last = config.metrics_port + processes - 1
         raise ConfigurationError(f"--metrics-port: ports {config.metrics_port}..{last} go past 65535")

@@ -655,12 +655,13 @@ class PostgresBackend:
         return int(row[0]) if row else 0
 
     def leases_extend_many(self, params: LeasesExtendParams) -> list[UUID]:
-        """Extend the leases still held; return their ids (a missing id lost its lease)."""
+        """Extend the leases still held; return their ids (a missing id lost its lease; with
+        ``wait=False`` a row locked by another transaction is skipped and its id returned)."""
         ids, receipts = self._leases(params.items)
         if not ids:
             return []
         rows = self._fetchall(
-            "leases_extend_many",
+            "leases_extend_many" if params.wait else "leases_extend_many_skip_locked",
             {
                 "ids": ids,
                 "receipts": receipts,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import threading
 from collections.abc import Iterable, Sequence
@@ -36,8 +37,8 @@ class SqliteBackend:
     engine = "sqlite"
     notifies = False
 
-    def __init__(self, path: str) -> None:
-        self.path = path
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        path = self.path = os.fspath(path)
         self._pool: Connections
         if path == ":memory:":
             self._commits = _Commits()
@@ -254,7 +255,8 @@ class SqliteBackend:
             return conn.execute(self._q["jobs_release_many"], {"items": items}).rowcount
 
     def leases_extend_many(self, params: base.LeasesExtendParams) -> list[UUID]:
-        """Extend the leases still held; return their ids (a missing id means the lease was lost)."""
+        """Extend the leases still held; return their ids (a missing id means the lease was lost).
+        ``wait`` changes nothing here: SQLite locks the database, not rows (a writer waits its busy timeout)."""
         items = _lease_refs(params.items)
         if items == "[]":
             return []

@@ -674,6 +674,34 @@ FROM unnest(%(ids)b::uuid[], %(receipts)b::uuid[]) AS i(id, receipt)
 WHERE j.id = ANY (%(ids)b::uuid[]) AND j.id = i.id AND j.receipt = i.receipt
 RETURNING j.id, j.receipt
 
+-- name: leases_extend_many_skip_locked
+-- The heartbeat's form: a row another transaction holds locked (an operator's open transaction) is
+-- not waited for, which would hold up every other lease of the batch until they expired too. The
+-- held CTE reads the deliveries still held from the statement's snapshot, without locking; free
+-- locks those it can (SKIP LOCKED) and the UPDATE extends them, re-checking the receipt on the row
+-- version it locked (a rescue committed meanwhile: not extended). Every held delivery is returned,
+-- extended or skipped this time; a skipped one is extended at the next beat, or found lost then.
+WITH held AS MATERIALIZED (
+    SELECT j.id, j.receipt
+    FROM jobs AS j, unnest(%(ids)b::uuid[], %(receipts)b::uuid[]) AS i(id, receipt)
+    WHERE j.id = ANY (%(ids)b::uuid[]) AND j.id = i.id AND j.receipt = i.receipt
+),
+free AS MATERIALIZED (
+    SELECT j.id
+    FROM jobs AS j
+    WHERE j.id = ANY (ARRAY(SELECT id FROM held))
+    FOR UPDATE SKIP LOCKED
+),
+extended AS (
+    UPDATE jobs AS j SET
+        lease_expires_at = %(now)s + make_interval(secs => %(visibility_timeout)s)
+    FROM held AS h
+    WHERE j.id = ANY (ARRAY(SELECT id FROM free)) AND j.id = h.id AND j.receipt = h.receipt
+    RETURNING j.id
+)
+SELECT h.id, h.receipt FROM held AS h
+WHERE h.id IN (SELECT id FROM extended) OR h.id NOT IN (SELECT id FROM free)
+
 -- name: jobs_rescue_expired
 -- Expired leases back to pending, oldest first, in bounded batches. SKIP LOCKED keeps two
 -- rescuers (or a rescuer and a finishing worker) from waiting on each other; a row whose lease
