@@ -174,7 +174,10 @@ def test_release_hands_back_leased_jobs_uncounted(backend: Backend) -> None:
     assert get(backend, a.id).deliveries == 1
 
 
-def test_a_lease_is_not_a_delivery_an_outcome_counts_its_start(backend: Backend) -> None:
+# The heartbeat's form of the count (wait=False: a row another transaction holds locked is skipped)
+# agrees with the suspect's when nothing is locked (tests/postgres/test_pg_session_settings.py has the lock).
+@pytest.mark.parametrize("wait", [True, False], ids=["wait", "skip_locked"])
+def test_a_lease_is_not_a_delivery_an_outcome_counts_its_start(backend: Backend, wait: bool) -> None:
     insert(backend, *(new_job() for _ in range(4)))
     done, failed, started, held = acquire(backend, limit=4, now=at(1))
     assert [d.deliveries for d in (done, failed, started, held)] == [0, 0, 0, 0]
@@ -183,7 +186,7 @@ def test_a_lease_is_not_a_delivery_an_outcome_counts_its_start(backend: Backend)
     assert retry(backend, failed, run_at=at(5), now=at(2)) == 1
     # A start counted early (a suspect before it runs, or a heartbeat) is not counted again by its outcome.
     refs = [LeaseRef(started.id, started.receipt), LeaseRef(held.id, "not-the-receipt")]
-    assert backend.jobs_start_many(JobsStartParams(items=refs, now=at(2))) == [started.id]
+    assert backend.jobs_start_many(JobsStartParams(items=refs, now=at(2), wait=wait)) == [started.id]
     assert get(backend, started.id).deliveries == 1
     finish = Finish(started.id, started.receipt, "completed", counted=True)
     assert backend.jobs_finish_many(JobsFinishParams([finish], now=at(3))) == 1

@@ -557,6 +557,51 @@ def test_a_heartbeat_skips_a_row_another_transaction_holds_locked_and_keeps_the_
         assert ends[leased[1].id] > leased[1].lease_expires_at + timedelta(seconds=500)
 
 
+def test_acks_are_not_held_up_by_the_start_count_of_a_row_another_transaction_holds_locked(
+    postgres_database: str,
+) -> None:
+    # A job running a while has its start counted from the heartbeat, by the completer, ahead of the
+    # outcomes it flushes. Before: that count waited for the job's row, locked by an operator's open
+    # transaction, and no outcome was written until the lock went (here 5 s).
+    with App(postgres_database, migrate=True) as app:
+        (long_id,) = app.send_many([Message("long", {}, queue="q")])
+    with App(postgres_database) as app:
+        started = threading.Event()
+
+        @app.task(queue="q", name="long", visibility_timeout=9.0)
+        async def long() -> None:
+            started.set()
+            await asyncio.sleep(7)
+
+        @app.task(queue="q", name="quick")
+        async def quick() -> None:
+            pass
+
+        worker = Worker(app, burst=True, poll_interval=0.02, concurrency=5)
+
+        def acked() -> int:
+            with psycopg.connect(postgres_database) as conn:
+                row = conn.execute("SELECT count(*) FROM archive WHERE task = 'quick'").fetchone()
+            return int(row[0]) if row else 0
+
+        async def scenario() -> int:
+            task = asyncio.create_task(worker.run())
+            await asyncio.to_thread(started.wait, 10)
+            holder = await asyncio.to_thread(_locked, postgres_database, long_id.id, 5.0)
+            await asyncio.sleep(3.5)  # the heartbeat (every 3 s) has asked for the long job's start count
+            app.send_many([Message("quick", {}, queue="q") for _ in range(20)])
+            await asyncio.sleep(1.2)
+            during = await asyncio.to_thread(acked)  # the lock is still held
+            await asyncio.to_thread(holder.join)
+            await task
+            return during
+
+        during = asyncio.run(asyncio.wait_for(scenario(), timeout=60))
+        assert during == 20
+        assert worker.exit_code == 0
+        assert [(q.pending, q.processing, q.completed) for q in app.admin.queues()] == [(0, 0, 21)]
+
+
 def test_a_rescue_longer_than_the_statement_timeout_takes_fewer_rows_a_statement(
     postgres_database: str, caplog: pytest.LogCaptureFixture
 ) -> None:

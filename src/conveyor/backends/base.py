@@ -431,10 +431,16 @@ class JobsStartParams:
     """Count deliveries as started now (``deliveries + 1``), before their outcome. Stale receipts are
     skipped. A worker calls it before running a suspect job (so a handler that kills its worker has
     been counted), and from its heartbeat for the jobs that have been running a while (so their start
-    is known should the worker die)."""
+    is known should the worker die).
+
+    ``wait=False`` (the heartbeat's, through the completer) skips a row another transaction holds
+    locked: it is not counted this time and its id not returned (the heartbeat asks again at its next
+    beat), so that one locked row cannot hold up the outcomes flushed after the counts. A suspect's
+    count before it runs waits (``wait=True``): a missing id there means the lease was lost."""
 
     items: Sequence[LeaseRef]
     now: datetime
+    wait: bool = True
 
 
 @dataclass(frozen=True, slots=True)

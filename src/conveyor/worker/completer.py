@@ -150,7 +150,7 @@ class Completer(Service):
             counted = await self.calls.call_batch(
                 self.calls.backend.jobs_start_many,
                 marks,
-                partial(JobsStartParams, now=self.clock()),
+                partial(JobsStartParams, now=self.clock(), wait=False),
                 give_up=self._should_give_up,
                 what="count starts",
             )

@@ -599,7 +599,8 @@ class PostgresBackend:
         ids, receipts = self._leases(params.items)
         if not ids:
             return []
-        rows = self._fetchall("jobs_start_many", {"ids": ids, "receipts": receipts, "now": params.now}, ack=True)
+        name = "jobs_start_many" if params.wait else "jobs_start_many_skip_locked"
+        rows = self._fetchall(name, {"ids": ids, "receipts": receipts, "now": params.now}, ack=True)
         return _held(ids, receipts, rows)
 
     def jobs_finish_many(self, params: JobsFinishParams) -> int:

@@ -187,7 +187,8 @@ class SqliteBackend:
         return [cv.delivery(row) for row in rows]
 
     def jobs_start_many(self, params: base.JobsStartParams) -> list[UUID]:
-        """Count deliveries as started; return the ids that still held their lease."""
+        """Count deliveries as started; return the ids that still held their lease (``wait`` changes
+        nothing here: SQLite locks the database, not rows)."""
         items = _lease_refs(params.items)
         if items == "[]":
             return []

@@ -535,6 +535,22 @@ FROM unnest(%(ids)b::uuid[], %(receipts)b::uuid[]) AS i(id, receipt)
 WHERE j.id = ANY (%(ids)b::uuid[]) AND j.id = i.id AND j.receipt = i.receipt
 RETURNING j.id, j.receipt
 
+-- name: jobs_start_many_skip_locked
+-- The heartbeat's counts (flushed by the completer ahead of the outcomes): a row another transaction
+-- holds locked is skipped rather than waited for, which would hold up every ack behind it; it is
+-- not counted now and not returned, and the heartbeat asks again at its next beat.
+WITH free AS MATERIALIZED (
+    SELECT j.id
+    FROM jobs AS j
+    WHERE j.id = ANY (%(ids)b::uuid[])
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE jobs AS j SET
+    deliveries = j.deliveries + 1
+FROM unnest(%(ids)b::uuid[], %(receipts)b::uuid[]) AS i(id, receipt)
+WHERE j.id = ANY (ARRAY(SELECT id FROM free)) AND j.id = i.id AND j.receipt = i.receipt
+RETURNING j.id, j.receipt
+
 -- name: jobs_finish_many
 -- Ends deliveries: the DELETE and the archive INSERT are one statement, so a job is never in
 -- both tables nor in neither. The receipt in the join fences stale workers: a delivery whose
