@@ -12,6 +12,7 @@ import math
 import os
 import random
 import re
+import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
@@ -32,7 +33,7 @@ from conveyor import (
 from conveyor._errors import UnstorableText
 from conveyor._limits import MAX_JSON_DEPTH, MAX_KEY_BYTES, MAX_NAME_CHARS
 from conveyor._message import LATEST
-from conveyor.backends.base import DeadListParams, QueuesStatsParams, Schedule, SchedulesUpsertParams
+from conveyor.backends.base import DeadListParams, JobGetParams, QueuesStatsParams, Schedule, SchedulesUpsertParams
 from conveyor.testing import drain
 from conveyor.worker._calls import BackendCalls
 from conveyor.worker._state import Counters
@@ -464,10 +465,12 @@ def test_names_from_non_utf8_bytes_in_lookups_are_one_clear_error(app: App) -> N
     for call in (
         lambda: app.admin.pause_schedule(name, actor="t"),
         lambda: app.admin.remove_schedule(name, actor="t"),
-        lambda: app.admin.unsubscribe("orders", name, actor="t"),
     ):
         with pytest.raises(UnstorableText, match="U\\+DCFF"):
             call()
+    # Unsubscribing checks its names as subscribing does, on every engine.
+    with pytest.raises(ConfigurationError, match="lone surrogate"):
+        app.admin.unsubscribe("orders", name, actor="t")
     _nothing_written(app)
 
 
@@ -510,3 +513,110 @@ def test_printable_escapes_what_a_terminal_would_act_on_or_cannot_show() -> None
     assert printable("a\nb\tc\x00", multiline=True) == "a\nb\tc\\x00"
     assert printable(42) == "42"
     printable("\udcff".join(chr(c) for c in range(0x2100))).encode("utf-8")  # never a lone surrogate left
+
+
+# -- found by a hostile sweep of the producer (session 35) -----------------------------------------
+
+
+@pytest.mark.parametrize("bad", ["not-a-uuid", str(uuid.uuid4()).upper(), uuid.uuid4().hex, 7, b"x" * 16])
+def test_a_job_id_that_is_not_a_uuid_is_refused_before_anything_is_written(app: App, bad: object) -> None:
+    # Before, SQLite and memory:// stored it as written: an id not in canonical text crashed every
+    # worker's fetcher (ValueError), or one in another case was never acked (running forever).
+    with pytest.raises(PayloadError, match=r"id must be a uuid\.UUID"):
+        app.send("t", {}, id=bad)
+    with pytest.raises(PayloadError, match=r"id must be a uuid\.UUID"):
+        app.send_many([Message("t", {}), Message("t", {}, id=bad)])  # type: ignore[arg-type]
+    _nothing_written(app)
+
+
+def test_a_uuid_subclass_id_is_stored_as_the_uuid_it_is(app: App) -> None:
+    class Mine(uuid.UUID):
+        pass
+
+    given = Mine(int=uuid.uuid4().int)
+    job = app.send("t", {"x": 1}, id=given)
+    assert job.id == given and job.status().state == "pending"
+
+
+def test_send_many_takes_any_iterable_of_messages_and_refuses_anything_else(app: App) -> None:
+    jobs = app.send_many(Message("t", {"n": n}) for n in range(3))
+    assert len(jobs) == 3 and all(j.status().state == "pending" for j in jobs)
+    for bad in ("abc", Message("t", {}), {"task": "t"}, 5):
+        with pytest.raises(PayloadError, match="must be a list of Message objects"):
+            app.send_many(bad)  # type: ignore[arg-type]
+    with pytest.raises(PayloadError, match="takes Message objects, got dict"):
+        app.send_many([{"task": "t"}])  # type: ignore[list-item]
+
+
+def test_a_payload_that_is_not_an_object_is_refused_even_when_falsy(app: App) -> None:
+    # `payload or {}` stored [] and 0 as {}.
+    for bad in ([], 0, "", False):
+        with pytest.raises(PayloadError, match="payload must be a JSON object"):
+            app.send("t", bad)  # type: ignore[arg-type]
+    _nothing_written(app)
+
+
+def test_read_only_and_chained_mappings_are_payloads(app: App) -> None:
+    from collections import ChainMap, UserDict
+    from types import MappingProxyType
+
+    for given in (MappingProxyType({"a": 1}), UserDict({"a": 1}), ChainMap({"a": 1})):
+        job = app.send("t", given)
+        assert json.loads(app.backend.job_get(JobGetParams(job.id)).payload) == {"a": 1}  # type: ignore[union-attr]
+
+
+def test_headers_that_are_not_an_object_or_a_bad_schema_version_are_refused(app: App) -> None:
+    for bad in ("abc", [("a", 1)], 5):
+        with pytest.raises(PayloadError, match="headers must be a JSON object"):
+            app.send("t", {}, headers=bad)
+        with pytest.raises(PayloadError, match="headers must be a JSON object"):
+            app.publish("news", {}, headers=bad)  # type: ignore[arg-type]
+    for version in ("1", 0, -3, True, 1.5):
+        with pytest.raises(PayloadError, match="schema_version must be an integer of at least 1"):
+            app.send("t", {}, headers={"schema_version": version})
+    _nothing_written(app)
+
+
+def test_publish_checks_its_payload_with_no_subscriber(app: App) -> None:
+    with pytest.raises(PayloadError, match="not JSON-serialisable"):
+        app.publish("news", {"s": {1, 2}})
+    with pytest.raises(ConfigurationError, match="subscription filter must be a JSON object"):
+        app.subscribe("news", "q", "t", filter=5)  # type: ignore[arg-type]
+    for topic, queue in (("news\x00", "q"), ("news", 5)):
+        with pytest.raises(ConfigurationError):
+            app.unsubscribe(topic, queue)  # type: ignore[arg-type]
+
+
+def test_wait_refuses_a_timeout_that_is_not_a_finite_number(app: App) -> None:
+    job = app.send("t", {})
+    for bad in (None, "1", NAN, INF, -1):
+        with pytest.raises(ConfigurationError, match="timeout must be"):
+            job.wait(timeout=bad)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="poll must be"):
+        job.wait(timeout=1, poll=0)
+
+
+def test_a_worker_given_one_queue_name_as_a_string_is_refused(app: App) -> None:
+    # Before, Worker(app, "emails") drained the queues e, m, a, i, l, s.
+    with pytest.raises(ConfigurationError, match=r"not one string: give \['emails'\]"):
+        Worker(app, "emails")  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="weights name queues this worker does not drain: nope"):
+        Worker(app, ["emails"], weights={"emails": 1, "nope": 2})
+
+
+def test_a_periodic_declaration_that_fails_registers_nothing(app: App) -> None:
+    def tick() -> None:
+        pass
+
+    def tock() -> None:
+        pass
+
+    for bad in ({"payload": {"x": NAN}}, {"priority": 2**40}):
+        with pytest.raises((PayloadError, ConfigurationError)):
+            app.periodic("* * * * *", name="bad", **bad)(tick)  # type: ignore[arg-type]
+    assert app.catalogue.task_options(f"{__name__}.{tick.__qualname__}") is None
+    app.periodic("* * * * *", name="dup")(tick)
+    with pytest.raises(ConfigurationError, match="a schedule named 'dup' is declared already"):
+        app.periodic("*/5 * * * *", name="dup")(tock)
+    assert app.catalogue.schedules["dup"].cron == "* * * * *"
+    assert app.catalogue.task_options(f"{__name__}.{tock.__qualname__}") is None

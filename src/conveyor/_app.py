@@ -24,7 +24,7 @@ from conveyor._clock import DatabaseClock
 from conveyor._cron import Cron
 from conveyor._errors import ConfigurationError, JobNotFoundError, PayloadError
 from conveyor._job import Job, JobStatus
-from conveyor._limits import check_int, check_name
+from conveyor._limits import INT32_MAX, INT32_MIN, check_int, check_name
 from conveyor._message import DEFAULT_MAX_PAYLOAD_BYTES, Message, encode_json_object
 from conveyor._producer import Producer
 from conveyor._queue import DEFAULT_DEDUP_WINDOW, ExpireAction, QueueOptions
@@ -86,6 +86,14 @@ def _check_same(url: str, backend_url: str) -> None:
             f"this App was given its backend (App(backend=...)) on {redact_url(backend_url)}, which a database "
             f"URL naming another database cannot replace ({redact_url(url)}): give the URL or the backend, not both"
         )
+
+
+def _sequence(items: Iterable[Message], what: str) -> Sequence[Message]:
+    """``items`` as a sequence (a generator's items listed, as every engine needs their count);
+    PayloadError for one message or text, which iterate as something else."""
+    if isinstance(items, (str, bytes, Mapping, Message)) or not isinstance(items, Iterable):
+        raise PayloadError(f"{what} must be a list of Message objects, not one {type(items).__name__}")
+    return items if isinstance(items, Sequence) else list(items)
 
 
 class App:
@@ -359,11 +367,18 @@ class App:
         Workers store declared schedules in the database when they start and fire each tick once,
         however many of them run; schedules can then be listed, paused, changed or added from the CLI
         (``conveyor schedules``) without a restart."""
-        Cron.parse(cron)  # a bad expression fails here, before the task is registered
+        # Everything a schedule checks that does not need the task fails here, before the task is
+        # registered (a declaration that raises must leave nothing behind).
+        Cron.parse(cron)
         if name is not None:
             check_name(name, "schedule name", ConfigurationError)
+            self._check_new_schedule(name)
+        encode_json_object(payload if payload is not None else {}, "payload", self.max_payload_bytes)
+        check_int(priority, "priority", INT32_MIN, INT32_MAX, ConfigurationError)
 
         def register(fn: Callable[P, R]) -> Task[P, R]:
+            if name is None:  # the schedule is named after its task
+                self._check_new_schedule(f"{_module_name(fn)}.{fn.__qualname__}")
             task: Task[P, R] = self.task(**task_options)(fn)
             queue = task.options.queue
             schedule = self.catalogue.new_schedule(name or task.name, cron, task.name, queue, payload, priority)
@@ -371,6 +386,10 @@ class App:
             return task
 
         return register
+
+    def _check_new_schedule(self, name: str) -> None:
+        if name in self.catalogue.schedules:
+            raise ConfigurationError(f"a schedule named {name!r} is declared already: give this one another name=")
 
     # -- topics ----------------------------------------------------------------------------------
 
@@ -392,6 +411,8 @@ class App:
 
     def unsubscribe(self, topic: str, queue: str) -> bool:
         """Remove the subscription of ``queue`` to ``topic``; False if there was none."""
+        check_name(topic, "topic", ConfigurationError)
+        check_name(queue, "queue", ConfigurationError)
         return self.backend.subscriptions_delete(SubscriptionsDeleteParams(topic, queue))
 
     def publish(
@@ -407,15 +428,17 @@ class App:
         in one transaction; return one job per matching subscription (each retries and
         dead-letters on its own). No matching subscription: nothing is enqueued, ``[]``."""
         check_name(topic, "topic")
+        if headers is not None and not isinstance(headers, Mapping):
+            raise PayloadError(f"headers must be a JSON object (a dict), got {type(headers).__name__}")
+        body = payload if payload is not None else {}
+        encode_json_object(body, "payload")  # checked with no subscriber too: publishing is sending
         subscriptions = self.backend.subscriptions_list(SubscriptionsListParams(topic))
         merged = {**(headers or {}), "topic": topic}
         messages = []
         for sub in subscriptions:
             if matches(json.loads(sub.filter), merged):
                 try:
-                    messages.append(
-                        Message(task=sub.task, payload=payload or {}, queue=sub.queue, headers=merged, **envelope)
-                    )
+                    messages.append(Message(task=sub.task, payload=body, queue=sub.queue, headers=merged, **envelope))
                 except TypeError as exc:
                     raise PayloadError(f"bad publish option: {exc}") from None
         return self.send_many(messages, conn=conn)
@@ -442,15 +465,15 @@ class App:
         the README's Limits)."""
         name = task.name if isinstance(task, Task) else task
         try:
-            message = Message(task=name, payload=payload or {}, **envelope)
+            message = Message(task=name, payload=payload if payload is not None else {}, **envelope)
         except TypeError as exc:
             raise PayloadError(f"bad send option: {exc}") from None
         return self.send_many([message], conn=conn)[0]
 
-    def send_many(self, messages: Sequence[Message], *, conn: Any = None) -> list[Job]:
+    def send_many(self, messages: Iterable[Message], *, conn: Any = None) -> list[Job]:
         """Enqueue many jobs in one round trip; return their handles in order (duplicates inside
         the dedup window return the existing job's handle)."""
-        ids = self.producer.insert(messages, conn)
+        ids = self.producer.insert(_sequence(messages, "send_many's messages"), conn)
         backend = self.backend
         return [Job(backend, job_id) for job_id in ids]
 
@@ -466,7 +489,7 @@ class App:
         backend = self.backend
         return [Job(backend, job_id) for job_id in ids]
 
-    async def send_many_async(self, messages: Sequence[Message]) -> list[Job]:
+    async def send_many_async(self, messages: Iterable[Message]) -> list[Job]:
         """Like :meth:`send_many`, without blocking the event loop."""
         return await asyncio.to_thread(self.send_many, messages)
 

@@ -10,7 +10,8 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from conveyor._errors import JobNotFoundError, JobTimeoutError
+from conveyor._errors import ConfigurationError, JobNotFoundError, JobTimeoutError
+from conveyor._limits import check_seconds
 from conveyor.backends.base import TERMINAL_STATES, Backend, JobGetParams, JobRecord, JobState
 
 
@@ -145,7 +146,7 @@ class Job:
         """Block until the job is terminal; return its final status.
 
         Raises JobTimeoutError after ``timeout`` seconds."""
-        deadline = time.monotonic() + timeout
+        deadline = _deadline(timeout, poll)
         while True:
             status = self.status()
             if status.done:
@@ -156,7 +157,7 @@ class Job:
 
     async def wait_async(self, timeout: float = 30.0, poll: float = 0.05) -> JobStatus:
         """Like :meth:`wait`, without blocking the event loop."""
-        deadline = time.monotonic() + timeout
+        deadline = _deadline(timeout, poll)
         while True:
             status = await asyncio.to_thread(self.status)
             if status.done:
@@ -164,3 +165,10 @@ class Job:
             if time.monotonic() >= deadline:
                 raise JobTimeoutError(f"job {self.id} still {status.state} after {timeout}s")
             await asyncio.sleep(poll)
+
+
+def _deadline(timeout: float, poll: float) -> float:
+    """When a wait of ``timeout`` seconds ends; ConfigurationError for a timeout or poll interval that
+    is not a finite number of seconds (NaN waited forever)."""
+    check_seconds(poll, "poll", ConfigurationError, strict=True)
+    return time.monotonic() + check_seconds(timeout, "timeout", ConfigurationError)

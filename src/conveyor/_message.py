@@ -111,8 +111,10 @@ def encode_json_object(value: Mapping[str, Any], what: str, limit: int | None = 
     """Encode a JSON object compactly; raise PayloadError if it is not one, is over ``limit`` bytes,
     is nested deeper than ``MAX_JSON_DEPTH``, or holds a string no engine can store (NUL, a lone
     surrogate)."""
-    if type(value) is not dict and not isinstance(value, Mapping):  # the ABC check costs 0.25 µs a row
-        raise PayloadError(f"{what} must be a JSON object (a dict), got {type(value).__name__}")
+    if type(value) is not dict:  # the ABC check costs 0.25 µs a row
+        if not isinstance(value, Mapping):
+            raise PayloadError(f"{what} must be a JSON object (a dict), got {type(value).__name__}")
+        value = dict(value)  # a read-only or chained mapping: the encoder writes dicts only
     try:
         text = "".join(_C_ENCODE(value, 0)) if _C_ENCODE is not None else _ENCODER.encode(value)
     except RecursionError:
@@ -196,9 +198,14 @@ def encode_headers(
 ) -> str:
     """:func:`complete_headers` encoded as JSON. Without producer headers (the common case) the
     text is assembled directly: the same bytes as encoding the dict, at a fraction of the cost."""
+    if headers is not None and type(headers) is not dict and not isinstance(headers, Mapping):
+        raise PayloadError(f"headers must be a JSON object (a dict), got {type(headers).__name__}")
     if not headers:
         parent = traceparent or new_traceparent()
         return f'{{"{SCHEMA_VERSION}":1,"{TRACEPARENT}":"{parent}","{CORRELATION_ID}":"{job_id}"}}'
+    version = headers.get(SCHEMA_VERSION, 1)
+    if type(version) is not int or version < 1:
+        raise PayloadError(f"headers' {SCHEMA_VERSION} must be an integer of at least 1, got {version!r}")
     return encode_json_object(complete_headers(headers, job_id, traceparent), "headers", limit)
 
 

@@ -54,7 +54,8 @@ def before_run(
     if version is None or version > options.version:
         error = ErrorInfo(
             "UnsupportedVersion",
-            f"job schema_version {version!r} is not supported by task {delivery.task!r} "
+            ("the job's schema_version is not an integer" if version is None else f"job schema_version {version}")
+            + f" is not supported by task {delivery.task!r} "
             f"(handles up to {options.version})",
         )
         return Finish(delivery.id, delivery.receipt, "dead", reason=UNSUPPORTED_VERSION, error=error, ran=False)

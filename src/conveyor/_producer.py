@@ -12,6 +12,7 @@ from uuid import UUID
 
 from conveyor._catalogue import Catalogue
 from conveyor._clock import DatabaseClock
+from conveyor._errors import PayloadError
 from conveyor._ids import MintedId, uuid7
 from conveyor._lazy import Lazy
 from conveyor._limits import GOOD_NAMES, INT32_MAX, INT32_MIN, MAX_ATTEMPTS, check_int, check_key, check_name
@@ -140,6 +141,11 @@ class Producer:
         """The row of one message (``traceparent``: the send's trace span, for the headers). Raises
         PayloadError for any field out of range."""
         # The hot path of send_many: kept to plain lookups (a 20,000-job batch calls it 20,000 times).
+        if type(message) is not Message and not isinstance(message, Message):
+            raise PayloadError(f"send_many takes Message objects, got {type(message).__name__}")
+        job_id = message.id
+        if type(job_id) is not MintedId:
+            job_id = _checked_id(job_id)
         task = message.task
         if type(task) is not str or task not in GOOD_NAMES:
             task = check_name(task, "task")
@@ -174,11 +180,11 @@ class Producer:
         if ordering_key is not None:
             ordering_key = check_key(ordering_key, "ordering_key")
         return NewJob(
-            message.id,
+            job_id,
             queue,
             task,
             encode_json_object(message.payload, "payload", self.max_payload_bytes),
-            encode_headers(message.headers, message.id, self.max_payload_bytes, traceparent),
+            encode_headers(message.headers, job_id, self.max_payload_bytes, traceparent),
             priority,
             run_at,
             max_attempts,
@@ -188,5 +194,14 @@ class Producer:
             ordering_key,
             None,
             dedup_until,
-            type(message.id) is MintedId and message.id.first_use(),
+            type(job_id) is MintedId and job_id.first_use(),
         )
+
+
+def _checked_id(value: object) -> UUID:
+    """A job id a producer gave: a ``uuid.UUID`` (a subclass's value as a plain UUID), else PayloadError.
+    An id is compared as the database stores it, so text (any case, hex without dashes) is refused
+    rather than stored as written: an id no ack could match would leave its job running forever."""
+    if not isinstance(value, UUID):
+        raise PayloadError(f"id must be a uuid.UUID (or None to mint one), got {type(value).__name__}")
+    return value if type(value) is UUID else UUID(int=value.int)

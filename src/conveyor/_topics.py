@@ -16,10 +16,12 @@ def parse_filter(text: str | Mapping[str, Any] | None) -> dict[str, Any]:
     if isinstance(text, str):
         try:
             value = json.loads(text)
-        except json.JSONDecodeError as exc:
+        except (ValueError, RecursionError) as exc:  # ValueError: bad JSON, or an integer of 4,300+ digits
             raise ConfigurationError(f"subscription filter is not JSON: {exc}") from None
-    else:
+    elif isinstance(text, Mapping):
         value = dict(text)
+    else:
+        raise ConfigurationError(f"a subscription filter must be a JSON object, got {type(text).__name__}")
     if not isinstance(value, dict):
         raise ConfigurationError("a subscription filter must be a JSON object of header conditions")
     for key, condition in value.items():

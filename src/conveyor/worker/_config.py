@@ -63,6 +63,9 @@ class WorkerConfig:
             visibility_timeout=self.visibility_timeout,
             graceful_timeout=self.graceful_timeout,
         )
+        if isinstance(self.queues, (str, bytes)):
+            # A string is a sequence of its letters: "emails" would drain queues e, m, a, i, l, s.
+            raise error(f"queues must be a list of queue names, not one string: give [{self.queues!r}]")
         if self.queues is not None:
             object.__setattr__(self, "queues", tuple(check_name(q, "queue", error) for q in self.queues) or None)
         if self.weights is not None:

@@ -56,12 +56,20 @@ class Worker:
         **options: Any,
     ) -> None:
         if config is None:
+            if isinstance(queues, (str, bytes)):
+                queues = WorkerConfig(queues=queues).queues  # type: ignore[arg-type]  # refused, with its message
             config = WorkerConfig(queues=tuple(queues) if queues else None, **options)
         elif queues or options:
             raise TypeError("give either config or queues and options, not both")
         self.app = app
         self.config = config
         self.queues = list(config.queues) if config.queues else app.catalogue.declared_queues()
+        unknown = [q for q in config.weights or () if q not in self.queues]
+        if unknown:
+            raise ConfigurationError(
+                f"weights name queues this worker does not drain: {', '.join(unknown)} "
+                f"(it drains {', '.join(self.queues)})"
+            )
         self.worker_id = config.identity
         # The app's clock, unless a test gives one: then kept as given, never set to the database's.
         self.clock = clock if clock is not None else app.clock

@@ -6,7 +6,8 @@ import json
 import os
 import sqlite3
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager, suppress
 from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
@@ -107,8 +108,12 @@ class SqliteBackend:
         decides."""
         if params.conn is not None:
             conn = self._caller_connection(params.conn)
-            with translated():
-                return self._insert(conn, params.jobs, params.now)
+            # Every row built (validated) before the first is written, and the writes in a savepoint:
+            # a bad row or a refused statement leaves the caller's transaction as it was (before,
+            # the idempotency keys of the rows ahead of a bad one stayed claimed by jobs never stored).
+            jobs = list(params.jobs)
+            with translated(), _all_or_nothing(conn):
+                return self._insert(conn, jobs, params.now)
         with self._pool.write() as conn:
             return self._insert(conn, params.jobs, params.now)
 
@@ -845,3 +850,23 @@ class _CommitListener:
 def _satisfies_the_contract(backend: SqliteBackend) -> base.Backend:
     # Never called: mypy checks here that SqliteBackend implements every method of the Protocol.
     return backend
+
+
+@contextmanager
+def _all_or_nothing(conn: sqlite3.Connection) -> Iterator[None]:
+    """The caller's transaction gains all of a call's writes or none of them (a savepoint in it).
+    Outside a transaction, one is begun first as sqlite3 would for the first INSERT, so the caller's
+    commit still decides; a connection in autocommit mode commits the writes as one."""
+    autocommit = getattr(conn, "autocommit", None)  # Python 3.12+: True, False or legacy (-1)
+    legacy = autocommit not in (True, False)
+    if legacy and conn.isolation_level is not None and not conn.in_transaction:
+        conn.execute("BEGIN")
+    conn.execute("SAVEPOINT conveyor_send")
+    try:
+        yield
+    except BaseException:
+        with suppress(sqlite3.Error):  # a broken connection: the caller's rollback says so
+            conn.execute("ROLLBACK TO conveyor_send")
+            conn.execute("RELEASE conveyor_send")
+        raise
+    conn.execute("RELEASE conveyor_send")
