@@ -6,13 +6,15 @@ kit share them (the Backend only stores what is decided here)."""
 from __future__ import annotations
 
 import json
+import math
+import numbers
 import traceback as tb_module
 from datetime import datetime, timedelta
 from typing import Any
 
 from conveyor._context import JobContext
 from conveyor._errors import PayloadError, Reject, Retry
-from conveyor._limits import is_utf8
+from conveyor._limits import MAX_SECONDS, is_utf8
 from conveyor._message import SCHEMA_VERSION
 from conveyor._task import TaskOptions
 from conveyor.backends.base import Delivery, ErrorInfo, Finish, RetryItem
@@ -116,7 +118,7 @@ def on_failure(delivery: Delivery, options: TaskOptions, exc: BaseException, now
         return Finish(delivery.id, delivery.receipt, "dead", reason=REJECTED, error=error)
     if not isinstance(exc, Retry) and isinstance(exc, (*options.dead_on, PayloadError)):
         return Finish(delivery.id, delivery.receipt, "dead", reason=PERMANENT_ERROR, error=error)
-    delay = exc.delay if isinstance(exc, Retry) else None
+    delay = _delay(getattr(exc, "delay", None)) if isinstance(exc, Retry) else None
     return _retry_or_dead(delivery, options, error, delay, now)
 
 
@@ -125,9 +127,38 @@ def on_manual(delivery: Delivery, options: TaskOptions, ctx: JobContext, now: da
     if ctx.decision == "ack":
         return on_success(delivery, options, ctx.result)
     if ctx.decision == "reject":
-        return Finish(delivery.id, delivery.receipt, "dead", reason=REJECTED, error=ErrorInfo("Reject", ctx.reason))
-    reason = ctx.reason if ctx.decision == "nack" else "handler returned without ack, nack or reject"
-    return _retry_or_dead(delivery, options, ErrorInfo("Nack", reason), ctx.retry_delay, now)
+        error = ErrorInfo("Reject", _said(ctx.reason))
+        return Finish(delivery.id, delivery.receipt, "dead", reason=REJECTED, error=error)
+    reason = _said(ctx.reason) if ctx.decision == "nack" else "handler returned without ack, nack or reject"
+    return _retry_or_dead(delivery, options, ErrorInfo("Nack", reason), _delay(ctx.retry_delay), now)
+
+
+def _said(reason: object) -> str:
+    """A reason a handler gave (``ctx.reject``, ``ctx.nack``, or set on ``ctx``), as text every engine
+    stores: anything else by its ``str`` (bytes and objects killed SQLite's completer, and the
+    worker with it)."""
+    if type(reason) is not str:
+        try:
+            reason = str(reason)
+        except BaseException:
+            reason = f"<unprintable {type(reason).__qualname__}>"
+    return storable(reason[:MAX_ERROR_CHARS])
+
+
+def _delay(asked: object) -> float | None:
+    """A retry delay a handler asked for, in seconds within 0..MAX_SECONDS; None (the task's backoff)
+    for anything that is not a number. ``Retry`` and ``ctx.nack`` check theirs; an attribute set
+    afterwards (``exc.delay = 1e300``), or a ``Retry`` subclass that skipped ``__init__``, is not
+    checked, and failed here as an internal error (the job ran again at every lease's end)."""
+    if asked is None or isinstance(asked, bool) or not isinstance(asked, numbers.Real):
+        return None
+    try:
+        seconds = float(asked)
+    except (OverflowError, ValueError):
+        return MAX_SECONDS
+    if math.isnan(seconds):
+        return None
+    return min(max(0.0, seconds), MAX_SECONDS)
 
 
 def _retry_or_dead(

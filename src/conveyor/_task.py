@@ -106,7 +106,10 @@ class Task(Generic[P, R]):
         self.name = name
         self.fn = fn
         self.options = options
-        self.is_async = inspect.iscoroutinefunction(fn)
+        # Through decorators that keep functools.wraps: a plain function wrapping an ``async def``
+        # returns its coroutine, which must be awaited (run in a thread, it was never awaited: the
+        # job completed without running).
+        self.is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(inspect.unwrap(fn))
         # A handler that declares a ``ctx`` parameter receives the JobContext as that keyword.
         self.wants_context = "ctx" in inspect.signature(fn).parameters
 

@@ -135,7 +135,8 @@ def test_bad_input_is_one_line_and_enqueues_nothing(sqlite_url: str) -> None:
     assert_one_line_error(
         conveyor(sqlite_url, "worker", "nosuch.module:app", "--burst"), "cannot import 'nosuch.module'"
     )
-    assert_one_line_error(conveyor(sqlite_url, "worker", "tests.e2e.e2e_app:nothing"), "is not a conveyor.App")
+    assert_one_line_error(conveyor(sqlite_url, "worker", "tests.e2e.e2e_app:nothing"), "has no attribute 'nothing'")
+    assert_one_line_error(conveyor(sqlite_url, "worker", "tests.e2e.e2e_app:WORK"), "is not a conveyor.App (found str)")
     assert_one_line_error(conveyor(sqlite_url, "worker", "no-colon"), "module:attribute")
     assert stats(sqlite_url) == {}
 
@@ -381,3 +382,27 @@ def test_dlq_list_show_replay_purge_and_audit(database_url: str) -> None:
 def test_help(args: list[str]) -> None:
     run = conveyor(None, *args)
     assert run.code == 0 and run.out.startswith("Usage: conveyor") and run.err == "", run
+
+
+@pytest.mark.parametrize(
+    ("source", "fragments"),
+    [
+        (
+            "raise RuntimeError('no config here')\n",
+            ("importing 'hostile_app' failed: RuntimeError: no config here", ":1)"),
+        ),
+        ("import sys\nsys.exit(0)\n", ("importing 'hostile_app' called sys.exit(0)",)),
+        ("import sys\nsys.exit(4)\n", ("called sys.exit(4)",)),
+    ],
+)
+def test_an_app_module_that_fails_on_import_is_one_line(
+    sqlite_url: str, tmp_path: Path, source: str, fragments: tuple[str, ...]
+) -> None:
+    # Before: a module that raised printed a traceback through Conveyor's internals; one calling
+    # sys.exit ended the worker with that code and no word (exit 0: "drained").
+    (tmp_path / "hostile_app.py").write_text(source)
+    for processes in ("1", "2"):
+        run = conveyor(
+            sqlite_url, "worker", "hostile_app:app", "--burst", "-p", processes, env={"PYTHONPATH": str(tmp_path)}
+        )
+        assert_one_line_error(run, *fragments)

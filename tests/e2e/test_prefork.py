@@ -203,3 +203,25 @@ def test_prefork_sigterm_while_worker_processes_start(sqlite_url: str, procs: Pr
     supervisor.signal(signal.SIGTERM)
     assert supervisor.wait(timeout=30) == 0, supervisor.output()
     assert "Traceback" not in supervisor.output()
+
+
+def test_prefork_sigterm_stops_a_stopped_worker_process_too(sqlite_url: str, procs: Procs, tmp_path: Path) -> None:
+    """A worker process that is stopped (SIGSTOP: a hostile handler can stop its own process) gets
+    the forwarded SIGTERM with a SIGCONT, finishes its job and exits: before, the supervisor waited
+    for it for ever, and only SIGKILL ended it."""
+    producer = App(sqlite_url)
+    e2e_app.register(producer)
+    run_log = tmp_path / "runs.log"
+    try:
+        producer.send_many([Message(task=e2e_app.SLOW, payload={"seconds": 2.0}) for _ in range(4)])
+        supervisor = procs.start(
+            "prefork",
+            worker_argv(sqlite_url, "--queues", "slow", "--processes", "2", "--concurrency", "1", "--prefetch", "1"),
+            env={"E2E_RUN_LOG": str(run_log)},
+        )
+        pids = wait_until(lambda: _at_least(_pids(run_log, "start"), 2), 60, "a job running in each")
+        os.kill(pids[0], signal.SIGSTOP)
+        supervisor.signal(signal.SIGTERM)
+        assert supervisor.wait(timeout=30) == 0, supervisor.output()
+    finally:
+        producer.close()

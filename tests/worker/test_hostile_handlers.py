@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import sqlite3
 import threading
 import time
@@ -12,7 +13,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from conveyor import App, BackendUnavailable, JobContext, Worker
+from conveyor import App, BackendUnavailable, JobContext, Retry, Worker
 from conveyor.backends.base import JobsListParams
 
 
@@ -110,8 +111,11 @@ def test_an_outcome_the_database_refuses_dead_letters_only_its_own_job(app: App,
 
 
 @pytest.mark.parametrize("exc", [SystemExit(3), KeyboardInterrupt(), GeneratorExit()])
-@pytest.mark.parametrize("kind", ["def", "async def"])
+@pytest.mark.parametrize("kind", ["def", "async def", "async def with a timeout"])
 def test_a_handlers_base_exception_is_a_failed_attempt(app: App, exc: BaseException, kind: str) -> None:
+    # With a timeout an async handler runs in a task of its own, and asyncio re-raises SystemExit
+    # and KeyboardInterrupt from a task out of the event loop: the worker ended (exit code 3), every
+    # other running job left to be rescued and run again (found by a hostile sweep).
     if kind == "def":
 
         @app.task(queue="q", name="hostile", max_attempts=3, backoff=[0.01])
@@ -119,8 +123,9 @@ def test_a_handlers_base_exception_is_a_failed_attempt(app: App, exc: BaseExcept
             raise exc
     else:
 
-        @app.task(queue="q", name="hostile", max_attempts=3, backoff=[0.01])
+        @app.task(queue="q", name="hostile", max_attempts=3, backoff=[0.01], timeout=20 if "timeout" in kind else None)
         async def hostile() -> None:
+            await asyncio.sleep(0)
             raise exc
 
     @app.task(queue="q")
@@ -371,3 +376,111 @@ def test_a_stale_run_of_a_job_leaves_the_newer_delivery_alone(app: App) -> None:
     assert extended == [True]
     assert len(runs) == 2 and worker.counters.stale_acks == 1
     assert app.job(job.id).state == "completed"
+
+
+def test_an_async_handler_behind_a_plain_decorator_is_awaited(app: App) -> None:
+    # A decorator that keeps functools.wraps but is itself a plain function: the task was taken for
+    # a def handler, run in a thread, and its coroutine (never awaited) completed the job unrun.
+    ran: list[int] = []
+
+    def logged(fn: Any) -> Any:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    @app.task(queue="q")
+    @logged
+    async def wrapped(i: int) -> int:
+        await asyncio.sleep(0)
+        ran.append(i)
+        return i
+
+    def bare(fn: Any) -> Any:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:  # no functools.wraps: cannot be told apart
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    async def hidden() -> None:
+        ran.append(-1)
+
+    app.task(queue="q", name="hidden", max_attempts=1)(bare(hidden))
+
+    jobs = [wrapped.delay(i=i) for i in range(5)]
+    unwrapped = app.send("hidden", {})
+    worker = run(app)
+
+    assert worker.exit_code == 0
+    assert [(j.status().state, j.status().result) for j in jobs] == [("completed", i) for i in range(5)]
+    assert sorted(ran) == list(range(5))
+    status = unwrapped.status()
+    assert (status.state, status.reason) == ("dead", "permanent_error")  # a TypeError: failed, not completed unrun
+    assert status.error is not None and "never awaited" in status.error.message
+
+
+@pytest.mark.parametrize("kind", ["subclass without __init__", "delay set after", "manual nack delay"])
+def test_a_retry_with_an_odd_delay_is_a_failed_attempt(app: App, kind: str) -> None:
+    # Before: "internal error processing job", the job dropped until its lease ran out, then run
+    # again at every lease's end with no attempt or error recorded, until max_deliveries.
+    class MyRetry(Retry):
+        def __init__(self, message: str) -> None:
+            Exception.__init__(self, message)
+
+    @app.task(queue="q", max_attempts=2, ack_policy="manual" if kind == "manual nack delay" else "auto")
+    def odd(ctx: JobContext) -> None:
+        if kind == "subclass without __init__":
+            raise MyRetry("x")
+        if kind == "delay set after":
+            retry = Retry()
+            retry.delay = "soon"  # type: ignore[assignment]
+            raise retry
+        ctx.nack()
+        ctx.retry_delay = float("nan")
+
+    job = odd.delay()
+    first = time.monotonic()
+    worker = run(app, visibility_timeout=30)
+    status = job.status()
+    assert worker.exit_code == 0
+    # The task's backoff, then dead after its 2 attempts, never waiting for a lease to run out.
+    assert (status.state, status.reason, status.attempts) == ("dead", "max_attempts_exceeded", 2)
+    assert time.monotonic() - first < 25
+
+
+def test_a_retry_delay_set_out_of_range_is_bounded() -> None:
+    from conveyor._limits import MAX_SECONDS
+    from conveyor._outcomes import _delay
+
+    assert [_delay(v) for v in (1e300, 10**400, -5, 2.5, float("inf"))] == [
+        MAX_SECONDS,
+        MAX_SECONDS,
+        0.0,
+        2.5,
+        MAX_SECONDS,
+    ]
+    assert [_delay(v) for v in (None, float("nan"), "1", True, object())] == [None] * 5
+
+
+@pytest.mark.parametrize("reason", [b"bytes", object(), "\x00 and \ud800"])
+def test_a_manual_reason_of_any_kind_dead_letters_only_its_job(app: App, reason: object) -> None:
+    # Before, on SQLite, a reason JSON could not hold (bytes, an object) ended the worker's completer
+    # and the worker, with the outcomes of its batch: 20 good jobs left processing.
+    @app.task(queue="q", ack_policy="manual")
+    def rejecting(ctx: JobContext) -> None:
+        ctx.reject(reason)  # type: ignore[arg-type]
+
+    @app.task(queue="q", ack_policy="manual")
+    def good(i: int, ctx: JobContext) -> None:
+        ctx.ack(i)
+
+    bad = rejecting.delay()
+    goods = [good.delay(i=i) for i in range(20)]
+    worker = run(app)
+
+    assert worker.exit_code == 0
+    assert [(g.status().state, g.status().result) for g in goods] == [("completed", i) for i in range(20)]
+    status = bad.status()
+    assert (status.state, status.reason) == ("dead", "rejected")
+    assert status.error is not None and status.error.message

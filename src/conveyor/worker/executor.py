@@ -16,9 +16,10 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 from functools import partial
+from types import CoroutineType
 from typing import Any
 
 from conveyor._catalogue import Catalogue
@@ -276,6 +277,16 @@ class Executor(Service):
             # is a failed attempt of its job, never the end of the worker. (A real Ctrl-C or SIGTERM
             # reaches the worker's signal handlers, not the handler.)
             return on_failure(delivery, task.options, exc, self.clock())
+        if type(result) is CoroutineType:
+            # A plain function that returned a coroutine (a wrapper without functools.wraps around an
+            # async def): its work never ran here. Completing the job would lose it.
+            with contextlib.suppress(BaseException):
+                result.close()
+            error = TypeError(
+                f"handler returned {type(result).__name__} that was never awaited: declare the task async def "
+                "(a decorator around it must keep functools.wraps)"
+            )
+            return on_failure(delivery, task.options, error, self.clock())
         return self._returned(task, delivery, ctx, result)
 
     async def _run_async(self, task: Task[Any, Any], delivery: Delivery) -> Outcome:
@@ -285,6 +296,8 @@ class Executor(Service):
                 result = await task.fn(**kwargs)
             else:
                 result = await self._within(task.fn(**kwargs), task.options.timeout)
+        except _Raised as raised:
+            return on_failure(delivery, task.options, raised.exc, self.clock())
         except asyncio.CancelledError as exc:
             current = asyncio.current_task()
             if current is not None and current.cancelling():
@@ -312,7 +325,7 @@ class Executor(Service):
     async def _within(call: Any, timeout: float) -> Any:
         # Not asyncio.wait_for: it waits for the cancelled handler to finish, and a handler that
         # swallows the cancellation would then hold this slot for ever.
-        running = asyncio.ensure_future(call)
+        running = asyncio.ensure_future(_carried(call))
         done, _ = await asyncio.wait({running}, timeout=timeout)
         if not done:
             running.cancel()
@@ -458,3 +471,20 @@ def _consume(future: asyncio.Future[Any]) -> None:
     """Retrieve an abandoned call's outcome, so that asyncio does not log it as never retrieved."""
     if not future.cancelled():
         future.exception()
+
+
+class _Raised(Exception):
+    """A SystemExit or KeyboardInterrupt raised by a handler running in a task of its own, carried
+    out of it: asyncio re-raises those two from the task's step, out of the event loop, which ended
+    the worker (and left every other running job to be rescued)."""
+
+    def __init__(self, exc: BaseException) -> None:
+        super().__init__(repr(exc))
+        self.exc = exc
+
+
+async def _carried(call: Awaitable[Any]) -> Any:
+    try:
+        return await call
+    except (SystemExit, KeyboardInterrupt) as exc:
+        raise _Raised(exc) from None

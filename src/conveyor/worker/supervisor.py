@@ -38,10 +38,29 @@ def load_app(path: str) -> App:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ConfigurationError(f"cannot import {module_name!r}: {exc}") from None
-    app = getattr(module, attr, None)
+    except SystemExit as exc:
+        raise ConfigurationError(f"importing {module_name!r} called sys.exit({exc.code!r})") from None
+    except Exception as exc:  # the app's module itself failed: where, in one line
+        raise ConfigurationError(f"importing {module_name!r} failed: {_where(exc)}") from None
+    if not hasattr(module, attr):
+        raise ConfigurationError(f"module {module_name!r} has no attribute {attr!r}")
+    app = getattr(module, attr)
     if not isinstance(app, App):
         raise ConfigurationError(f"{path!r} is not a conveyor.App (found {type(app).__name__})")
     return app
+
+
+def _where(exc: BaseException) -> str:
+    """``Type: message (file:line)`` of an exception, at the innermost frame of its traceback."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    at = f" ({tb.tb_frame.f_code.co_filename}:{tb.tb_lineno})" if tb is not None else ""
+    try:
+        message = str(exc)
+    except Exception:
+        message = ""
+    return f"{type(exc).__name__}: {message}{at}" if message else f"{type(exc).__name__}{at}"
 
 
 def run_worker(app_path: str, database_url: str | None, config: WorkerConfig, child: bool = False) -> int:
@@ -130,6 +149,9 @@ def run_processes(
             forwarded[p.pid] = forwarded.get(p.pid, 0) + 1
             with contextlib.suppress(ProcessLookupError):
                 os.kill(p.pid, signal.SIGTERM)
+                # A child that is stopped (SIGSTOP, say from one of its own handlers) would only get
+                # the signal once continued, and the supervisor waited for it for ever.
+                os.kill(p.pid, signal.SIGCONT)
 
     def on_signal(signum: int, _frame: object) -> None:
         stopping[0] += 1

@@ -222,7 +222,7 @@ class SqliteBackend:
             )
         if not items:
             return 0
-        args = {"items": json.dumps(items), "now": cv.to_db_time(params.now)}
+        args = {"items": _outcomes_json(items, "jobs_finish_many"), "now": cv.to_db_time(params.now)}
         with self._pool.write() as conn:
             conn.execute(self._q["jobs_finish_count"], args)
             conn.execute(self._q["jobs_finish_archive"], args)
@@ -244,8 +244,8 @@ class SqliteBackend:
         ]
         if not items:
             return 0
+        args = {"items": _outcomes_json(items, "jobs_retry_many"), "now": cv.to_db_time(params.now)}
         with self._pool.write() as conn:
-            args = {"items": json.dumps(items), "now": cv.to_db_time(params.now)}
             rows = conn.execute(self._q["jobs_retry_many"], args).fetchall()
         # Retries whose backoff is ahead are scheduled: an idle worker wakes when they come due.
         scheduled = ((queue, cv.from_db_time(run_at)) for queue, run_at in rows if run_at is not None)
@@ -850,6 +850,16 @@ class _CommitListener:
 def _satisfies_the_contract(backend: SqliteBackend) -> base.Backend:
     # Never called: mypy checks here that SqliteBackend implements every method of the Protocol.
     return backend
+
+
+def _outcomes_json(items: list[dict[str, Any]], action: str) -> str:
+    """The outcomes as the statement's JSON parameter; a value JSON cannot hold is the database
+    refusing the batch (BackendError: the completer finds the outcome and dead-letters it alone),
+    not an error that ends the worker's completer."""
+    try:
+        return json.dumps(items)
+    except (TypeError, ValueError) as exc:
+        raise BackendError(f"SQLite refused {action}: a value is not storable ({exc})") from None
 
 
 @contextmanager
