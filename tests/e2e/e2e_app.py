@@ -137,8 +137,12 @@ def register(app: App) -> None:
     )
     def exits(how: str, ctx: JobContext) -> None:
         """A hostile job: ``how="os._exit"`` ends the process at once (no cleanup: a real crash);
-        ``how="SystemExit"`` raises SystemExit, as library code sometimes does."""
+        ``how="SystemExit"`` raises SystemExit, as library code sometimes does; ``how="ok"`` is an
+        innocent job of the same task (it sleeps ``E2E_WORK_SLEEP``, then returns)."""
         record("run", ctx)
+        if how == "ok":
+            time.sleep(WORK_SLEEP)
+            return
         if how == "os._exit":
             os._exit(1)
         raise SystemExit(3)

@@ -102,3 +102,42 @@ def test_a_handler_raising_system_exit_fails_its_attempts_and_the_worker_carries
         assert [(records[g].state, records[g].deliveries) for g in good] == [("completed", 1)] * GOOD
     finally:
         db.close()
+
+
+def test_jobs_that_ran_beside_a_crashing_job_are_not_dead_lettered_with_it(
+    database_url: str, procs: Procs, tmp_path: Path
+) -> None:
+    # Found by a hostile sweep: the jobs a crash leaves behind are leased again together, and all of
+    # them are suspects, whose starts are counted before they run. Run side by side with the job that
+    # kills its workers, they died with it each time and were charged each time: innocent jobs ended
+    # dead (max_deliveries_exceeded). Now one suspect runs at a time in a worker process.
+    producer = App(database_url, migrate=True)
+    e2e_app.register(producer)
+    try:  # innocent jobs of the same task: the same delivery limit (CRASH_MAX_DELIVERIES)
+        hostile = producer.send_many([Message(task=e2e_app.EXIT, payload={"how": "os._exit"})])[0].id
+        good = [
+            j.id for j in producer.send_many([Message(task=e2e_app.EXIT, payload={"how": "ok"}) for _ in range(GOOD)])
+        ]
+    finally:
+        producer.close()
+    run_log = tmp_path / "runs.log"
+    codes = []
+    for i in range(e2e_app.CRASH_MAX_DELIVERIES + 3):
+        worker = procs.start(
+            f"worker-{i}",
+            worker_argv(url := database_url, "--queues", e2e_app.CRASH_QUEUE, "-c", "4", "--prefetch", "30", "--burst"),
+            env={"E2E_RUN_LOG": str(run_log), "E2E_VISIBILITY_TIMEOUT": "1", "E2E_WORK_SLEEP": "0.3"},
+        )
+        codes.append(worker.wait(timeout=90))
+        if codes[-1] == 0:
+            break
+    assert codes[-1] == 0, procs.outputs()
+    db = Db(url)
+    try:
+        records = {r.id: r for r in db.archived()}
+        assert (records[hostile].state, records[hostile].reason) == ("dead", "max_deliveries_exceeded")
+        states = [(records[g].state, records[g].reason) for g in good]
+        assert states == [("completed", None)] * GOOD, [s for s in states if s[0] != "completed"]
+        assert db.live() == []
+    finally:
+        db.close()
