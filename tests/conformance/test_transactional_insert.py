@@ -70,4 +70,12 @@ def test_a_conn_of_the_wrong_kind_is_a_configuration_error(backend: Backend) -> 
         _insert_on(object(), backend, new_job("outbox"))
     with pytest.raises(ConfigurationError, match="conn"):
         backend.processed_keys_claim(ProcessedKeyClaimParams("k", at(60), T0, conn=object()))
+    if backend.engine != "memory":  # the other engine's connection is named with its module
+        other = (
+            sqlite3.connect(":memory:")
+            if backend.engine == "postgres"
+            else psycopg.Connection.__new__(psycopg.Connection)
+        )
+        with pytest.raises(ConfigurationError, match=r"not (sqlite3|psycopg)\.Connection"):
+            _insert_on(other, backend, new_job("outbox"))
     assert live_ids(backend, queue="outbox") == []

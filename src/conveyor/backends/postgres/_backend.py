@@ -452,7 +452,7 @@ class PostgresBackend:
             return []
         conn = params.conn
         if conn is not None and not isinstance(conn, psycopg.Connection):
-            raise ConfigurationError(f"conn= must be an open psycopg (sync) Connection, not {type(conn).__name__}")
+            raise ConfigurationError(f"conn= must be an open psycopg (sync) Connection, not {_kind(conn)}")
         # Decided on the first job, so that rows built lazily (see App.send_many) are built while
         # they stream; a later keyed or replayed job sends the batch down the statement path.
         by_copy = copyable(jobs[0]) and len(jobs) >= _COPY_MIN
@@ -829,7 +829,7 @@ class PostgresBackend:
         if params.conn is not None:
             conn = params.conn
             if not isinstance(conn, psycopg.Connection):
-                raise ConfigurationError(f"conn= must be an open psycopg (sync) Connection, not {type(conn).__name__}")
+                raise ConfigurationError(f"conn= must be an open psycopg (sync) Connection, not {_kind(conn)}")
             with self._errors("processed_keys_claim"):
                 cur = psycopg.Cursor(conn, row_factory=tuple_row)
                 return cur.execute(self._q["processed_keys_claim"], values, prepare=True).fetchone() is not None
@@ -1141,3 +1141,8 @@ def _token(row: TupleRow) -> Token:
     return Token(
         id_, name, role, None if queues is None else tuple(queues), secret_hash, created_at, expires_at, revoked_at
     )
+
+
+def _kind(value: object) -> str:
+    """A value's type with its module: a sqlite3.Connection is not just "Connection"."""
+    return f"{type(value).__module__}.{type(value).__qualname__}"

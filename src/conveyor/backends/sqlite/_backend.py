@@ -94,7 +94,9 @@ class SqliteBackend:
                 "transactional enqueues against sqlite:///file.db or postgresql://"
             )
         if not isinstance(conn, sqlite3.Connection):
-            raise ConfigurationError(f"conn= must be an open sqlite3.Connection, not {type(conn).__name__}")
+            raise ConfigurationError(
+                f"conn= must be an open sqlite3.Connection, not {type(conn).__module__}.{type(conn).__qualname__}"
+            )
         return conn
 
     # ------------------------------------------------------------------ producing
