@@ -484,3 +484,28 @@ def test_a_manual_reason_of_any_kind_dead_letters_only_its_job(app: App, reason:
     status = bad.status()
     assert (status.state, status.reason) == ("dead", "rejected")
     assert status.error is not None and status.error.message
+
+
+def test_a_handler_that_closes_the_app_stops_its_worker_and_loses_nothing(database_url: str) -> None:
+    # Before, on PostgreSQL, the worker retried "pool already closed" as an unavailable database for
+    # ever (a --burst worker never exited); SQLite already stopped. Now both stop non-zero, and the
+    # jobs they held come back to other workers once their leases run out.
+    app = App(database_url, migrate=True)
+
+    @app.task(queue="q")
+    def closing() -> None:
+        app.backend.close()
+
+    @app.task(queue="q")
+    def good(i: int) -> int:
+        return i
+
+    ids = [good.delay(i=i).id for i in range(10)] + [closing.delay().id] + [good.delay(i=i).id for i in range(10)]
+    worker = run(app, timeout=60, concurrency=1, visibility_timeout=1)
+    assert worker.exit_code != 0
+    later = App(database_url)
+    try:
+        states = [later.job(i).state for i in ids]
+        assert all(s in ("completed", "pending", "processing") for s in states), states  # none lost
+    finally:
+        later.close()

@@ -20,7 +20,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.copy import LibpqWriter
 from psycopg.pq import TransactionStatus
 from psycopg.rows import TupleRow, tuple_row
-from psycopg_pool import ConnectionPool, PoolTimeout
+from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
 from conveyor._errors import (
     BackendCorrupt,
@@ -295,6 +295,10 @@ class PostgresBackend:
         """Translate psycopg's exceptions into Conveyor's."""
         try:
             yield
+        except PoolClosed as exc:
+            # This backend was closed (App.close(), say from a handler): no wait brings it back. As an
+            # OperationalError it was retried as "unavailable" for ever, and a worker wedged on it.
+            raise BackendError(f"the PostgreSQL backend is closed ({action}): {self._line(exc)}") from exc
         except PoolTimeout as exc:
             why = self._pool.last_error or self._acks.last_error
             raise BackendUnavailable(
