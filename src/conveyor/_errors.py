@@ -15,6 +15,7 @@
     │   ├── Unauthenticated       no bearer token, or one that is unknown, revoked or expired (HTTP 401)
     │   └── Forbidden             the token's role or queues do not allow the action (HTTP 403)
     ├── QueueFull                 backpressure: the queue is past its high-water mark (retry later)
+    ├── IdempotencyConflict       a strict send's idempotency key is held by another task or payload (HTTP 409)
     ├── BackendError              the database refused or failed a statement
     │   ├── BackendUnavailable    the database cannot be reached (retry later; nothing is lost)
     │   │   └── StatementCancelled the statement was cancelled (a statement_timeout): a batch is halved
@@ -104,6 +105,11 @@ class QueueFull(ConveyorError):
         self.depth = depth
         self.limit = limit
         self.retry_after = retry_after
+
+
+class IdempotencyConflict(ConveyorError):
+    """An idempotency key is held by a job of another task or payload, and the send asked to be
+    refused then (the HTTP API's sends): nothing of the send was written."""
 
 
 class BackendError(ConveyorError):

@@ -130,12 +130,13 @@ class Producer:
         queue's depth from the database (at most every 100 ms per queue), so it can block."""
         self.load.check([job], now if now is not None else self.clock.now())
 
-    def insert_prepared(self, jobs: Sequence[NewJob]) -> list[UUID]:
+    def insert_prepared(self, jobs: Sequence[NewJob], strict_keys: bool = False) -> list[UUID]:
         """Insert prepared jobs (:meth:`prepare`, :meth:`admit`) in one transaction; return the
-        stored id of each, in order (a duplicate idempotency key answers the holder's id)."""
+        stored id of each, in order (a duplicate idempotency key answers the holder's id). With
+        ``strict_keys``, a key held by another task or payload raises IdempotencyConflict, nothing written."""
         if not jobs:
             return []
-        return self._backend().jobs_insert_many(JobsInsertParams(jobs, self.clock.now()))
+        return self._backend().jobs_insert_many(JobsInsertParams(jobs, self.clock.now(), strict_keys=strict_keys))
 
     def new_job(self, message: Message, now: datetime, traceparent: str | None = None) -> NewJob:
         """The row of one message (``traceparent``: the send's trace span, for the headers). Raises

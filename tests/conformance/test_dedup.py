@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
+
+import pytest
 from _factory import T0, acquire, at, complete, get, insert, live_ids, new_job
 
-from conveyor.backends.base import Backend
+from conveyor._errors import IdempotencyConflict
+from conveyor.backends.base import Backend, JobsInsertParams
 
 
 def test_a_duplicate_inside_the_window_returns_the_holder_and_inserts_nothing(backend: Backend) -> None:
@@ -65,3 +69,22 @@ def test_jobs_without_a_key_are_never_deduplicated(backend: Backend) -> None:
 
     assert insert(backend, a, b) == [a.id, b.id]
     assert live_ids(backend) == [a.id, b.id]
+
+
+def test_a_strict_insert_refuses_a_key_held_by_another_payload_and_writes_nothing(backend: Backend) -> None:
+    held = new_job(idempotency_key="k", dedup_until=at(3600))
+    insert(backend, held)
+    fresh = new_job()
+    changed = new_job(idempotency_key="k", dedup_until=at(3600), payload=json.dumps({"x": 2}))
+    with pytest.raises(IdempotencyConflict, match="'k'"):
+        backend.jobs_insert_many(JobsInsertParams([fresh, changed], T0, strict_keys=True))
+    # Within one batch too: the second job of a key, with another payload, refuses the first.
+    first = new_job(idempotency_key="twin", dedup_until=at(3600))
+    other = new_job(idempotency_key="twin", dedup_until=at(3600), task="tasks.other")
+    with pytest.raises(IdempotencyConflict):
+        backend.jobs_insert_many(JobsInsertParams([first, other], T0, strict_keys=True))
+    assert live_ids(backend) == [held.id]
+    # The same job again (payload equal as JSON) is a resend: the holder's id, the rest written.
+    again = new_job(idempotency_key="k", dedup_until=at(3600), payload='{ "x" : 1.0 }')
+    assert backend.jobs_insert_many(JobsInsertParams([fresh, again], T0, strict_keys=True)) == [fresh.id, held.id]
+    assert live_ids(backend) == [held.id, fresh.id]

@@ -388,11 +388,17 @@ class AuditEntry:
 class JobsInsertParams:
     """Insert jobs in one round trip. ``conn`` is the caller's own open connection (psycopg for
     PostgreSQL, sqlite3 for SQLite): the insert then joins the caller's transaction and is committed
-    (or rolled back) by the caller."""
+    (or rolled back) by the caller.
+
+    With ``strict_keys``, a job whose idempotency key is held by a job of another task or payload
+    (``conveyor._idempotency.same_job``; an earlier job of the same batch included) raises
+    IdempotencyConflict inside the insert's transaction, so that no job of the batch is written (on
+    ``conn``, the caller must roll back). Without it such a job answers the holder's id."""
 
     jobs: Sequence[NewJob]
     now: datetime
     conn: Any = None
+    strict_keys: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,6 +38,7 @@ from conveyor._errors import (
     ConfigurationError,
     ConveyorError,
     Forbidden,
+    IdempotencyConflict,
     NotFoundError,
     PayloadError,
     PayloadTooLarge,
@@ -45,6 +46,7 @@ from conveyor._errors import (
     Unauthenticated,
     first_line,
 )
+from conveyor._idempotency import same_json
 from conveyor._job import JobStatus
 from conveyor._limits import check_name, check_seconds
 from conveyor._message import Message, new_traceparent
@@ -183,19 +185,6 @@ def _token_json(t: Token) -> dict[str, Any]:
     }
 
 
-def _same_json(a: Any, b: Any) -> bool:
-    """Whether two decoded JSON values are the same value (``true`` is not ``1``; ``1`` is ``1.0``)."""
-    if isinstance(a, bool) or isinstance(b, bool):
-        return type(a) is type(b) and a == b
-    if isinstance(a, int | float) and isinstance(b, int | float):
-        return a == b
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_same_json(a[k], b[k]) for k in a)
-    if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(_same_json(x, y) for x, y in zip(a, b, strict=True))
-    return type(a) is type(b) and bool(a == b)
-
-
 # ------------------------------------------------------------------------------------------------
 # The service
 # ------------------------------------------------------------------------------------------------
@@ -313,7 +302,7 @@ class Service:
         headers = {k: v for k, v in scope["headers"] if k in _SEND_HEADERS}
         try:
             body, status, extra = await self._send(scope, receive, headers)
-        except Conflict as exc:
+        except IdempotencyConflict as exc:
             await _error(409, "conflict", str(exc))(scope, receive, send)
             return
         except ConveyorError as exc:
@@ -355,8 +344,8 @@ class Service:
         """Raise 409 if the job holding the idempotency key is not this request's job (another
         task, or another payload: ``payload`` is this request's, encoded)."""
         existing = await self.run(self.app.job, stored)
-        if existing.task != message.task or not _same_json(existing.payload, json.loads(payload)):
-            raise Conflict(
+        if existing.task != message.task or not same_json(existing.payload, json.loads(payload)):
+            raise IdempotencyConflict(
                 f"idempotency key {message.idempotency_key!r:.80} is held by job {stored} with a different "
                 "task or payload; use a new key for a new job"
             )
@@ -397,10 +386,9 @@ class Service:
             if self.app.queue_options(queue).max_depth is not None:
                 for job in jobs:
                     await self.run(self.app.producer.admit, job)
-            stored = await self.run(self.app.producer.insert_prepared, jobs)
-        for message, job, job_id in zip(messages, jobs, stored, strict=True):
-            if job_id != message.id:
-                await self._check_same(job_id, message, job.payload)
+            # strict_keys: a key held by another payload is refused inside the insert's transaction,
+            # so that a 409 leaves no job of the batch stored (a client retrying it would send them twice).
+            stored = await self.run(self.app.producer.insert_prepared, jobs, strict_keys=True)
         return json_response(
             {"jobs": [{"id": str(j), "duplicate": j != m.id} for j, m in zip(stored, messages, strict=True)]},
             202,
@@ -716,10 +704,6 @@ class _Selection:
     hidden: set[UUID]
 
 
-class Conflict(ConveyorError):
-    """An idempotency key reused for a different job (409)."""
-
-
 def _bad_id(n: int) -> UUID:
     raise BadRequest(f"ids[{n}] must be a job id (a string)", f"ids[{n}]")
 
@@ -733,7 +717,7 @@ def _answering(endpoint: Endpoint) -> Endpoint:
     async def answer(request: Request) -> Response:
         try:
             return await endpoint(request)
-        except Conflict as exc:
+        except IdempotencyConflict as exc:
             return _error(409, "conflict", str(exc))
         except ConveyorError as exc:
             return error_response(exc)

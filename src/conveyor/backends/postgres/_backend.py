@@ -32,6 +32,7 @@ from conveyor._errors import (
     first_line,
     printable,
 )
+from conveyor._idempotency import refuse_reused_keys
 from conveyor.backends._promotion import Promotions, scheduled_earliest
 from conveyor.backends._redact import hide, redact_url, scrub
 from conveyor.backends._sql import load_migrations, load_queries, pending
@@ -469,13 +470,15 @@ class PostgresBackend:
                     conn.execute(self._q["transaction_begin"])
                 if by_copy and self._copy(conn, jobs, now, pooled=False):
                     return [j.id for j in jobs]
-                return self._insert(psycopg.Cursor(conn, row_factory=tuple_row), jobs, now)
+                return self._insert(psycopg.Cursor(conn, row_factory=tuple_row), jobs, now, params.strict_keys)
         with self._connection("jobs_insert_many") as pooled:
             if by_copy and self._copy(pooled, jobs, now, pooled=True):
                 return [j.id for j in jobs]
             multi = len(jobs) > _INSERT_CHUNK
-            with pooled.transaction() if multi else nullcontext():
-                return self._insert(pooled.cursor(), jobs, now)
+            # A strict send reads the key holders after its insert: both in one transaction, so that
+            # a conflict rolls the insert back.
+            with pooled.transaction() if multi or params.strict_keys else nullcontext():
+                return self._insert(pooled.cursor(row_factory=tuple_row), jobs, now, params.strict_keys)
 
     def _copy(self, conn: Conn, jobs: Sequence[NewJob], now: datetime, *, pooled: bool) -> bool:
         """COPY ``jobs`` in a transaction and notify their queues: on a ``pooled`` connection
@@ -528,15 +531,23 @@ class PostgresBackend:
             statements.append(sql.SQL(self._q["transaction_commit"]))
         return sql.SQL("; ").join(statements)
 
-    def _insert(self, cur: psycopg.Cursor[TupleRow], jobs: Sequence[NewJob], now: datetime) -> list[UUID]:
+    def _insert(
+        self, cur: psycopg.Cursor[TupleRow], jobs: Sequence[NewJob], now: datetime, strict_keys: bool = False
+    ) -> list[UUID]:
         # The statements write a job whose run_at is ahead as scheduled (see _promotion).
         self._promotions.scheduled_many(scheduled_earliest(jobs, now))
         holders: dict[tuple[str, str], UUID] = {}
         for i in range(0, len(jobs), _INSERT_CHUNK):
             self._insert_chunk(cur, jobs[i : i + _INSERT_CHUNK], now, holders)
-        return [
-            holders[(job.queue, job.idempotency_key)] if job.idempotency_key is not None else job.id for job in jobs
-        ]
+        ids = [holders[(job.queue, job.idempotency_key)] if job.idempotency_key is not None else job.id for job in jobs]
+        if strict_keys:
+
+            def held(job_id: UUID) -> tuple[str, str] | None:
+                row = cur.execute(self._q["idempotency_holder_job"], {"id": job_id}).fetchone()
+                return None if row is None else (row[0], row[1])
+
+            refuse_reused_keys(jobs, ids, held)
+        return ids
 
     def _insert_chunk(
         self,

@@ -13,6 +13,7 @@ from typing import Any
 from uuid import UUID
 
 from conveyor._errors import BackendError, ConfigurationError
+from conveyor._idempotency import refuse_reused_keys
 from conveyor.backends import base
 from conveyor.backends._promotion import Promotions, earliest_by_queue, scheduled_earliest
 from conveyor.backends._sql import load_migrations, load_queries
@@ -115,11 +116,25 @@ class SqliteBackend:
             # the idempotency keys of the rows ahead of a bad one stayed claimed by jobs never stored).
             jobs = list(params.jobs)
             with translated(), _all_or_nothing(conn):
-                return self._insert(conn, jobs, params.now)
+                return self._insert(conn, jobs, params.now, params.strict_keys)
         with self._pool.write() as conn:
-            return self._insert(conn, params.jobs, params.now)
+            return self._insert(conn, params.jobs, params.now, params.strict_keys)
 
-    def _insert(self, conn: sqlite3.Connection, jobs: Sequence[base.NewJob], at: datetime) -> list[UUID]:
+    def _insert(
+        self, conn: sqlite3.Connection, jobs: Sequence[base.NewJob], at: datetime, strict_keys: bool
+    ) -> list[UUID]:
+        ids = self._insert_rows(conn, jobs, at)
+        if strict_keys:
+
+            def held(job_id: UUID) -> tuple[str, str] | None:
+                row = conn.execute(self._q["idempotency_holder_job"], {"id": cv.to_db_id(job_id)}).fetchone()
+                return None if row is None else (row[0], row[1])
+
+            # Raised inside the write's transaction (or the caller's savepoint): nothing is written.
+            refuse_reused_keys(jobs, ids, held)
+        return ids
+
+    def _insert_rows(self, conn: sqlite3.Connection, jobs: Sequence[base.NewJob], at: datetime) -> list[UUID]:
         now = cv.to_db_time(at)
         ids: list[UUID] = []
         rows: list[dict[str, Any]] = []
@@ -555,7 +570,7 @@ class SqliteBackend:
         with self._pool.write() as conn:
             if conn.execute(self._q["schedule_fire"], args).rowcount != 1:
                 return False
-            self._insert(conn, [params.job], params.now)
+            self._insert_rows(conn, [params.job], params.now)
         return True
 
     # ------------------------------------------------------------------ topics

@@ -330,6 +330,14 @@ SELECT k.queue, k.key, k.job_id
 FROM (SELECT count(*) FROM notified) AS n
 LEFT JOIN keyed AS k ON true
 
+-- name: idempotency_holder_job
+-- The task and payload of a key's holder, live or ended, read by a strict send
+-- (JobsInsertParams.strict_keys) in its own transaction, after its rows are written: a holder
+-- earlier in the same batch is then found too. payload::text is jsonb's normal form.
+SELECT task, payload::text FROM jobs WHERE id = %(id)s
+UNION ALL
+SELECT task, payload::text FROM archive WHERE id = %(id)s
+
 -- name: jobs_insert_many_unkeyed
 -- The same insert for a batch without idempotency keys (the common bulk case). Without the
 -- keyed CTE the unnested rows are read once, so they stream into the INSERT instead of being

@@ -57,6 +57,14 @@ RETURNING job_id
 -- name: idempotency_holder
 SELECT job_id FROM idempotency_keys WHERE queue = :queue AND key = :key
 
+-- name: idempotency_holder_job
+-- The task and payload of a key's holder, live or ended, read by a strict send
+-- (JobsInsertParams.strict_keys) in its own transaction, after its rows are written: a holder
+-- earlier in the same batch is then found too.
+SELECT task, payload FROM jobs WHERE id = :id
+UNION ALL
+SELECT task, payload FROM archive WHERE id = :id
+
 -- name: jobs_promote
 -- Run by jobs_acquire first, in its transaction: the queue's scheduled jobs that are due become
 -- pending, so that the acquire sees them. A range scan of jobs_scheduled (queue, run_at): one probe
