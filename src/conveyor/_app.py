@@ -36,7 +36,7 @@ from conveyor._task import (
     Task,
     TaskOptions,
 )
-from conveyor._topics import matches, parse_filter
+from conveyor._topics import parse_filter, published
 from conveyor.backends import DEFAULT_DATABASE_URL, in_memory_url, open_backend, same_database
 from conveyor.backends._redact import redact_url
 from conveyor.backends.base import (
@@ -44,7 +44,6 @@ from conveyor.backends.base import (
     Schedule,
     Subscription,
     SubscriptionsDeleteParams,
-    SubscriptionsListParams,
     SubscriptionsUpsertParams,
 )
 
@@ -427,20 +426,7 @@ class App:
         """Copy a message to every queue subscribed to ``topic`` whose filter matches ``headers``,
         in one transaction; return one job per matching subscription (each retries and
         dead-letters on its own). No matching subscription: nothing is enqueued, ``[]``."""
-        check_name(topic, "topic")
-        if headers is not None and not isinstance(headers, Mapping):
-            raise PayloadError(f"headers must be a JSON object (a dict), got {type(headers).__name__}")
-        body = payload if payload is not None else {}
-        encode_json_object(body, "payload")  # checked with no subscriber too: publishing is sending
-        subscriptions = self.backend.subscriptions_list(SubscriptionsListParams(topic))
-        merged = {**(headers or {}), "topic": topic}
-        messages = []
-        for sub in subscriptions:
-            if matches(json.loads(sub.filter), merged):
-                try:
-                    messages.append(Message(task=sub.task, payload=body, queue=sub.queue, headers=merged, **envelope))
-                except TypeError as exc:
-                    raise PayloadError(f"bad publish option: {exc}") from None
+        messages = published(topic, payload, headers, envelope, self.admin.subscriptions)
         return self.send_many(messages, conn=conn)
 
     # -- producing -----------------------------------------------------------------------------

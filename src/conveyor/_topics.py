@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
-from conveyor._errors import ConfigurationError
+from conveyor._errors import ConfigurationError, PayloadError
+from conveyor._limits import check_name
+from conveyor._message import Message, encode_json_object
+
+if TYPE_CHECKING:
+    from conveyor.backends.base import Subscription
 
 
 def parse_filter(text: str | Mapping[str, Any] | None) -> dict[str, Any]:
@@ -47,3 +52,29 @@ def matches(filter_: Mapping[str, Any], headers: Mapping[str, Any]) -> bool:
         elif value != condition:
             return False
     return True
+
+
+def published(
+    topic: str,
+    payload: Mapping[str, Any] | None,
+    headers: Mapping[str, Any] | None,
+    envelope: Mapping[str, Any],
+    subscriptions: Callable[[str], Iterable[Subscription]],
+) -> list[Message]:
+    """The messages one publish sends: one per subscription of ``topic`` (``subscriptions`` reads
+    them) whose filter matches ``headers``, each with the ``topic`` header and the ``envelope``'s
+    Message fields. Raises PayloadError for a bad payload, headers or option, subscriber or not."""
+    check_name(topic, "topic")
+    if headers is not None and not isinstance(headers, Mapping):
+        raise PayloadError(f"headers must be a JSON object (a dict), got {type(headers).__name__}")
+    body = payload if payload is not None else {}
+    encode_json_object(body, "payload")  # checked with no subscriber too: publishing is sending
+    merged = {**(headers or {}), "topic": topic}
+    messages = []
+    for sub in subscriptions(topic):
+        if matches(json.loads(sub.filter), merged):
+            try:
+                messages.append(Message(task=sub.task, payload=body, queue=sub.queue, headers=merged, **envelope))
+            except TypeError as exc:
+                raise PayloadError(f"bad publish option: {exc}") from None
+    return messages

@@ -44,3 +44,22 @@ def test_a_batch_refused_for_a_key_held_by_another_payload_stores_none_of_its_jo
         assert [j["duplicate"] for j in resend.json()["jobs"]] == [False, True]
         assert resend.json()["jobs"][1]["id"] == held.json()["id"]
         assert _pending(server.db) == 2
+
+
+def test_a_publish_with_a_key_held_by_another_payload_is_a_409_and_stores_nothing(server: Server) -> None:
+    with App(server.db) as app:
+        app.subscribe("orders", "billing", "billing.charge")
+    key = {"Idempotency-Key": "order-7"}
+    with server.client("producer") as c:
+        first = c.post("/v1/topics/orders/messages", json={"payload": {"n": 1}}, headers=key)
+        assert first.status_code == 202, first.text
+        again = c.post("/v1/topics/orders/messages", json={"payload": {"n": 1}}, headers=key)
+        assert again.status_code == 202 and again.json() == first.json()  # a resend: the same job
+        with App(server.db) as app:
+            app.subscribe("orders", "shipping", "ship")  # its queue does not hold the key yet
+        # Before: 202 with the old job's id, the new payload silently dropped.
+        assert "'order-7'" in _conflict(c.post("/v1/topics/orders/messages", json={"payload": {"n": 2}}, headers=key))
+        assert _pending(server.db) == 1  # one transaction: nor is the shipping queue's job stored
+        both = c.post("/v1/topics/orders/messages", json={"payload": {"n": 1}}, headers=key)
+        assert both.status_code == 202 and both.json()["jobs"][0] == first.json()["jobs"][0]
+        assert _pending(server.db) == 2

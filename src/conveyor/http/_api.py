@@ -51,6 +51,7 @@ from conveyor._job import JobStatus
 from conveyor._limits import check_name, check_seconds
 from conveyor._message import Message, new_traceparent
 from conveyor._otel import first_task, send_span, valid_traceparent
+from conveyor._topics import published
 from conveyor.admin import QueueStats, Schedule, Token, WorkerInfo
 from conveyor.http import _parse
 from conveyor.http._dashboard import SESSION_COOKIE, Dashboard, register_convertors
@@ -416,14 +417,24 @@ class Service:
             fields, allowed=_parse.PUBLISH_FIELDS, idempotency_key=key, headers=self._headers_of(fields, token)
         )
         payload = envelope.pop("payload", {})
-        headers = envelope.pop("headers", None) or {}
+        headers = envelope.pop("headers", None)
+        messages = await self.run(published, topic, payload, headers, envelope, self.app.admin.subscriptions)
+        if not messages:
+            return json_response({"jobs": []}, 202)
+        # Sent as a batch is (App.publish's messages, one transaction), with strict_keys: an idempotency
+        # key held by another payload is a 409 with nothing stored, as for a send (before, the holder's
+        # id was answered with 202 and the new payload dropped).
         parent = valid_traceparent(request.headers.get("traceparent"))
-        if parent is not None:
-            # The jobs continue the caller's trace (App.publish opens its own span in a thread,
-            # which does not see this request's context).
-            headers = {"traceparent": parent, **headers}
-        jobs = await self.run(self.app.publish, topic, payload, headers=headers, **envelope)
-        return json_response({"jobs": [str(j.id) for j in jobs]}, 202)
+        queues = {m.queue for m in messages}
+        queue = next(iter(queues)) if len(queues) == 1 else None
+        with send_span(first_task([m.task for m in messages]), queue, len(messages), parent) as traceparent:
+            shared = traceparent or new_traceparent()
+            jobs = [self.app.producer.prepare(message, traceparent=shared) for message in messages]
+            for job in jobs:
+                if self.app.queue_options(job.queue).max_depth is not None:
+                    await self.run(self.app.producer.admit, job)
+            stored = await self.run(self.app.producer.insert_prepared, jobs, strict_keys=True)
+        return json_response({"jobs": [str(j) for j in stored]}, 202)
 
     # -- operator ----------------------------------------------------------------------------------
 
