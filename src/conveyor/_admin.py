@@ -242,16 +242,20 @@ class Admin:
         task: str | None = None,
         error_type: str | None = None,
     ) -> list[UUID]:
-        """The dead letters an action names: ``ids``, or every unreplayed dead letter of ``queue``
-        (narrowed by ``task`` and ``error_type``). A filter must name a queue: acting on every queue
-        at once is too easy a mistake. Raises ConfigurationError for both or neither, or a bad id."""
+        """The dead letters an action names: ``ids`` (in the order given), or every unreplayed dead
+        letter of ``queue`` (narrowed by ``task`` and ``error_type``) in the order they were enqueued,
+        oldest first. A filter must name a queue: acting on every queue at once is too easy a mistake.
+        Raises ConfigurationError for both or neither, or a bad id."""
         if ids is not None and (queue or task or error_type):
             raise ConfigurationError("give job ids or a filter (queue, task, error type), not both")
         if ids is not None:
             return [_uuid(i) for i in ids]
         if not queue:
             raise ConfigurationError("selecting dead letters by filter needs a queue")
-        return [status.id for status in self._all_dead(queue, task, error_type)]
+        # Listed newest first; a replay mints the new ids in this order, and jobs of one ordering key
+        # run in id order: enqueue order, so that they run again in their original order.
+        dead = sorted(self._all_dead(queue, task, error_type), key=lambda status: (status.enqueued_at, status.id))
+        return [status.id for status in dead]
 
     def _all_dead(self, queue: str, task: str | None, error_type: str | None) -> Iterator[JobStatus]:
         before: tuple[datetime, UUID] | None = None

@@ -14,7 +14,8 @@ import pytest
 from tests.conftest import make_dead_letters
 from tests.http.conftest import Server, make_tokens, start, stop
 
-from conveyor import App, ConfigurationError
+from conveyor import App, ConfigurationError, Reject
+from conveyor.testing import drain
 
 
 def unreplayed(db: str, queue: str) -> set[str]:
@@ -110,3 +111,28 @@ def test_a_token_limited_to_queues_learns_nothing_from_replaying_another_queues_
         # A token of every queue still replays them.
         everyone = ops.post("/v1/dead-letters:replay", json={"ids": other, "reason": "r"})
         assert len(everyone.json()["replayed"]) == 2, everyone.text
+
+
+def test_a_replay_by_filter_re_enqueues_the_dead_letters_in_their_original_order(served: Server) -> None:
+    # Dead letters are listed newest first, and a replay by filter minted the new ids in that order:
+    # jobs of one ordering key then ran newest first (4 3 2 1 0) after the replay.
+    ran: list[int] = []
+    with App(served.db) as app:
+
+        @app.task(name="fifo", queue="fifo", max_attempts=1)
+        def fifo(n: int) -> None:
+            if not ran_once:
+                raise Reject("first time")
+            ran.append(n)
+
+        ran_once = False
+        for n in range(5):
+            app.send("fifo", {"n": n}, ordering_key="customer-1")
+        assert drain(app, ["fifo"]).dead == 5
+        with served.client("operator") as ops:
+            done = ops.post("/v1/dead-letters:replay", json={"queue": "fifo", "reason": "fixed"})
+            assert done.status_code == 200, done.text
+            assert len(done.json()["replayed"]) == 5
+        ran_once = True
+        assert drain(app, ["fifo"]).completed == 5
+    assert ran == [0, 1, 2, 3, 4]
