@@ -88,6 +88,7 @@ def serve(
     try:
         from conveyor.http import ServiceConfig
         from conveyor.http._factory import NO_AUTH_WARNING, to_environment
+        from conveyor.http._serve import listen
         from conveyor.http._serve import serve as run_service
     except ImportError as exc:
         fail(f"conveyor serve needs the http extra: pip install 'conveyor[http]' ({exc})")
@@ -103,6 +104,15 @@ def serve(
             check_webhook(url)
     except ConfigurationError as exc:
         fail(printable(exc))
+    if workers > 1 and port == 0:
+        fail("--workers above 1 needs a --port (every process listens on the same one)")
+    # Bound here, once, for every process: a port in use or a bad address is one line and exit 1
+    # (before, a traceback, or with --workers a process failing and restarted forever; and a port
+    # another service listened on was shared with it).
+    try:
+        sockets = listen(host, port, workers)
+    except OSError as exc:
+        fail(f"cannot listen on {printable(host)}:{port}: {printable(exc.strerror or exc).lower()}")
     # Opens the database once before the service starts: the embedded SQLite default is migrated
     # here, and a PostgreSQL schema that lacks migrations is reported at once. A database that
     # cannot be reached does not stop the service: it answers 503 (and /readyz says why) until the
@@ -134,8 +144,7 @@ def serve(
     )
     app.close()
     to_environment(app.database_url, found.get("app_path"), config)
+    port = sockets[0].getsockname()[1]  # the one the system chose for --port 0
     click.echo(f"conveyor serve: http://{host}:{port} ({workers} worker(s); OpenAPI at /openapi.json)", err=True)
-    if workers > 1 and port == 0:
-        fail("--workers above 1 needs a --port (every process listens on the same one)")
     level = "info" if found.get("verbose") else "warning"
-    ctx.exit(run_service(host, port, workers, level, access_log, forwarded_allow_ips.strip()))
+    ctx.exit(run_service(sockets, level, access_log, forwarded_allow_ips.strip()))

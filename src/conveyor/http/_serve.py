@@ -3,10 +3,17 @@
 uvicorn's own ``--workers`` shares one listening socket between processes, and whichever process
 wakes first accepts: under a burst of new connections (64 clients connecting at once) one process
 took nearly all of them while the other idled (measured: groups of 29 jobs in one process, 3 in the
-other). Here every process binds the port with ``SO_REUSEPORT``, so the kernel spreads connections
-evenly across them. The parent starts the processes, forwards SIGTERM and SIGINT (each process then
-stops gracefully: it finishes its requests and the transactions under way), and restarts a
-process that died.
+other). Here each process has a socket of its own on the port, bound with ``SO_REUSEPORT``, so the
+kernel spreads connections evenly across them. The parent binds them all before any process starts
+(a port in use or an address not of this machine is then one error, not a process failing and
+restarted forever) and hands each process its socket; a restarted process gets the same one. The
+parent forwards SIGTERM and SIGINT (each process then stops gracefully: it finishes its requests
+and the transactions under way), and restarts a process that died.
+
+``SO_REUSEPORT`` lets any socket of the same user join the port: the parent therefore first binds
+it without, so that a port another program or another ``conveyor serve`` listens on is refused
+("address already in use") rather than shared with it, the kernel splitting the traffic between two
+services. One process needs no ``SO_REUSEPORT`` at all.
 """
 
 from __future__ import annotations
@@ -32,27 +39,51 @@ SWITCH_INTERVAL = 0.0005
 GRACEFUL_SECONDS = 30.0
 
 
-def _listen(host: str, port: int) -> socket.socket:
+def _bind(host: str, port: int, reuse_port: bool) -> socket.socket:
     family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
     sock = socket.socket(family, kind, proto)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    if hasattr(socket, "SO_REUSEPORT"):
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    sock.bind(address)
-    sock.listen(2048)
-    sock.set_inheritable(True)
+    try:
+        # SO_REUSEADDR only lets the port be bound while old connections to it are in TIME_WAIT
+        # (a restart): on Linux it never lets two sockets listen on it.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind(address)
+        sock.listen(2048)
+    except BaseException:
+        sock.close()
+        raise
     return sock
 
 
-def serve_one(host: str, port: int, log_level: str, access_log: bool, forwarded_allow_ips: str = "") -> None:
-    """Run one service process on ``host:port`` until SIGTERM or SIGINT (reads $CONVEYOR_SERVE).
+def listen(host: str, port: int, workers: int) -> list[socket.socket]:
+    """One listening socket on ``host:port`` per service process. Raises OSError (with nothing left
+    bound) for a port in use, by another program or another service, or an address that is not of
+    this machine (socket.gaierror: a host name that does not resolve)."""
+    if workers == 1 or not hasattr(socket, "SO_REUSEPORT"):
+        return [_bind(host, port, reuse_port=False)] * (1 if workers == 1 else workers)
+    # Bound without SO_REUSEPORT first: the bind fails while anything listens on the port.
+    _bind(host, port, reuse_port=False).close()
+    sockets: list[socket.socket] = []
+    try:
+        for _ in range(workers):
+            sockets.append(_bind(host, port, reuse_port=True))
+    except BaseException:
+        for sock in sockets:
+            sock.close()
+        raise
+    return sockets
+
+
+def serve_one(sock: socket.socket, log_level: str, access_log: bool, forwarded_allow_ips: str = "") -> None:
+    """Run one service process on the listening socket ``sock`` until SIGTERM or SIGINT (reads
+    $CONVEYOR_SERVE).
 
     ``forwarded_allow_ips`` (comma-separated addresses or networks, ``*``: any; empty: none) are the
     proxies whose ``X-Forwarded-Proto`` and ``X-Forwarded-For`` are believed."""
     import uvicorn
 
     sys.setswitchinterval(SWITCH_INTERVAL)
-    sock = _listen(host, port)
     config = uvicorn.Config(
         from_environment,
         factory=True,
@@ -71,22 +102,25 @@ def serve_one(host: str, port: int, log_level: str, access_log: bool, forwarded_
     uvicorn.Server(config).run(sockets=[sock])
 
 
-def serve(host: str, port: int, workers: int, log_level: str, access_log: bool, forwarded_allow_ips: str = "") -> int:
-    """Run ``workers`` service processes on ``host:port``; return the exit code."""
-    if workers == 1:
-        serve_one(host, port, log_level, access_log, forwarded_allow_ips)
+def serve(sockets: list[socket.socket], log_level: str, access_log: bool, forwarded_allow_ips: str = "") -> int:
+    """Run one service process per listening socket (:func:`listen`); return the exit code."""
+    if len(sockets) == 1:
+        serve_one(sockets[0], log_level, access_log, forwarded_allow_ips)
         return 0
-    command = [
-        sys.executable,
-        "-c",
-        "import sys; from conveyor.http._serve import serve_one; "
-        "serve_one(sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4] == '1', sys.argv[5])",
-        host,
-        str(port),
-        log_level,
-        "1" if access_log else "0",
-        forwarded_allow_ips,
-    ]
+
+    def start(sock: socket.socket) -> subprocess.Popen[bytes]:
+        command = [
+            sys.executable,
+            "-c",
+            "import socket, sys; from conveyor.http._serve import serve_one; "
+            "serve_one(socket.socket(fileno=int(sys.argv[1])), sys.argv[2], sys.argv[3] == '1', sys.argv[4])",
+            str(sock.fileno()),
+            log_level,
+            "1" if access_log else "0",
+            forwarded_allow_ips,
+        ]
+        return subprocess.Popen(command, pass_fds=[sock.fileno()])
+
     stopping = False
 
     def stop(signum: int, _frame: FrameType | None) -> None:
@@ -95,8 +129,12 @@ def serve(host: str, port: int, workers: int, log_level: str, access_log: bool, 
         for child in children:
             if child.poll() is None:
                 child.send_signal(signal.SIGTERM)
+        # No process is started again: new connections are refused rather than queued on a socket
+        # that no process will accept from.
+        for sock in sockets:
+            sock.close()
 
-    children = [subprocess.Popen(command) for _ in range(workers)]
+    children = [start(sock) for sock in sockets]
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         while True:
@@ -113,7 +151,7 @@ def serve(host: str, port: int, workers: int, log_level: str, access_log: bool, 
                     )
                     time.sleep(1.0)
                     if not stopping:
-                        children[i] = subprocess.Popen(command)
+                        children[i] = start(sockets[i])
             time.sleep(0.2)
     finally:
         for sig, handler in previous.items():
@@ -122,3 +160,5 @@ def serve(host: str, port: int, workers: int, log_level: str, access_log: bool, 
             if child.poll() is None:
                 child.kill()
                 child.wait()
+        for sock in sockets:
+            sock.close()

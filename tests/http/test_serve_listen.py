@@ -1,0 +1,53 @@
+"""`conveyor serve` and its port: a port another service or program listens on, or an address that
+is not of this machine, is one line and exit 1, never a second service sharing the port, a traceback
+or a process restarted forever."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+from tests.http.conftest import REPO, start, stop
+
+
+def _serve(db: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}
+    argv = [sys.executable, "-m", "conveyor", "--db", db, "serve", "--insecure-no-auth", *args]
+    # A service that started (the bug) runs until the timeout: TimeoutExpired fails the test.
+    return subprocess.run(argv, capture_output=True, text=True, timeout=30, cwd=REPO, env=env)
+
+
+def _refused(done: subprocess.CompletedProcess[str], reason: str) -> None:
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.strip().splitlines() == [done.stderr.strip()], done.stderr  # one line
+    assert reason in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_port_another_service_or_program_listens_on_is_refused(sqlite_url: str, tmp_path: Path) -> None:
+    # Before, every process set SO_REUSEPORT: a second service on the port started silently and the
+    # kernel split the connections between the two.
+    first = start(sqlite_url, tmp_path, "--insecure-no-auth", "--workers", "2", app_path=None)
+    try:
+        port = first.url.rsplit(":", 1)[1]
+        for workers in ("1", "2"):
+            _refused(_serve(sqlite_url, "--port", port, "--workers", workers), "address already in use")
+        for _ in range(10):  # both processes of the first service still answer every request
+            assert httpx.get(f"{first.url}/healthz", timeout=5).status_code == 200
+    finally:
+        stop(first)
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        _refused(_serve(sqlite_url, "--port", str(other.getsockname()[1])), "address already in use")
+
+
+@pytest.mark.parametrize("host", ["256.0.0.1", "192.0.2.1"])
+def test_an_address_that_is_not_of_this_machine_is_one_line(sqlite_url: str, host: str) -> None:
+    # Before: a 38-line traceback, and with --workers 2 each process failing and restarted forever.
+    for workers in ("1", "2"):
+        _refused(_serve(sqlite_url, "--host", host, "--port", "8000", "--workers", workers), "cannot listen on")
