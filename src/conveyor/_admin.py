@@ -20,7 +20,7 @@ from uuid import UUID
 from conveyor import _tokens
 from conveyor._alerts import AlertRules, evaluate
 from conveyor._cron import Cron
-from conveyor._errors import ConfigurationError, JobNotFoundError, NotFoundError
+from conveyor._errors import BackendUnavailable, ConfigurationError, JobNotFoundError, NotFoundError
 from conveyor._ids import uuid7
 from conveyor._job import JobStatus
 from conveyor._limits import check_name
@@ -460,23 +460,37 @@ class Admin:
             raise NotFoundError(f"no unrevoked token named {name!r}")
         self._audit(actor, "token.revoke", {"token": name})
 
-    def authenticate(self, bearer: str | None, *, max_age: float = 0.0) -> Token:
+    def authenticate(
+        self, bearer: str | None, *, max_age: float = 0.0, last_known_if_unavailable: bool = False
+    ) -> Token:
         """The token a bearer string presents; raise Unauthenticated if it is malformed, unknown,
         has a wrong secret, or is revoked or expired. The secret is compared in constant time.
 
         ``max_age`` > 0 reuses a token read from the database up to that many seconds ago (the
         HTTP service's default is 5 s), so that a busy service does not read the token table on
         every request; a revoke then takes effect within ``max_age``. Expiry is checked on every
-        call."""
+        call.
+
+        ``last_known_if_unavailable``: while the database cannot be reached, the token as it was last
+        read (however long ago) decides, rather than BackendUnavailable; a token never read, or
+        revoked when last read, is still refused. The HTTP service's /metrics uses it, so that a
+        scrape can say ``conveyor_database_up 0``."""
         token_id, secret = _tokens.parse_bearer(bearer)
         found = self._token_seen(token_id, max_age)
         if found is None:
-            token = self.app.backend.token_get(TokenGetParams(token_id))
-            if max_age > 0:
-                if len(self._tokens_seen) >= 10_000:
-                    # Unknown ids cost a read each; a flood of them must not grow the cache.
-                    self._tokens_seen.clear()
-                self._tokens_seen[token_id] = (token, time.monotonic())
+            try:
+                token = self.app.backend.token_get(TokenGetParams(token_id))
+            except BackendUnavailable:
+                last = self._tokens_seen.get(token_id) if last_known_if_unavailable else None
+                if last is None:
+                    raise
+                # self.app.clock(): this host's time (plus the offset measured), not a database read.
+                return _tokens.verify(last[0], token_id, secret, self.app.clock())
+            if len(self._tokens_seen) >= 10_000:
+                # Unknown ids cost a read each; a flood of them must not grow the cache.
+                self._tokens_seen.clear()
+            # Kept even without max_age: the last verdict is what a token is when the database is away.
+            self._tokens_seen[token_id] = (token, time.monotonic())
             found = (token,)
         return _tokens.verify(found[0], token_id, secret, self.app.clock.now())
 

@@ -209,20 +209,21 @@ class Service:
         """Run a blocking call of the Python API in a worker thread."""
         return await asyncio.to_thread(fn, *args, **kwargs)
 
-    async def token(self, request: Request) -> Token:
+    async def token(self, request: Request, last_known_if_unavailable: bool = False) -> Token:
         """The caller's token; raises Unauthenticated. Without auth, an anonymous admin.
 
         A GET without an ``Authorization`` header may present the dashboard's session cookie (the
         dashboard's charts poll ``GET /v1/queues`` with it); a request that changes something always
-        needs the header, so that a cookie a browser sends on its own can never act (no CSRF)."""
+        needs the header, so that a cookie a browser sends on its own can never act (no CSRF).
+        ``last_known_if_unavailable``: see :meth:`Admin.authenticate`."""
         authorization = request.headers.get("authorization", "")
         if not authorization and request.method == "GET":
             session = request.cookies.get(SESSION_COOKIE)
             if session:
                 authorization = f"Bearer {session}"
-        return await self.token_of(authorization)
+        return await self.token_of(authorization, last_known_if_unavailable)
 
-    async def token_of(self, authorization: str) -> Token:
+    async def token_of(self, authorization: str, last_known_if_unavailable: bool = False) -> Token:
         """The token an ``Authorization`` header presents (see :meth:`token`)."""
         if not self.config.auth:
             return self._anonymous
@@ -234,7 +235,12 @@ class Service:
         cached = admin.authenticate_cached(bearer, max_age=self.config.token_cache)
         if cached is not None:
             return cached
-        return await self.run(admin.authenticate, bearer, max_age=self.config.token_cache)
+        return await self.run(
+            admin.authenticate,
+            bearer,
+            max_age=self.config.token_cache,
+            last_known_if_unavailable=last_known_if_unavailable,
+        )
 
     async def body(self, request: Request) -> Any:
         """The request body as strict JSON, at most ``max_body_bytes`` (else PayloadTooLarge)."""
@@ -486,8 +492,11 @@ class Service:
         return json_response({"alerts": [a.to_json() for a in visible]})
 
     async def metrics(self, request: Request) -> Response:
-        """GET /metrics: Prometheus text format, read from the database at each scrape (operator)."""
-        token = await self.token(request)
+        """GET /metrics: Prometheus text format, read from the database at each scrape (operator).
+
+        While the database is away, a token is judged as it was last read (else no scrape could
+        answer ``conveyor_database_up 0``, the alert documented in docs/observability.md)."""
+        token = await self.token(request, last_known_if_unavailable=True)
         _tokens.require(token, "operator", None)
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
