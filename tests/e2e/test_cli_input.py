@@ -101,6 +101,25 @@ def test_bad_numbers_elsewhere_are_one_line(sqlite_url: str) -> None:
     assert conveyor(sqlite_url, "schedules", "list", "--json").json() == []
 
 
+def test_an_integer_past_pythons_4300_digits_in_a_json_option_is_one_line(sqlite_url: str) -> None:
+    # Valid JSON that json.loads refuses with a ValueError (not a JSONDecodeError): a traceback before.
+    assert conveyor(sqlite_url, "migrate").code == 0
+    huge = '{"n": ' + "9" * 5000 + "}"
+    cases = [
+        (["send", "e2e", "t", "--payload", huge], "--payload"),
+        (["send", "e2e", "t", "--headers", huge], "--headers"),
+        (["publish", "orders", "--payload", huge], "--payload"),
+        (["publish", "orders", "--headers", huge], "--headers"),
+        (["schedules", "add", "s", "--cron", "* * * * *", "--task", "t", "--payload", huge], "--payload"),
+        (["topics", "subscribe", "orders", "q", "--task", "t", "--filter", huge], "--filter"),
+    ]
+    for argv, option in cases:
+        assert_one_line_error(conveyor(sqlite_url, *argv), option, "4,300 digits")
+    assert stats(sqlite_url) == {}
+    assert conveyor(sqlite_url, "schedules", "list", "--json").json() == []
+    assert conveyor(sqlite_url, "topics", "list", "--json").json() == []
+
+
 def test_bad_cron_expressions_are_one_line_and_write_nothing(sqlite_url: str) -> None:
     """``*/``, ``1_0`` and ``+5`` were taken as every minute, minute 10 and minute 5."""
     assert conveyor(sqlite_url, "migrate").code == 0

@@ -7,6 +7,7 @@ import getpass
 import json
 import logging
 import math
+import sys
 from typing import Any, NoReturn
 
 import click
@@ -113,6 +114,9 @@ def parse_json(text: str, what: str) -> dict[str, Any]:
         fail(f"{what} is not valid JSON: {exc}")
     except RecursionError:
         fail(f"{what} is nested too deeply (at most {MAX_JSON_DEPTH} levels)")
+    except ValueError:
+        # Valid JSON that Python will not read: an integer past its int conversion limit.
+        fail(f"{what} holds an integer of more than {sys.get_int_max_str_digits():,} digits")
     if not isinstance(value, dict):
         fail(f"{what} must be a JSON object, got {type(value).__name__}")
     return value
