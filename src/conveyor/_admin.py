@@ -330,9 +330,10 @@ class Admin:
         reason: str,
         actor: str,
     ) -> PurgeResult:
-        """Delete dead letters for good (replayed or not); audited. Selects as :meth:`select` does."""
+        """Delete dead letters for good (replayed or not); audited. Selects as :meth:`select` does
+        (an id named twice counts once, as in :meth:`replay`)."""
         _check_reason(reason, actor)
-        selected = self.select(ids, queue=queue, task=task, error_type=error_type)
+        selected = list(dict.fromkeys(self.select(ids, queue=queue, task=task, error_type=error_type)))
         purged = 0
         for start in range(0, len(selected), REPLAY_CHUNK):
             part = selected[start : start + REPLAY_CHUNK]

@@ -65,12 +65,13 @@ class AlertRules:
     def __post_init__(self) -> None:
         checked: dict[str, float] = {}
         for key, value in dict(self.thresholds).items():
-            rule, _, queue = str(key).partition(":")
+            rule, colon, queue = str(key).partition(":")
             if rule not in RULES:
                 raise ConfigurationError(f"unknown alert rule {rule!r} (rules: {', '.join(RULES)})")
-            if queue and rule not in QUEUE_RULES:
+            if colon and rule not in QUEUE_RULES:
                 raise ConfigurationError(f"alert rule {rule} is database-wide; it takes no queue")
-            if queue:
+            if colon:
+                # An empty one too ("dlq_depth:=5" was kept as a threshold on no queue, applied nowhere).
                 # A name no queue can have (a lone surrogate from a non-UTF-8 argument, too long) would
                 # silently never match; say so at start instead.
                 check_name(queue, f"the queue of alert rule {rule}", ConfigurationError)

@@ -125,6 +125,7 @@ def test_metrics_and_workers_read_the_database(watched: Server) -> None:
         # A queue name that no queue can have, and a URL that urllib cannot send, are refused at start.
         (["--alert", "dlq_depth:a\udcffb=1"], "queue"),
         (["--alert", "dlq_depth:" + "q" * 300 + "=1"], "queue"),
+        (["--alert", "dlq_depth:=5"], "must not be empty"),  # was accepted: a threshold on no queue
         (["--webhook", "http://example.com/h\u00e9"], "http(s) URL"),
     ],
 )

@@ -21,6 +21,7 @@ from typing import Any, ParamSpec, TypeVar
 from uuid import UUID
 
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -120,6 +121,20 @@ def _error(status: int, code: str, message: str, field: str | None = None, **hea
     if field is not None:
         error["field"] = field
     return json_response({"error": error}, status, headers={k.replace("_", "-"): v for k, v in headers.items()})
+
+
+_ROUTING_CODES = {404: "not_found", 405: "method_not_allowed"}
+
+
+async def _routing_error(request: Request, exc: Exception) -> Response:
+    """A path no route serves (404) or a method it does not take (405, with ``Allow``), in JSON as
+    every error of this service (Starlette's own answer is plain text)."""
+    assert isinstance(exc, HTTPException)
+    code = _ROUTING_CODES.get(exc.status_code, "error")
+    error = _error(exc.status_code, code, exc.detail)
+    if exc.headers:
+        error.headers.update(exc.headers)
+    return error
 
 
 def error_response(exc: Exception, prefix: str = "") -> Response:
@@ -622,7 +637,7 @@ class Service:
             self.app.admin.purge, **selected.kwargs, reason=fields["reason"], actor=self.actor(token)
         )
         # An id left out as outside the token's queues counts as selected, as an unknown id does.
-        hidden = sum(1 for i in selected.asked if i in selected.hidden)
+        hidden = len(selected.hidden)
         return json_response({"purged": result.purged, "selected": result.selected + hidden})
 
     async def audit(self, request: Request) -> Response:
@@ -822,7 +837,11 @@ def create_app(app: App, config: ServiceConfig | None = None) -> ASGIApp:
     _register_convertor()
     register_convertors()
     dashboard = Dashboard(service)
-    starlette = Starlette(routes=[*routes(service), *dashboard.routes()], lifespan=lifespan)
+    starlette = Starlette(
+        routes=[*routes(service), *dashboard.routes()],
+        lifespan=lifespan,
+        exception_handlers={HTTPException: _routing_error},
+    )
 
     async def asgi(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

@@ -46,6 +46,7 @@ _RFC3339 = re.compile(
     r"([0-9]{4})-([0-9]{2})-([0-9]{2})[Tt]([0-9]{2}):([0-9]{2}):([0-9]{2})(?:\.([0-9]+))?"
     r"(?:[Zz]|([+-])([0-9]{2}):([0-9]{2}))"
 )
+_INTEGER = re.compile(r"-?[0-9]{1,12}")
 #: The form of a time in a request, as the 400 for another form and the OpenAPI document show it.
 RFC3339_FORM = "YYYY-MM-DDTHH:MM:SS[.fraction] then Z or +HH:MM or -HH:MM, e.g. 2030-01-01T09:30:00Z"
 
@@ -203,10 +204,8 @@ def int_param(params: Mapping[str, str], name: str, default: int, low: int, high
     text = params.get(name)
     if text is None:
         return default
-    try:
-        value = int(text) if len(text) <= 12 else None
-    except ValueError:
-        value = None
+    # ASCII digits only: int() also reads "5_0", "+5", " 5" and the digits of other scripts (full-width ones).
+    value = int(text) if _INTEGER.fullmatch(text) else None
     if value is None or not low <= value <= high:
         raise BadRequest(f"{name} must be an integer from {low} to {high}", name)
     return value

@@ -1,0 +1,51 @@
+"""Small answers a hostile sweep found wrong: every error is JSON (unrouted paths and methods too),
+a query integer is ASCII digits only, and a purge counts an id named twice once, as a replay does."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from tests.conftest import make_dead_letters
+from tests.http.conftest import Server, make_tokens, start, stop
+
+
+@pytest.fixture
+def served(sqlite_url: str, tmp_path: Path) -> Iterator[Server]:
+    tokens = make_tokens(sqlite_url)
+    running = start(sqlite_url, tmp_path)
+    running.tokens = tokens
+    try:
+        yield running
+    finally:
+        stop(running)
+
+
+def test_unrouted_paths_and_methods_answer_json(served: Server) -> None:
+    with served.client("admin") as c:
+        # Before: Starlette's plain-text "Not Found" and "Method Not Allowed".
+        missing = c.get("/v1/nothing")
+        assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found", missing.text
+        wrong = c.delete("/v1/queues")
+        assert wrong.status_code == 405, wrong.text
+        assert wrong.json()["error"] == {"status": 405, "code": "method_not_allowed", "message": "Method Not Allowed"}
+        assert "GET" in wrong.headers["allow"]
+
+
+def test_a_query_integer_is_ascii_digits_only(served: Server) -> None:
+    with served.client("operator") as c:
+        assert c.get("/v1/dead-letters", params={"limit": "5"}).status_code == 200
+        # int() read each of these as 5 or 50.
+        for text in ("5_0", "+5", " 5", "5 ", "\uff15", "\u0665", "0x5", ""):
+            answer = c.get("/v1/dead-letters", params={"limit": text})
+            assert answer.status_code == 400 and answer.json()["error"]["field"] == "limit", (text, answer.text)
+        assert c.get("/v1/audit?limit=%205").status_code == 400
+
+
+def test_a_purge_counts_an_id_named_twice_once(served: Server) -> None:
+    (dead,) = make_dead_letters(served.db, 1)
+    with served.client("admin") as c:
+        purged = c.post("/v1/dead-letters:purge", json={"ids": [dead, dead], "reason": "r"})
+        assert purged.status_code == 200, purged.text
+        assert purged.json() == {"purged": 1, "selected": 1}  # before: selected 2
