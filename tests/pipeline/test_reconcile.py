@@ -233,3 +233,81 @@ def test_business_table_in_postgresql_over_jdbc(
 
     with pytest.raises(PipelineError, match="over JDBC"):
         reconcile(url, "order_id", "status", export_dir=export_dir, business_table="shop.nope", spark=spark)
+
+
+def test_null_and_nan_keys_are_counted_apart_and_never_requeued(
+    spark: SparkSession, sqlite_url: str, tmp_path: Path
+) -> None:
+    from click.testing import CliRunner
+
+    from conveyor.pipeline.cli import main
+
+    # Before: a null key became the text "None" and NaN "NaN", both classified lost and requeued as jobs
+    # with those idempotency keys (payload {"order_id": "None"}), and the command printed "lost: None".
+    biz = tmp_path / "orders.parquet"
+    keys = pa.array([1.0, None, float("nan"), 4.0, float("inf")], pa.float64())
+    pq.write_table(pa.table({"order_id": keys, "status": ["pending"] * 5}), biz)
+    migrated = open_backend(sqlite_url)
+    migrated.migrate()
+    migrated.close()
+    args = ["reconcile", "--db", sqlite_url, "--business", str(biz), "--key-column", "order_id"]
+    args += ["--status-column", "status", "--requeue-lost", "--queue", "orders", "--task", "fulfil"]
+    cli = CliRunner().invoke(main, args, env={"COLUMNS": "250"})
+    assert cli.exit_code == 0, cli.output
+    assert [line for line in cli.output.splitlines() if line.startswith("lost:")] == ["lost: 1, 4"]
+    assert "no key: 3 records have no usable order_id (null, NaN or empty)" in cli.output
+    backend = open_backend(sqlite_url)
+    try:
+        live = backend.jobs_list(JobsListParams(queue="orders"))
+    finally:
+        backend.close()
+    assert sorted(j.idempotency_key or "" for j in live) == ["1", "4"]
+    assert sorted(json.loads(j.payload)["order_id"] for j in live) == ["1", "4"]
+    result = reconcile(biz, "order_id", "status", sqlite_url, spark=spark)
+    assert result.no_key == 3 and result.counts["lost"] == 0 and result.counts["ok"] == 2
+
+
+def test_float_keys_match_the_jobs_of_their_whole_numbers(spark: SparkSession, sqlite_url: str, tmp_path: Path) -> None:
+    # Before: a Parquet order_id of 1.0 was the key "1.0", so the jobs "1" and "2" matched nothing, every
+    # record was lost, and --requeue-lost enqueued "1.0" and "2.0" beside them (duplicates).
+    with App(sqlite_url) as app:
+        app.send_many([Message(task="fulfil", payload={}, queue="orders", idempotency_key=k) for k in ("1", "2")])
+    biz = tmp_path / "orders.parquet"
+    pq.write_table(pa.table({"order_id": [1.0, 2.0, 3.0], "status": ["pending"] * 3}), biz)
+    kwargs = dict(queue="orders", task="fulfil", requeue_lost=True, spark=spark)
+    result = reconcile(biz, "order_id", "status", sqlite_url, **kwargs)  # type: ignore[arg-type]
+    assert result.counts == {"ok": 2, "lost": 1, "stuck": 0, "dead": 0, "done_not_recorded": 0}
+    assert result.lost_keys == ["3"] and (result.requeued, result.already_queued) == (1, 0)
+    backend = open_backend(sqlite_url)
+    try:
+        assert sorted(j.idempotency_key or "" for j in backend.jobs_list(JobsListParams())) == ["1", "2", "3"]
+    finally:
+        backend.close()
+    # Bulk enqueue makes the same text of a float key: a second enqueue of the table adds nothing.
+    from conveyor.pipeline import enqueue_dataframe
+
+    again = enqueue_dataframe(spark.read.parquet(str(biz)), sqlite_url, "orders", "fulfil", key_column="order_id")
+    assert (again.rows, again.enqueued, again.duplicates) == (3, 0, 3)
+
+
+def test_column_names_with_a_dot(spark: SparkSession, sqlite_url: str, tmp_path: Path) -> None:
+    # Before: Spark read "order.id" as field "id" of a struct "order": UNRESOLVED_COLUMN.
+    biz = tmp_path / "orders.parquet"
+    table = {"order.id": ["a", "b"], "order.status": ["pending", "done"], "order.amount": [5, 6]}
+    pq.write_table(pa.table(table), biz)
+    migrated = open_backend(sqlite_url)
+    migrated.migrate()
+    migrated.close()
+    kwargs = dict(queue="orders", task="fulfil", requeue_lost=True, payload_columns=["order.amount"], spark=spark)
+    result = reconcile(biz, "order.id", "order.status", sqlite_url, out_dir=tmp_path / "out", **kwargs)  # type: ignore[arg-type]
+    assert result.counts["lost"] == 1 and result.requeued == 1
+    backend = open_backend(sqlite_url)
+    try:
+        (job,) = backend.jobs_list(JobsListParams())
+    finally:
+        backend.close()
+    assert json.loads(job.payload) == {"order.id": "a", "order.amount": 5}
+    from conveyor.pipeline import enqueue_dataframe
+
+    sent = enqueue_dataframe(spark.read.parquet(str(biz)), sqlite_url, "orders", "fulfil", key_column="order.id")
+    assert (sent.enqueued, sent.duplicates) == (1, 1)

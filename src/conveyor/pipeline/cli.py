@@ -414,6 +414,11 @@ def reconcile(
         table.add_row(name, f"{count:,}")
     out.print(table)
     out.print(f"queue state as of {result.snapshot_at.isoformat()}")
+    if result.no_key:
+        out.print(
+            f"no key: {result.no_key:,} records have no usable {shown(key_column)} (null, NaN or empty): "
+            "they match no job and are never requeued"
+        )
     if result.lost_keys:
         keys = ", ".join(shown(k) for k in result.lost_keys[:10]) + (" ..." if len(result.lost_keys) > 10 else "")
         out.print(f"lost: {keys}")

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from conveyor._errors import first_line
+from conveyor.pipeline._keys import key_column_text, key_text
 from conveyor.pipeline.errors import PipelineError
 
 if TYPE_CHECKING:
@@ -84,12 +85,12 @@ def enqueue_dataframe(
 
     Each partition opens its own :class:`conveyor.App` and sends batches of ``batch_size`` with
     ``send_many`` (one round trip each). The payload is the row's ``payload_columns`` (default:
-    all columns) as JSON. The idempotency key is ``str(row[key_column])`` (a null key is refused),
+    all columns) as JSON. The idempotency key is the text of ``row[key_column]`` (a float's whole number
+    as its integer; a null, NaN or empty key is refused: :mod:`conveyor.pipeline._keys`),
     else :func:`row_key`: so a retried Spark task or a second run enqueues nothing twice while the
     queue's dedup window (default 24 h) holds the keys. ``after_batch`` is called in the executor
     with the number of rows sent so far in the partition (a hook for tests and progress).
     Raises :class:`PipelineError` for a bad column or option, or when the Spark job fails."""
-    from pyspark.sql import functions as F
 
     if batch_size <= 0:
         raise PipelineError(f"batch_size must be positive, got {batch_size}")
@@ -100,8 +101,13 @@ def enqueue_dataframe(
     missing = [c for c in payload_cols if c not in columns]
     if missing:
         raise PipelineError(f"payload columns not in the input: {', '.join(missing)}")
-    if key_column is not None and df.where(F.col(key_column).isNull()).limit(1).count():
-        raise PipelineError(f"key column {key_column!r} has null values: every row needs a key")
+    if key_column is not None:
+        keyless = df.where(key_column_text(df, key_column).isNull()).count()
+        if keyless:
+            raise PipelineError(
+                f"key column {key_column!r} has null values or values that are no key (NaN, empty, a fractional "
+                f"float) in {keyless:,} rows: every row needs a key; nothing was enqueued"
+            )
 
     sc = df.sparkSession.sparkContext
     sent_rows = sc.accumulator(0)
@@ -133,7 +139,8 @@ def enqueue_dataframe(
         try:
             for row in rows:
                 data = row.asDict(recursive=True)
-                key = str(data[key_column]) if key_column is not None else row_key(task, data)
+                # Checked above: every row's key column gives a key.
+                key = key_text(data[key_column]) if key_column is not None else row_key(task, data)
                 batch.append(
                     Message(
                         task=task,

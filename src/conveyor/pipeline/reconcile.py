@@ -15,6 +15,10 @@ dead                business says pending, the job ended without completing (``d
 done_not_recorded   business says pending, the job ``completed``
 ==================  =======================================================================
 
+A record whose key is null, NaN or empty (see :mod:`conveyor.pipeline._keys`) matches no job: it is
+``no_key`` in the per-record table, counted apart (``ReconcileResult.no_key``), never lost and never
+requeued.
+
 With ``requeue_lost`` the lost records are enqueued again with the business key as idempotency key:
 the next run finds those jobs (so they are no longer lost), and even a run against a stale export
 sends keys the queue already holds, so nothing is enqueued twice.
@@ -30,6 +34,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from conveyor.pipeline._keys import col, key_column_text
 from conveyor.pipeline._sla import DEFAULT_SLA_SECONDS, SlaValue, parse_sla, sla_micros
 from conveyor.pipeline.enqueue import jsonable
 from conveyor.pipeline.errors import PipelineError
@@ -40,6 +45,8 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 CLASSES: tuple[str, ...] = ("ok", "lost", "stuck", "dead", "done_not_recorded")
+#: The class of a record without a usable key: counted apart from CLASSES, never requeued.
+NO_KEY = "no_key"
 KeyKind = Literal["idempotency_key", "job_id"]
 _REQUEUE_BATCH = 500
 
@@ -47,7 +54,8 @@ _REQUEUE_BATCH = 500
 @dataclass(frozen=True, slots=True)
 class ReconcileResult:
     """Counts per class (every class present, zero if none), the snapshot time used for "stuck",
-    and what a requeue did (``requeued`` new jobs, ``already_queued`` keys the queue already held)."""
+    and what a requeue did (``requeued`` new jobs, ``already_queued`` keys the queue already held).
+    ``no_key`` counts the records without a usable key (null, NaN, empty): in no class, never requeued."""
 
     counts: dict[str, int]
     snapshot_at: datetime
@@ -55,6 +63,7 @@ class ReconcileResult:
     requeued: int = 0
     already_queued: int = 0
     lost_keys: list[str] = field(default_factory=list)  # at most 1000, for display
+    no_key: int = 0
 
 
 def load_business(
@@ -159,12 +168,13 @@ def reconcile(
             counts = {c: 0 for c in CLASSES}
             for row in classified.groupBy("class").count().collect():
                 counts[row["class"]] = int(row["count"])
+            no_key = counts.pop(NO_KEY, 0)
             out: Path | None = None
             if out_dir is not None:
                 out = Path(out_dir).absolute()
                 classified.coalesce(1).write.mode("overwrite").parquet(str(out / "reconcile"))
             lost = classified.where(F.col("class") == "lost").select(
-                "key", *[F.col(f"business_{c}").alias(c) for c in payload_columns]
+                "key", *[col(f"business_{c}").alias(c) for c in payload_columns]
             )
             lost_keys = [str(r["key"]) for r in lost.orderBy("key").limit(1000).collect()]
             requeued = already = 0
@@ -173,7 +183,7 @@ def reconcile(
                 requeued, already = _requeue(lost, database_url, queue, task, key_column, payload_columns)
         finally:
             classified.unpersist()
-    return ReconcileResult(counts, snapshot_at, out, requeued, already, lost_keys)
+    return ReconcileResult(counts, snapshot_at, out, requeued, already, lost_keys, no_key)
 
 
 def _queue_state(
@@ -231,11 +241,12 @@ def _classify(
     from pyspark.sql import functions as F
 
     records = biz.select(
-        F.col(key_column).cast("string").alias("key"),
-        F.col(status_column).cast("string").alias("business_status"),
+        # The same text as bulk enqueue makes of a key: a double 1.0 is "1"; NaN and null are no key.
+        key_column_text(biz, key_column).alias("key"),
+        col(status_column).cast("string").alias("business_status"),
         # Other business columns travel under a prefix, so that a business column named like a
         # job column (queue, state, job_id) cannot collide in the join.
-        *[F.col(c).alias(f"business_{c}") for c in biz.columns if c not in (key_column, status_column)],
+        *[col(c).alias(f"business_{c}") for c in biz.columns if c not in (key_column, status_column)],
     )
     if key_kind == "idempotency_key":
         keyed = jobs.where(F.col("idempotency_key").isNotNull()).withColumn("key", F.col("idempotency_key"))
@@ -276,7 +287,8 @@ def _classify(
     pending = F.lower(F.trim(F.col("business_status"))).isin([s.strip().lower() for s in pending_statuses])
     state = F.col("job_state")
     klass = (
-        F.when(~pending | F.col("business_status").isNull(), "ok")
+        F.when(F.col("key").isNull(), NO_KEY)
+        .when(~pending | F.col("business_status").isNull(), "ok")
         .when(state.isNull(), "lost")
         .when(state == "completed", "done_not_recorded")
         .when(state.isin("dead", "expired", "cancelled"), "dead")
@@ -298,7 +310,7 @@ def _classify(
         "finished_at",
         age_s.alias("age_s"),
         sla_s.alias("sla_s"),
-        *[c for c in records.columns if c not in ("key", "business_status")],
+        *[col(c) for c in records.columns if c not in ("key", "business_status")],
     )
 
 
