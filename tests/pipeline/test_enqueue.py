@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import SparkSession
 
@@ -97,3 +99,93 @@ def test_a_failed_bulk_enqueue_is_told_by_the_line_naming_the_python_error() -> 
     # Else the first line that says something (before: the empty line before it), or the class's name.
     assert _useful_line(RuntimeError("\n  the executor was lost\nmore")) == "the executor was lost"
     assert _useful_line(RuntimeError()) == "RuntimeError"
+
+
+def enqueue_command(url: str, input_path: Path, *extra: str) -> tuple[int, str]:
+    from click.testing import CliRunner
+
+    from conveyor.pipeline.cli import main
+
+    args = ["enqueue", "--db", url, "--input", str(input_path), "--queue", "q", "--task", "t", *extra]
+    result = CliRunner().invoke(main, args, env={"COLUMNS": "250"})
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return result.exit_code, result.output
+
+
+def payloads(url: str) -> dict[str, object]:
+    return {j.idempotency_key or "": json.loads(j.payload) for j in live_jobs(url)}
+
+
+def test_csv_is_read_as_rfc_4180(spark: SparkSession, sqlite_url: str, tmp_path: Path) -> None:
+    # Before: the quoted line break split one row into two (a phantom job keyed 'line two"'), and a
+    # doubled quote stayed doubled in the payload.
+    (tmp_path / "in.csv").write_bytes(b'sku,note\r\na,"line one\r\nline two"\r\nb,"say ""hi"""\r\n')
+    code, output = enqueue_command(sqlite_url, tmp_path / "in.csv", "--key-column", "sku")
+    assert code == 0, output
+    assert "2 rows: 2 jobs enqueued" in output
+    assert payloads(sqlite_url) == {
+        # Spark's parser reads a line break inside quotes as "\n" (documented).
+        "a": {"sku": "a", "note": "line one\nline two"},
+        "b": {"sku": "b", "note": 'say "hi"'},
+    }
+
+
+def test_csv_files_with_their_columns_in_other_orders_are_matched_by_name(
+    spark: SparkSession, sqlite_url: str, tmp_path: Path
+) -> None:
+    # Before: the first file's header was applied by position to every file: y's qty became its sku
+    # ("2"), and the second file's extra column was dropped.
+    src = tmp_path / "in"
+    src.mkdir()
+    (src / "a.csv").write_text("sku,qty\nx,1\n")
+    (src / "b.csv").write_text("qty,sku,colour\n2,y,red\n")
+    code, output = enqueue_command(sqlite_url, src, "--key-column", "sku")
+    assert code == 0, output
+    assert payloads(sqlite_url) == {
+        "x": {"sku": "x", "qty": "1", "colour": None},
+        "y": {"sku": "y", "qty": "2", "colour": "red"},
+    }
+
+
+def test_parquet_files_keep_a_column_only_a_later_file_has(
+    spark: SparkSession, sqlite_url: str, tmp_path: Path
+) -> None:
+    src = tmp_path / "in"
+    src.mkdir()
+    pq.write_table(pa.table({"sku": ["x"], "qty": [1]}), src / "a.parquet")
+    pq.write_table(pa.table({"qty": [2], "sku": ["y"], "colour": ["red"]}), src / "b.parquet")
+    code, output = enqueue_command(sqlite_url, src, "--key-column", "sku")
+    assert code == 0, output
+    assert payloads(sqlite_url) == {
+        "x": {"sku": "x", "qty": 1, "colour": None},
+        "y": {"sku": "y", "qty": 2, "colour": "red"},
+    }
+
+
+def test_only_files_of_the_input_format_are_read(spark: SparkSession, sqlite_url: str, tmp_path: Path) -> None:
+    # Before: every file of the directory was read as CSV: README.txt's lines became jobs.
+    src = tmp_path / "in"
+    src.mkdir()
+    (src / "rows.csv").write_text("sku\nx\n")
+    (src / "README.txt").write_text("sku lists\nfor the stock count\n")
+    (src / "_SUCCESS").write_text("")
+    code, output = enqueue_command(sqlite_url, src, "--key-column", "sku")
+    assert code == 0, output
+    assert "skipped 1 files that are not CSV: README.txt" in output
+    assert list(payloads(sqlite_url)) == ["x"]
+    # CSV beside Parquet: which was meant cannot be told; refused before Spark starts.
+    pq.write_table(pa.table({"sku": ["z"]}), src / "more.parquet")
+    code, output = enqueue_command(sqlite_url, src, "--key-column", "sku")
+    assert code == 1 and "holds both CSV and Parquet files" in output and "Traceback" not in output
+    assert list(payloads(sqlite_url)) == ["x"]
+
+
+def test_csv_bytes_that_are_not_utf8_refuse_the_run(sqlite_url: str, tmp_path: Path) -> None:
+    # Before: both keys became "k\ufffd", one job, and the other row was lost without a word.
+    (tmp_path / "in.csv").write_bytes(b"sku\nk\xe9\nk\xe8\nok\n")
+    code, output = enqueue_command(sqlite_url, tmp_path / "in.csv", "--key-column", "sku")
+    assert code == 1 and "Traceback" not in output
+    assert "in.csv: 2 lines hold bytes that are not UTF-8 (the first: line 2)" in output
+    assert "starting Spark" not in output
+    assert not Path(sqlite_url.removeprefix("sqlite:///")).exists() or payloads(sqlite_url) == {}

@@ -27,6 +27,8 @@ from conveyor.pipeline.spark import DEFAULT_MASTER
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from conveyor.pipeline._input import InputFiles
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 console = Console(stderr=True)
@@ -387,6 +389,10 @@ def reconcile(
         raise click.UsageError(f"--business {business}: no such file or directory")
     if export_dir is not None and database_url is None and not Path(export_dir).is_dir():
         raise click.UsageError(f"--export-dir {export_dir}: no such directory")
+    if not business.startswith("jdbc:"):
+        from conveyor.pipeline._input import list_input
+
+        _print_skipped(list_input(business))
     spark = _session(master, jdbc_jars(business) if business.startswith("jdbc:") else [])
     from conveyor.pipeline._progress import RichStages
 
@@ -455,17 +461,21 @@ def enqueue(
     master: str | None,
 ) -> None:
     """Enqueue one job per input row from the Spark executors; re-runs and task retries enqueue nothing twice."""
+    from conveyor.pipeline._input import csv_headers, list_input, read_input
     from conveyor.pipeline._progress import RichStages
     from conveyor.pipeline.enqueue import enqueue_dataframe
-    from conveyor.pipeline.reconcile import load_business
 
     url, _ = _resolve_db(ctx, db)
     if url.startswith("memory:"):
         raise click.UsageError("--db memory:// cannot be reached from Spark executors; use sqlite or postgresql")
     if not Path(input_path).exists():
         raise click.UsageError(f"--input {input_path}: no such file or directory")
+    # The files are listed and CSV checked (UTF-8, headers) before Spark starts: that takes seconds.
+    files = list_input(input_path)
+    _print_skipped(files)
+    headers = csv_headers(files) if files.format == "csv" else None
     spark = _session(master)
-    df = load_business(spark, input_path)
+    df = read_input(spark, files, headers)
     with RichStages(spark, console).stage(f"enqueueing onto {queue}"):
         result = enqueue_dataframe(
             df,
@@ -481,6 +491,14 @@ def enqueue(
         f"{result.rows:,} rows: {result.enqueued:,} jobs enqueued, "
         f"{result.duplicates:,} already queued (same idempotency key)"
     )
+
+
+def _print_skipped(files: InputFiles) -> None:
+    """Say which files of an input directory are not read (README.txt beside the CSV files)."""
+    if files.skipped:
+        names = ", ".join(shown(str(p.relative_to(files.path))) for p in files.skipped[:5])
+        more = f" and {len(files.skipped) - 5:,} more" if len(files.skipped) > 5 else ""
+        console.print(f"skipped {len(files.skipped):,} files that are not {files.format.upper()}: {names}{more}")
 
 
 def shown(text: str) -> str:

@@ -71,8 +71,9 @@ def load_business(
 ) -> DataFrame:
     """The business table: a DataFrame, a Parquet or CSV file/directory, or a JDBC URL (with ``table``).
 
-    CSV needs a header row. A JDBC URL needs its driver jar on the session (see
-    :func:`conveyor.pipeline.spark.jdbc_jars`). Raises :class:`PipelineError`."""
+    CSV needs a header row; files are read as :func:`conveyor.pipeline._input.read_input` says (RFC
+    4180, columns matched by name, only files of one format, UTF-8 checked). A JDBC URL needs its
+    driver jar on the session (see :func:`conveyor.pipeline.spark.jdbc_jars`). Raises :class:`PipelineError`."""
     if not isinstance(business, str | os.PathLike):
         return business
     text = os.fspath(business)
@@ -92,15 +93,9 @@ def load_business(
             # exception says what went wrong (no driver jar, no such table).
             detail = str(getattr(exc, "java_exception", exc)).splitlines()[0]
             raise PipelineError(f"cannot read {table!r} over JDBC: {detail}") from exc
-    path = Path(text)
-    if not path.exists():
-        raise PipelineError(f"business table {path} does not exist")
-    files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
-    if any(p.suffix == ".csv" for p in files):
-        return spark.read.option("header", True).csv(str(path))
-    if any(p.suffix == ".parquet" for p in files):
-        return spark.read.parquet(str(path))
-    raise PipelineError(f"business table {path}: expected Parquet or CSV files (.parquet, .csv)")
+    from conveyor.pipeline._input import list_input, read_input
+
+    return read_input(spark, list_input(text))
 
 
 def reconcile(
