@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
@@ -189,3 +192,71 @@ def test_csv_bytes_that_are_not_utf8_refuse_the_run(sqlite_url: str, tmp_path: P
     assert "in.csv: 2 lines hold bytes that are not UTF-8 (the first: line 2)" in output
     assert "starting Spark" not in output
     assert not Path(sqlite_url.removeprefix("sqlite:///")).exists() or payloads(sqlite_url) == {}
+
+
+def rows_with_bad_ones(path: Path, n: int = 1000) -> Path:
+    """``n`` rows keyed "0", "1", ...; rows 600, 700, 800, 900 and 950 (counted from 1) cannot be jobs."""
+    keys = [str(i) for i in range(n)]
+    values = [1.0] * n
+    texts = ["fine"] * n
+    micros = [0] * n
+    values[599] = float("nan")
+    texts[699] = "a\x00b"
+    texts[799] = "x" * 300_000  # over the 256 KiB payload limit
+    keys[899] = "k" * 600  # over the key length limit
+    micros[949] = 253_402_300_800 * 10**6  # 10000-01-01: past Python's datetime
+    when = pa.array(micros, pa.int64()).cast(pa.timestamp("us", tz="UTC"))
+    pq.write_table(pa.table({"k": keys, "v": values, "text": texts, "at": when}), path)
+    return path
+
+
+def test_bad_rows_are_reported_before_anything_is_sent(spark: SparkSession, sqlite_url: str, tmp_path: Path) -> None:
+    # Before: the first bad row (NaN) stopped the run part way, 500 of the 1,000 rows enqueued and the
+    # rest not; the message named neither the row nor what had gone in.
+    from conveyor.pipeline.enqueue import BadRows
+
+    src = rows_with_bad_ones(tmp_path / "in.parquet")
+    with pytest.raises(BadRows) as caught:
+        enqueue_dataframe(spark.read.parquet(str(src)), sqlite_url, "q", "t", key_column="k", batch_size=100)
+    bad = caught.value
+    assert (bad.count, bad.rows) == (5, 1000)
+    assert [(n, k) for n, k, _ in bad.examples] == [(600, "599"), (700, "699"), (800, "799")]
+    assert "Out of range float values" in bad.examples[0][2] and "NUL" in bad.examples[1][2]
+    assert "5 of 1,000 rows cannot be enqueued, so nothing was sent" in str(bad) and "and 2 more" in str(bad)
+    assert not Path(sqlite_url.removeprefix("sqlite:///")).exists() or payloads(sqlite_url) == {}
+    # The two the message does not show: the key and the time.
+    good = spark.read.parquet(str(src)).where("k NOT IN ('599', '699', '799')")
+    with pytest.raises(BadRows) as caught:
+        enqueue_dataframe(good, sqlite_url, "q", "t", key_column="k")
+    assert [why.split(":")[0] for _, _, why in caught.value.examples] == [
+        "idempotency_key is 600 bytes, over the 512-byte limit",
+        "at",
+    ]
+    code, output = enqueue_command(sqlite_url, src, "--key-column", "k")
+    assert code == 1 and "Traceback" not in output
+    assert len([line for line in output.splitlines() if line.startswith("Error:")]) == 1
+    assert "Error: 5 of 1,000 rows cannot be enqueued" in output
+
+
+def test_a_row_the_database_refuses_is_named_with_the_count_sent_before_it(
+    postgres_database_in: Callable[[str], str], tmp_path: Path
+) -> None:
+    # Before: a row the database refused ended the run with 60-120 lines of Java and Python traceback
+    # from Spark's executor log, and no word of which row or how many had gone in.
+    url = postgres_database_in("LATIN1")
+    backend = open_backend(url)
+    backend.migrate()
+    backend.close()
+    keys = [str(i) for i in range(1000)]
+    texts = ["fine"] * 1000
+    texts[600] = "5 \u20ac"  # the euro sign: LATIN1 cannot hold it
+    pq.write_table(pa.table({"k": keys, "text": texts}), tmp_path / "in.parquet")
+    args = ["enqueue", "--db", url, "--input", str(tmp_path / "in.parquet"), "--queue", "q", "--task", "t"]
+    args += ["--key-column", "k", "--batch-size", "100", "--master", "local[1]"]
+    done = subprocess.run([sys.executable, "-m", "conveyor.pipeline", *args], capture_output=True, text=True)
+    assert done.returncode == 1, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert not [line for line in lines if "ERROR" in line or "Traceback" in line or line.startswith("\tat ")], lines
+    assert len(lines) <= 6, lines  # the JVM's own start-up notes, Spark's start, the one error line
+    assert "the row with key '600' was refused (600 rows of its Spark partition had been sent)" in done.stderr
+    assert len(live_jobs(url)) == 600

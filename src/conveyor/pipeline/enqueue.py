@@ -12,12 +12,13 @@ import datetime as _dt
 import decimal
 import hashlib
 import json
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from conveyor._errors import first_line
-from conveyor.pipeline._keys import key_column_text, key_text
+from conveyor.pipeline._keys import col, key_column_text, key_text
 from conveyor.pipeline.errors import PipelineError
 
 if TYPE_CHECKING:
@@ -90,7 +91,9 @@ def enqueue_dataframe(
     else :func:`row_key`: so a retried Spark task or a second run enqueues nothing twice while the
     queue's dedup window (default 24 h) holds the keys. ``after_batch`` is called in the executor
     with the number of rows sent so far in the partition (a hook for tests and progress).
-    Raises :class:`PipelineError` for a bad column or option, or when the Spark job fails."""
+    Every row is built into its job and checked before any is sent: :class:`BadRows` (nothing sent)
+    counts the rows that cannot be jobs and names the first few. Raises :class:`PipelineError` for a
+    bad column or option, or when sending fails part way (naming the row or batch and what was sent)."""
 
     if batch_size <= 0:
         raise PipelineError(f"batch_size must be positive, got {batch_size}")
@@ -109,14 +112,127 @@ def enqueue_dataframe(
                 f"float) in {keyless:,} rows: every row needs a key; nothing was enqueued"
             )
 
+    header_values = dict(headers or {})
+
+    def message_of(data: dict[str, Any]) -> Any:
+        from conveyor import Message
+
+        # Checked above: every row's key column gives a key.
+        key = key_text(data[key_column]) if key_column is not None else row_key(task, data)
+        return Message(
+            task=task,
+            payload={c: jsonable(data[c]) for c in payload_cols},
+            queue=queue,
+            priority=priority,
+            idempotency_key=key,
+            headers=header_values or None,
+            max_attempts=max_attempts,
+        )
+
+    with _quiet_executors(df):
+        # Every row is checked before any is sent: a bad row (NaN, a NUL, a payload or key over its
+        # limit, a time Python cannot hold) would otherwise stop the run part way, some jobs sent and
+        # the rest not. Reads the input once more.
+        rows, bad, examples = _check_rows(df, database_url, key_column, message_of)
+        if bad:
+            raise BadRows(bad, rows, examples)
+        return _send(df, database_url, batch_size, message_of, after_batch, rows)
+
+
+class BadRows(PipelineError):
+    """Rows that cannot be jobs, found before anything was sent: ``count`` of ``rows``, and the first
+    few ``examples`` as (row number in Spark's read order, from 1; key or None; why)."""
+
+    def __init__(self, count: int, rows: int, examples: list[tuple[int, str | None, str]]) -> None:
+        self.count, self.rows, self.examples = count, rows, examples
+        shown = "; ".join(
+            f"row {n}" + (f" (key {k!r})" if k is not None else "") + f": {why}" for n, k, why in examples
+        )
+        more = f"; and {count - len(examples):,} more" if count > len(examples) else ""
+        super().__init__(
+            f"{count:,} of {rows:,} rows cannot be enqueued, so nothing was sent (fix or drop them and run again): "
+            f"{shown}{more}"
+        )
+
+
+#: Bad rows named in the error (all are counted).
+_EXAMPLES = 3
+#: A column the row check adds (the time columns out of Python's range); a name no input would use.
+_BAD_TIME = "__conveyor_time_out_of_range__"
+
+
+def _check_rows(
+    df: DataFrame, database_url: str, key_column: str | None, message_of: Callable[[dict[str, Any]], Any]
+) -> tuple[int, int, list[tuple[int, str | None, str]]]:
+    """(rows, bad rows, the first few bad rows) of ``df``, each row built into its job and checked
+    as ``send_many`` would check it (no connection is opened)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import DateType, TimestampNTZType, TimestampType
+
+    # A date or time outside years 1-9999 fails the conversion of its whole partition into Python
+    # rows, so it is found (and nulled) in Spark, and the row is reported instead.
+    times = [f.name for f in df.schema.fields if isinstance(f.dataType, DateType | TimestampType | TimestampNTZType)]
+
+    def in_range(name: str) -> Any:
+        return F.year(col(name)).between(1, 9999)
+
+    checked = df.select(
+        *[F.when(in_range(c), col(c)).alias(c) if c in times else col(c) for c in df.columns],
+        F.concat_ws(", ", *[F.when(~in_range(c), F.lit(c)) for c in times]).alias(_BAD_TIME),
+    )
+
+    def check(indexed: Iterable[tuple[Row, int]]) -> Iterable[tuple[int, int, list[tuple[int, str | None, str]]]]:
+        from datetime import UTC, datetime
+
+        from conveyor import App
+
+        app = App(database_url)  # only to check messages: prepare() opens no connection
+        now = datetime.now(UTC)
+        rows = bad = 0
+        examples: list[tuple[int, str | None, str]] = []
+        try:
+            for row, index in indexed:
+                rows += 1
+                data = row.asDict(recursive=True)
+                out_of_range = data.pop(_BAD_TIME)
+                key = key_text(data[key_column]) if key_column is not None else None
+                try:
+                    if out_of_range:
+                        raise ValueError(f"{out_of_range}: a date or time outside the years 1 to 9999")
+                    app.producer.prepare(message_of(data), now)
+                except Exception as exc:
+                    bad += 1
+                    if len(examples) < _EXAMPLES:
+                        examples.append((index + 1, key, _short(first_line(exc))))
+        finally:
+            app.close()
+        yield rows, bad, examples
+
+    results = checked.rdd.zipWithIndex().mapPartitions(check).collect()
+    examples = sorted(e for _, _, part in results for e in part)[:_EXAMPLES]
+    return sum(r[0] for r in results), sum(r[1] for r in results), examples
+
+
+def _short(text: str, limit: int = 160) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _send(
+    df: DataFrame,
+    database_url: str,
+    batch_size: int,
+    message_of: Callable[[dict[str, Any]], Any],
+    after_batch: Callable[[int], None] | None,
+    total: int,
+) -> EnqueueResult:
     sc = df.sparkSession.sparkContext
     sent_rows = sc.accumulator(0)
     new_jobs = sc.accumulator(0)
     deduplicated = sc.accumulator(0)
-    header_values = dict(headers or {})
 
     def send_partition(rows: Iterable[Row]) -> None:
-        from conveyor import App, Message
+        from conveyor import App
+        from conveyor._errors import PayloadError
 
         app = App(database_url)
         sent = 0
@@ -126,7 +242,26 @@ def enqueue_dataframe(
             nonlocal sent, batch
             if not batch:
                 return
-            jobs = app.send_many(batch)
+            try:
+                jobs = app.send_many(batch)
+            except PayloadError:
+                # A row the database refuses (text its encoding cannot hold): the batch wrote nothing;
+                # sent one by one, the rows before it go in and the error names the row.
+                for done, message in enumerate(batch):
+                    try:
+                        app.send_many([message])
+                    except Exception as exc:
+                        raise PipelineError(
+                            f"the row with key {message.idempotency_key!r} was refused "
+                            f"({sent + done:,} rows of its Spark partition had been sent): "
+                            f"{first_line(exc)}"
+                        ) from exc
+                raise
+            except Exception as exc:
+                raise PipelineError(
+                    f"sending the rows with keys {batch[0].idempotency_key!r} to {batch[-1].idempotency_key!r} "
+                    f"failed ({sent:,} rows of their Spark partition had been sent): {first_line(exc)}"
+                ) from exc
             fresh = sum(1 for message, job in zip(batch, jobs, strict=True) if job.id == message.id)
             new_jobs.add(fresh)
             deduplicated.add(len(batch) - fresh)
@@ -138,20 +273,7 @@ def enqueue_dataframe(
 
         try:
             for row in rows:
-                data = row.asDict(recursive=True)
-                # Checked above: every row's key column gives a key.
-                key = key_text(data[key_column]) if key_column is not None else row_key(task, data)
-                batch.append(
-                    Message(
-                        task=task,
-                        payload={c: jsonable(data[c]) for c in payload_cols},
-                        queue=queue,
-                        priority=priority,
-                        idempotency_key=key,
-                        headers=header_values or None,
-                        max_attempts=max_attempts,
-                    )
-                )
+                batch.append(message_of(row.asDict(recursive=True)))
                 if len(batch) >= batch_size:
                     flush()
             flush()
@@ -161,14 +283,42 @@ def enqueue_dataframe(
     try:
         df.foreachPartition(send_partition)
     except Exception as exc:
-        raise PipelineError(f"bulk enqueue failed: {_useful_line(exc)}") from exc
+        # The accumulators hold what the Spark tasks that finished sent; the failed task's own count
+        # is in its message. A re-run sends the rest and enqueues nothing twice.
+        raise PipelineError(
+            f"bulk enqueue stopped: {_useful_line(exc)}; the Spark tasks that finished sent "
+            f"{int(sent_rows.value):,} rows ({int(new_jobs.value):,} new jobs) of the {total:,}; "
+            "run it again to send the rest (nothing is enqueued twice)"
+        ) from exc
     return EnqueueResult(int(sent_rows.value), int(new_jobs.value), int(deduplicated.value))
+
+
+@contextmanager
+def _quiet_executors(df: DataFrame) -> Iterator[None]:
+    """Spark's log off while the enqueue's jobs run: a failed task logs its Python traceback and
+    Spark's (60-120 lines) at ERROR, and the error is told in one line by the caller anyway. The
+    level is put back afterwards (from the JVM's root logger; ERROR if it cannot be read)."""
+    sc = df.sparkSession.sparkContext
+    try:
+        level = str(sc._jvm.org.apache.logging.log4j.LogManager.getRootLogger().getLevel().toString())  # type: ignore[union-attr]
+    except Exception:
+        level = "ERROR"
+    sc.setLogLevel("OFF")
+    try:
+        yield
+    finally:
+        sc.setLogLevel(level)
 
 
 def _useful_line(exc: BaseException) -> str:
     """The most useful line of a (possibly Java-wrapped) Python error. Not :func:`~conveyor._errors.first_line`
     alone: Spark reports what a partition raised inside a message of its own (a Java stack trace around the
     Python traceback) whose first line is Spark's, so the line naming the Python error is looked for first."""
+    own = "conveyor.pipeline.errors.PipelineError: "
+    for line in str(exc).splitlines():
+        # What the executor's code said of the failure itself, after its chained cause's traceback.
+        if line.strip().startswith(own):
+            return line.strip().removeprefix(own)
     for line in str(exc).splitlines():
         stripped = line.strip()
         if stripped.startswith(("conveyor.", "PayloadError", "ValueError", "ConfigurationError")) or (
