@@ -260,3 +260,27 @@ def test_a_row_the_database_refuses_is_named_with_the_count_sent_before_it(
     assert len(lines) <= 6, lines  # the JVM's own start-up notes, Spark's start, the one error line
     assert "the row with key '600' was refused (600 rows of its Spark partition had been sent)" in done.stderr
     assert len(live_jobs(url)) == 600
+
+
+def test_the_target_is_checked_before_spark_starts(tmp_path: Path) -> None:
+    # Before: each of these started Spark (~12 s) and then ended in a traceback dump.
+    import time
+
+    src = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"k": ["a"]}), src)
+    sqlite = "sqlite:///" + str(tmp_path / "q.db")
+    cases = [
+        ("postgresql://app:pw-Secr3t@127.0.0.1:1/db", [], "cannot connect to the database"),
+        ("postgresql://app:pw-Secr3t@[::1/db", [], "malformed database URL"),
+        ("mysql://app:pw-Secr3t@127.0.0.1/db", [], "unsupported database URL scheme"),
+        ("memory://", [], "cannot be reached from Spark executors"),
+        (sqlite, ["--queue", ""], "--queue"),
+        (sqlite, ["--task", "bad\x00name"], "--task"),
+    ]
+    for url, extra, message in cases:
+        started = time.monotonic()
+        code, output = enqueue_command(url, src, *extra)
+        assert code == 1, output
+        assert message in output and "Traceback" not in output and "pw-Secr3t" not in output, output
+        assert "starting Spark" not in output and len(output.strip().splitlines()) == 1, output
+        assert time.monotonic() - started < 8

@@ -463,13 +463,13 @@ def enqueue(
     """Enqueue one job per input row from the Spark executors; re-runs and task retries enqueue nothing twice."""
     from conveyor.pipeline._input import csv_headers, list_input, read_input
     from conveyor.pipeline._progress import RichStages
-    from conveyor.pipeline.enqueue import enqueue_dataframe
+    from conveyor.pipeline.enqueue import check_target, enqueue_dataframe
 
     url, _ = _resolve_db(ctx, db)
-    if url.startswith("memory:"):
-        raise click.UsageError("--db memory:// cannot be reached from Spark executors; use sqlite or postgresql")
     if not Path(input_path).exists():
         raise click.UsageError(f"--input {input_path}: no such file or directory")
+    # Everything that can be checked without Spark is checked first: starting it takes seconds.
+    check_target(url, queue, task)
     # The files are listed and CSV checked (UTF-8, headers) before Spark starts: that takes seconds.
     files = list_input(input_path)
     _print_skipped(files)

@@ -97,6 +97,7 @@ def enqueue_dataframe(
 
     if batch_size <= 0:
         raise PipelineError(f"batch_size must be positive, got {batch_size}")
+    check_target(database_url, queue, task)
     columns = list(df.columns)
     if key_column is not None and key_column not in columns:
         raise PipelineError(f"key column {key_column!r} is not in the input (columns: {', '.join(columns)})")
@@ -159,6 +160,27 @@ class BadRows(PipelineError):
 _EXAMPLES = 3
 #: A column the row check adds (the time columns out of Python's range); a name no input would use.
 _BAD_TIME = "__conveyor_time_out_of_range__"
+
+
+def check_target(database_url: str, queue: str, task: str) -> None:
+    """Fail fast, in one line, on what a bulk enqueue cannot send to: a queue or task name that is not
+    one, a database URL that is malformed or names an unknown scheme, a server that does not answer
+    (one attempt of at most 5 s), or ``memory://`` (the executors cannot reach it). Raises
+    :class:`PipelineError`; opens the database once (SQLite: creating the file, as the enqueue would)."""
+    from conveyor._errors import PayloadError
+    from conveyor._limits import check_name
+    from conveyor.backends import open_backend
+    from conveyor.pipeline.export import _opened, check_database
+
+    for what, name in (("queue", queue), ("task", task)):
+        try:
+            check_name(name, what)
+        except PayloadError as exc:
+            raise PipelineError(f"--{what}: {first_line(exc)}") from None
+    if database_url.startswith("memory:"):
+        raise PipelineError("--db memory:// cannot be reached from Spark executors; use sqlite or postgresql")
+    check_database(database_url)
+    _opened(open_backend, database_url).close()
 
 
 def _check_rows(
