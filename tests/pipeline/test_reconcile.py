@@ -311,3 +311,23 @@ def test_column_names_with_a_dot(spark: SparkSession, sqlite_url: str, tmp_path:
 
     sent = enqueue_dataframe(spark.read.parquet(str(biz)), sqlite_url, "orders", "fulfil", key_column="order.id")
     assert (sent.enqueued, sent.duplicates) == (1, 1)
+
+
+def test_the_command_checks_its_database_and_requeue_target_before_spark_starts(tmp_path: Path) -> None:
+    # Before: an unreachable --db or a bad --queue for --requeue-lost was found after Spark's start-up.
+    from click.testing import CliRunner
+
+    from conveyor.pipeline.cli import main
+
+    biz = write_csv(tmp_path / "orders.csv", [("k1", "pending")])
+    base = ["reconcile", "--business", str(biz), "--key-column", "order_id", "--status-column", "status"]
+    sqlite = "sqlite:///" + str(tmp_path / "q.db")
+    cases = [
+        (["--db", "postgresql://app:pw-Secr3t@127.0.0.1:1/db"], "cannot connect to the database"),
+        (["--db", sqlite, "--requeue-lost", "--queue", "", "--task", "t"], "--queue"),
+        (["--db", sqlite, "--requeue-lost", "--task", "t"], "--requeue-lost needs --queue and --task"),
+    ]
+    for extra, message in cases:
+        cli = CliRunner().invoke(main, [*base, *extra], env={"COLUMNS": "250"})
+        assert cli.exit_code != 0 and message in cli.output and "pw-Secr3t" not in cli.output, cli.output
+        assert "starting Spark" not in cli.output and "Traceback" not in cli.output, cli.output

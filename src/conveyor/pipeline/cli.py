@@ -389,6 +389,17 @@ def reconcile(
         raise click.UsageError(f"--business {business}: no such file or directory")
     if export_dir is not None and database_url is None and not Path(export_dir).is_dir():
         raise click.UsageError(f"--export-dir {export_dir}: no such directory")
+    # Everything that can be checked without Spark is checked first: starting it takes seconds.
+    if requeue_lost:
+        if queue is None or task is None:
+            raise click.UsageError("--requeue-lost needs --queue and --task")
+        from conveyor.pipeline.enqueue import check_target
+
+        check_target(url, queue, task)
+    elif database_url is not None:
+        from conveyor.pipeline.export import check_database
+
+        check_database(database_url)
     if not business.startswith("jdbc:"):
         from conveyor.pipeline._input import list_input
 
