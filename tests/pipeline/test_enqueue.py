@@ -232,6 +232,14 @@ def test_bad_rows_are_reported_before_anything_is_sent(spark: SparkSession, sqli
         "idempotency_key is 600 bytes, over the 512-byte limit",
         "at",
     ]
+    # Row numbers count across partitions, in read order.
+    split = spark.createDataFrame(
+        [(str(i), float("nan") if i == 150 else 1.0) for i in range(200)], "k STRING, v DOUBLE"
+    )
+    assert split.rdd.getNumPartitions() >= 2
+    with pytest.raises(BadRows) as caught:
+        enqueue_dataframe(split, sqlite_url, "q", "t", key_column="k")
+    assert [(n, k) for n, k, _ in caught.value.examples] == [(151, "150")]
     code, output = enqueue_command(sqlite_url, src, "--key-column", "k")
     assert code == 1 and "Traceback" not in output
     assert len([line for line in output.splitlines() if line.startswith("Error:")]) == 1

@@ -203,7 +203,9 @@ def _check_rows(
         F.concat_ws(", ", *[F.when(~in_range(c), F.lit(c)) for c in times]).alias(_BAD_TIME),
     )
 
-    def check(indexed: Iterable[tuple[Row, int]]) -> Iterable[tuple[int, int, list[tuple[int, str | None, str]]]]:
+    def check(
+        partition: int, rows_in: Iterable[Row]
+    ) -> Iterable[tuple[int, int, int, list[tuple[int, str | None, str]]]]:
         from datetime import UTC, datetime
 
         from conveyor import App
@@ -213,7 +215,7 @@ def _check_rows(
         rows = bad = 0
         examples: list[tuple[int, str | None, str]] = []
         try:
-            for row, index in indexed:
+            for index, row in enumerate(rows_in):
                 rows += 1
                 data = row.asDict(recursive=True)
                 out_of_range = data.pop(_BAD_TIME)
@@ -228,11 +230,17 @@ def _check_rows(
                         examples.append((index + 1, key, _short(first_line(exc))))
         finally:
             app.close()
-        yield rows, bad, examples
+        yield partition, rows, bad, examples
 
-    results = checked.rdd.zipWithIndex().mapPartitions(check).collect()
-    examples = sorted(e for _, _, part in results for e in part)[:_EXAMPLES]
-    return sum(r[0] for r in results), sum(r[1] for r in results), examples
+    # Row numbers: a partition's positions, after the rows of the partitions before it (no extra
+    # Spark job to number the rows, as zipWithIndex would run).
+    results = sorted(checked.rdd.mapPartitionsWithIndex(check).collect())
+    examples: list[tuple[int, str | None, str]] = []
+    before = 0
+    for _, rows, _, part in results:
+        examples.extend((before + n, key, why) for n, key, why in part)
+        before += rows
+    return before, sum(r[2] for r in results), sorted(examples)[:_EXAMPLES]
 
 
 def _short(text: str, limit: int = 160) -> str:
