@@ -292,3 +292,17 @@ def test_the_target_is_checked_before_spark_starts(tmp_path: Path) -> None:
         assert message in output and "Traceback" not in output and "pw-Secr3t" not in output, output
         assert "starting Spark" not in output and len(output.strip().splitlines()) == 1, output
         assert time.monotonic() - started < 8
+
+
+def test_a_time_python_cannot_hold_inside_a_struct_stops_the_check_in_one_line(
+    spark: SparkSession, sqlite_url: str, tmp_path: Path
+) -> None:
+    # The row check finds top-level times in Spark; one inside a struct fails Python's conversion of
+    # its partition, which is told in one line before anything is sent (before: a Spark traceback).
+    when = pa.array([0, 253_402_300_800 * 10**6], pa.int64()).cast(pa.timestamp("us", tz="UTC"))
+    table = pa.table({"k": ["a", "b"], "meta": pa.StructArray.from_arrays([when], names=["at"])})
+    pq.write_table(table, tmp_path / "in.parquet")
+    code, output = enqueue_command(sqlite_url, tmp_path / "in.parquet", "--key-column", "k")
+    assert code == 1 and "Traceback" not in output, output
+    assert "Error: checking the rows failed, so nothing was sent" in output and "year" in output, output
+    assert not Path(sqlite_url.removeprefix("sqlite:///")).exists() or payloads(sqlite_url) == {}

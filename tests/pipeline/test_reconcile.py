@@ -331,3 +331,21 @@ def test_the_command_checks_its_database_and_requeue_target_before_spark_starts(
         cli = CliRunner().invoke(main, [*base, *extra], env={"COLUMNS": "250"})
         assert cli.exit_code != 0 and message in cli.output and "pw-Secr3t" not in cli.output, cli.output
         assert "starting Spark" not in cli.output and "Traceback" not in cli.output, cli.output
+
+
+def test_the_command_says_which_files_it_did_not_read(
+    spark: SparkSession, write_history: Callable[..., Path], tmp_path: Path
+) -> None:
+    from click.testing import CliRunner
+
+    from conveyor.pipeline.cli import main
+
+    export_dir = write_history(history(), snapshot_at=SNAPSHOT)
+    src = tmp_path / "orders"
+    src.mkdir()
+    write_csv(src / "orders.csv", [("k1", "pending")])
+    (src / "notes.txt").write_text("order_id,status\nk5,pending\n")
+    args = ["reconcile", "--business", str(src), "--key-column", "order_id", "--status-column", "status"]
+    cli = CliRunner().invoke(main, [*args, "--export-dir", str(export_dir)], env={"COLUMNS": "250"})
+    assert cli.exit_code == 0, cli.output
+    assert "skipped 1 files that are not CSV: notes.txt" in cli.output and "lost: k1" in cli.output

@@ -234,7 +234,12 @@ def _check_rows(
 
     # Row numbers: a partition's positions, after the rows of the partitions before it (no extra
     # Spark job to number the rows, as zipWithIndex would run).
-    results = sorted(checked.rdd.mapPartitionsWithIndex(check).collect())
+    try:
+        results = sorted(checked.rdd.mapPartitionsWithIndex(check).collect())
+    except Exception as exc:
+        # A value no row check could catch: one Python cannot convert inside a struct or array (a
+        # time outside its years), or a time the executor's local time zone moves out of them.
+        raise PipelineError(f"checking the rows failed, so nothing was sent: {_useful_line(exc)}") from exc
     examples: list[tuple[int, str | None, str]] = []
     before = 0
     for _, rows, _, part in results:
