@@ -172,3 +172,51 @@ def test_a_def_task_registered_after_the_worker_started_still_runs(app: App) -> 
     ran = asyncio.run(scenario())
     # No thread slot was started for it: each job ran in a handler thread of its own.
     assert ran == ["conveyor-handler"] * 5
+
+
+def _suspect(task: str) -> Delivery:
+    d = delivery(task)
+    return Delivery(**{**{f: getattr(d, f) for f in Delivery.__slots__}, "rescues": 1})  # type: ignore[arg-type]
+
+
+def test_one_suspect_at_a_time_the_others_set_aside_while_other_jobs_go_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A suspect (a job whose lease once ran out) waits while another suspect runs, out of the slots:
+    # the slots go on with other jobs (a first cut kept it in a slot, and new jobs starved behind it).
+    buffer = Buffer(4)
+    buffer.threaded = frozenset({"def"})
+    first, second, third = _suspect("def"), _suspect("def"), _suspect("def")
+    plain = [delivery("def") for _ in range(2)]
+    for item in (first, second, plain[0], third, plain[1]):
+        buffer.put(item)
+    assert buffer.take_blocking() is first
+    assert [buffer.take_blocking(), buffer.take_blocking()] == plain  # the other suspects set aside
+    assert buffer.qsize() == 2
+    got: list[Delivery | None] = []
+    waiting = threading.Thread(target=lambda: got.append(buffer.take_blocking()))
+    waiting.start()
+    waiting.join(0.2)
+    assert waiting.is_alive()  # a permit is free, but the only buffered jobs are suspects
+    buffer.suspect_done(plain[0])  # not the running suspect: nothing changes
+    waiting.join(0.2)
+    assert waiting.is_alive()
+    buffer.suspect_done(first)
+    waiting.join(5)
+    assert got == [second]
+    # The running one past its patience: the next may run beside it (a hung suspect holds no one for ever).
+    monkeypatch.setattr("conveyor.worker._buffer.SUSPECT_PATIENCE", 0.0)
+    assert buffer.take_blocking(release=True) is third  # a plain job's permit back
+    assert buffer.drain() == []
+
+
+def test_suspects_set_aside_are_handed_back_by_drain() -> None:
+    buffer = Buffer(2)
+    first, second = _suspect("async"), _suspect("async")
+    buffer.put(first)
+    buffer.put(second)
+
+    async def take() -> Delivery | None:
+        return await buffer.take()
+
+    assert asyncio.run(take()) is first
+    assert buffer.qsize() == 1
+    assert buffer.drain() == [second]  # what a stopping worker gives back, unstarted

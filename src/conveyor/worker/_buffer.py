@@ -11,16 +11,33 @@ handlers run at once, whatever their kind.
 
 Thread-safe: the fetcher and the coroutine slots use it from the event loop's thread, thread slots
 from theirs. A slot gives its permit back and takes its next job in one step, so that a busy slot
-goes on with the next job without waking anyone."""
+goes on with the next job without waking anyone.
+
+**One suspect at a time.** A suspect is a job whose lease once ran out (``rescues``): maybe it killed
+its worker. Its start is counted before it runs (poison protection), and every job running in a
+process that dies dies with it. The jobs a crash left behind are leased again together; run side by
+side with the one that kills its workers, they died with it at each crash and were charged each time,
+and innocent jobs ended dead (``max_deliveries_exceeded``). So the buffer hands out one suspect at a
+time: while one runs, the others are set aside (still leased, not started, not counted) and the
+slots go on with other jobs. The next suspect goes out when the running one ends
+(:meth:`Buffer.suspect_done`), or once it has run ``SUSPECT_PATIENCE`` seconds (a hung suspect does
+not hold the others for ever)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
+import time
 from collections import deque
 
 from conveyor.backends.base import Delivery
 from conveyor.worker._threads import LoopRef
+
+#: How long one suspect runs before the next may run beside it (seconds).
+SUSPECT_PATIENCE = 30.0
+#: How often a waiting slot looks again while suspects are set aside (their patience is a time).
+_PARKED_POLL = 1.0
 
 
 class Buffer:
@@ -49,9 +66,13 @@ class Buffer:
         self._low_level: int | None = None
         #: The loop whose coroutines wait on this buffer (thread slots wake them through it).
         self.loop = LoopRef()
+        # Suspects set aside while another runs (see the module's docstring), and the one running.
+        self._parked: deque[tuple[int, Delivery]] = deque()
+        self._suspect: Delivery | None = None
+        self._suspect_since = 0.0
 
     def qsize(self) -> int:
-        return len(self._for_threads) + len(self._for_loop)
+        return len(self._for_threads) + len(self._for_loop) + len(self._parked)
 
     def empty(self) -> bool:
         return self.qsize() == 0
@@ -80,7 +101,7 @@ class Buffer:
                 if release:
                     release = False
                     self._signal()  # the permit this slot gave back may serve a coroutine slot
-                self._thread_ready.wait()
+                self._thread_ready.wait(_PARKED_POLL if self._parked else None)
             if self._closed:
                 return None
             return self._take(self._for_threads)
@@ -96,7 +117,12 @@ class Buffer:
                 if self._turn() == "loop":
                     return self._take(self._for_loop)
                 self._loop_ready.clear()
-            await self._loop_ready.wait()
+                parked = bool(self._parked)
+            if not parked:
+                await self._loop_ready.wait()
+                continue
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._loop_ready.wait(), _PARKED_POLL)
 
     def release(self) -> None:
         """Give back one permit (a handler ended, or its thread was given up)."""
@@ -104,10 +130,36 @@ class Buffer:
             self._permits += 1
             self._signal()
 
+    def suspect_done(self, delivery: Delivery) -> None:
+        """A delivery a slot took has ended (run or not): if it was the running suspect, the next may go."""
+        if not delivery.rescues:
+            return
+        with self._lock:
+            if self._suspect is delivery:
+                self._suspect = None
+                self._signal()
+
+    def _set_suspects_aside(self) -> None:
+        """Keep suspects back while one runs (the lock is held): park those at the heads; with none
+        running (or the running one past its patience), put the oldest parked one back in line."""
+        if self._suspect is not None and time.monotonic() - self._suspect_since >= SUSPECT_PATIENCE:
+            self._suspect = None
+        heads = (items for items in (self._for_threads, self._for_loop) if items)
+        if self._suspect is None:
+            if self._parked and not any(items[0][1].rescues for items in heads):  # none back in line yet
+                seq, delivery = self._parked.popleft()
+                threaded = delivery.task in self.threaded
+                (self._for_threads if threaded else self._for_loop).appendleft((seq, delivery))
+            return
+        for items in (self._for_threads, self._for_loop):
+            while items and items[0][1].rescues:
+                self._parked.append(items.popleft())
+
     def _turn(self) -> str | None:
         """Which kind of slot the next permit goes to (the lock is held): the older head's."""
         if not self._permits:
             return None
+        self._set_suspects_aside()
         if self._for_threads and (not self._for_loop or self._for_threads[0][0] < self._for_loop[0][0]):
             return "threads"
         return "loop" if self._for_loop else None
@@ -116,6 +168,8 @@ class Buffer:
         # The lock is held.
         self._permits -= 1
         _, delivery = items.popleft()
+        if delivery.rescues and self._suspect is None:
+            self._suspect, self._suspect_since = delivery, time.monotonic()
         if self._low_level is not None and self.qsize() <= self._low_level:
             self._low_level = None
             self.loop.call(self.low.set)
@@ -152,7 +206,8 @@ class Buffer:
         """Take every buffered delivery out, oldest first (the worker hands them back; the testing
         kit runs them)."""
         with self._lock:
-            taken = sorted([*self._for_loop, *self._for_threads], key=lambda item: item[0])
+            taken = sorted([*self._for_loop, *self._for_threads, *self._parked], key=lambda item: item[0])
             self._for_loop.clear()
             self._for_threads.clear()
+            self._parked.clear()
         return [delivery for _, delivery in taken]

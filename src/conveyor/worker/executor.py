@@ -68,6 +68,8 @@ class _ThreadSlot:
                 except Exception:
                     log.exception("internal error processing job %s", delivery.id)
                     executor.registry.drop(delivery.id, delivery.receipt)
+                finally:
+                    buffer.suspect_done(delivery)
                 if self.abandoned:
                     return  # the watchdog gave this slot's permit back already
         finally:
@@ -118,61 +120,6 @@ class Starts:
             self._flushing = False
 
 
-class Suspects:
-    """One suspect job at a time in a worker process: a job whose lease once ran out (maybe it killed
-    its worker) runs only while no other suspect runs here.
-
-    A suspect's start is counted before it runs (poison protection), and every job running in a
-    process that dies dies with it. When the jobs a crash left behind were leased again together and
-    run side by side, the one that kills its workers killed the others with it each time, and their
-    counted starts ran out too: innocent jobs ended dead (max_deliveries_exceeded). Run one at a time,
-    a suspect that kills its worker is the only suspect charged. A job waiting for its turn is not
-    started (its lease is kept; its start not counted). The suspect that holds the turn gives it back
-    when it ends; one whose handler thread was given up (past its timeout) gives it back when its
-    outcome is written (its delivery leaves the registry). A suspect that has waited ``patience``
-    seconds runs anyway: one that hangs must not hold every other suspect, and the slots they wait
-    in, for ever."""
-
-    #: How often a suspect waiting for its turn looks again.
-    poll = 0.01
-    #: The longest a suspect waits for its turn (seconds).
-    patience = 30.0
-
-    def __init__(self, registry: Registry) -> None:
-        self.registry = registry
-        self._lock = threading.Lock()
-        self._running: Delivery | None = None
-
-    def _enter(self, delivery: Delivery) -> bool:
-        with self._lock:
-            running = self._running
-            if (
-                running is not None
-                and running is not delivery
-                and self.registry.get(running.id, running.receipt) is not None
-            ):
-                return False
-            self._running = delivery
-            return True
-
-    async def turn(self, delivery: Delivery) -> None:
-        """Wait (on the event loop) until ``delivery`` is the one suspect running here."""
-        until = time.monotonic() + self.patience
-        while not self._enter(delivery) and time.monotonic() < until:
-            await asyncio.sleep(self.poll)
-
-    def turn_blocking(self, delivery: Delivery) -> None:
-        """:meth:`turn` for a thread slot."""
-        until = time.monotonic() + self.patience
-        while not self._enter(delivery) and time.monotonic() < until:
-            time.sleep(self.poll)
-
-    def leave(self, delivery: Delivery) -> None:
-        with self._lock:
-            if self._running is delivery:
-                self._running = None
-
-
 class Executor(Service):
     """Runs deliveries from the buffer through their task's handler and hands outcomes to the completer.
 
@@ -210,7 +157,6 @@ class Executor(Service):
         self.clock = clock
         self.on_stuck = on_stuck
         self.starts = Starts(calls, clock)
-        self.suspects = Suspects(registry)
         # Thread slots share the counters with the event loop: their increments take this lock.
         self._tally = threading.Lock()
         self._slots: set[_ThreadSlot] = set()
@@ -270,37 +216,23 @@ class Executor(Service):
         held, task, outcome = admitted
         if outcome is None:
             assert task is not None
-            if not delivery.rescues:
-                outcome = await self._run(held, task, delivery)
-            else:
-                await self.suspects.turn(delivery)
-                try:
-                    outcome = await self._run(held, task, delivery)
-                finally:
-                    self.suspects.leave(delivery)
-            if outcome is None:
+            counted = True
+            if delivery.rescues and not held.counted:
+                # A suspect: its lease expired before, maybe because it killed its worker. Count this
+                # start before it runs, so that it is counted even if it kills this worker too.
+                counted = held.counted = await self.starts.start(delivery)
+            if not self._started(held, counted):
                 return None
+            token = self.observer.before_run(delivery, self.clock())
+            began = time.perf_counter()
+            try:
+                if task.is_async:
+                    outcome = await self._run_async(task, delivery)
+                else:
+                    outcome = await self._run_sync(task, delivery)
+            finally:
+                self.observer.after_run(delivery, outcome, time.perf_counter() - began, token)
         self.completer.add(outcome)
-        return outcome
-
-    async def _run(self, held: Held, task: Task[Any, Any], delivery: Delivery) -> Outcome | None:
-        counted = True
-        if delivery.rescues and not held.counted:
-            # A suspect: its lease expired before, maybe because it killed its worker. Count this
-            # start before it runs, so that it is counted even if it kills this worker too.
-            counted = held.counted = await self.starts.start(delivery)
-        if not self._started(held, counted):
-            return None
-        token = self.observer.before_run(delivery, self.clock())
-        began = time.perf_counter()
-        outcome: Outcome | None = None
-        try:
-            if task.is_async:
-                outcome = await self._run_async(task, delivery)
-            else:
-                outcome = await self._run_sync(task, delivery)
-        finally:
-            self.observer.after_run(delivery, outcome, time.perf_counter() - began, token)
         return outcome
 
     def process_blocking(self, delivery: Delivery, slot: _ThreadSlot) -> None:
@@ -309,23 +241,6 @@ class Executor(Service):
         if admitted is None:
             return
         held, task, outcome = admitted
-        if outcome is None and delivery.rescues:
-            self.suspects.turn_blocking(delivery)
-            try:
-                self._process_admitted(held, task, delivery, slot)
-            finally:
-                self.suspects.leave(delivery)
-            return
-        self._process_admitted(held, task, delivery, slot, outcome)
-
-    def _process_admitted(
-        self,
-        held: Held,
-        task: Task[Any, Any] | None,
-        delivery: Delivery,
-        slot: _ThreadSlot,
-        outcome: Outcome | None = None,
-    ) -> None:
         if outcome is None:
             assert task is not None and self.buffer.loop.loop is not None
             counted = True
@@ -460,6 +375,8 @@ class Executor(Service):
                 # that its lease is no longer extended; it expires and rescue hands the job out again.
                 log.exception("internal error processing job %s", delivery.id)
                 self.registry.drop(delivery.id, delivery.receipt)
+            finally:
+                self.buffer.suspect_done(delivery)
 
     def _start_slot(self) -> None:
         slot = _ThreadSlot(self, self._slots_started)
@@ -494,6 +411,7 @@ class Executor(Service):
             slot.abandoned = True
             with self._tally:
                 self._stuck += 1
+        self.buffer.suspect_done(delivery)  # its thread may never return
         return outcome
 
     async def _watch(self) -> None:
