@@ -88,3 +88,12 @@ def test_a_strict_insert_refuses_a_key_held_by_another_payload_and_writes_nothin
     again = new_job(idempotency_key="k", dedup_until=at(3600), payload='{ "x" : 1.0 }')
     assert backend.jobs_insert_many(JobsInsertParams([fresh, again], T0, strict_keys=True)) == [fresh.id, held.id]
     assert live_ids(backend) == [held.id, fresh.id]
+    # A large float: PostgreSQL's jsonb gives it back as an integer's digits; a resend is still the
+    # same job (a sweep found a retried send of {"x": 1e23} refused with 409 on PostgreSQL only).
+    big = new_job(idempotency_key="big", dedup_until=at(3600), payload='{"x":1e23,"y":1.5e300}')
+    insert(backend, big)
+    resent = new_job(idempotency_key="big", dedup_until=at(3600), payload='{"x":1e23,"y":1.5e300}')
+    assert backend.jobs_insert_many(JobsInsertParams([resent], T0, strict_keys=True)) == [big.id]
+    bigger = new_job(idempotency_key="big", dedup_until=at(3600), payload='{"x":1e24,"y":1.5e300}')
+    with pytest.raises(IdempotencyConflict):
+        backend.jobs_insert_many(JobsInsertParams([bigger], T0, strict_keys=True))

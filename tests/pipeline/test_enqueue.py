@@ -166,6 +166,27 @@ def test_parquet_files_keep_a_column_only_a_later_file_has(
     }
 
 
+def test_files_in_subdirectories_are_read_whatever_the_headers(
+    spark: SparkSession, sqlite_url: str, tmp_path: Path
+) -> None:
+    # A sweep found sub/c.csv dropped when every file had one header (Spark, given the directory, reads
+    # only its own files and key=value directories) and read when the headers differed.
+    src = tmp_path / "in"
+    (src / "sub").mkdir(parents=True)
+    (src / "a.csv").write_text("sku,qty\nx,1\ny,2\n")
+    (src / "sub" / "c.csv").write_text("sku,qty\nz,3\n")
+    code, output = enqueue_command(sqlite_url, src, "--key-column", "sku")
+    assert code == 0, output
+    assert sorted(payloads(sqlite_url)) == ["x", "y", "z"]
+    parquet = tmp_path / "pq"
+    (parquet / "sub").mkdir(parents=True)
+    pq.write_table(pa.table({"sku": ["p"]}), parquet / "a.parquet")
+    pq.write_table(pa.table({"sku": ["q"]}), parquet / "sub" / "b.parquet")
+    code, output = enqueue_command(sqlite_url, parquet, "--key-column", "sku")
+    assert code == 0, output
+    assert sorted(payloads(sqlite_url)) == ["p", "q", "x", "y", "z"]
+
+
 def test_only_files_of_the_input_format_are_read(spark: SparkSession, sqlite_url: str, tmp_path: Path) -> None:
     # Before: every file of the directory was read as CSV: README.txt's lines became jobs.
     src = tmp_path / "in"

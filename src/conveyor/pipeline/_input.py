@@ -121,20 +121,18 @@ def read_input(
     column some files lack is null in their rows."""
     from functools import reduce
 
+    # The files are named one by one, as list_input found them (subdirectories included): given the
+    # directory, Spark reads only its own files and key=value partition directories, so a file in a
+    # plain subdirectory was read or not depending on the other files' headers (a sweep found it).
     root = str(files.path.absolute())
     if files.format == "parquet":
         reader = spark.read.option("mergeSchema", "true")
         if files.path.is_dir():
-            reader = reader.option("pathGlobFilter", "*.parquet")
-        return reader.parquet(root)
+            reader = reader.option("basePath", root)  # partition directories (key=value) still give columns
+        return reader.parquet(*[str(p.absolute()) for p in files.files])
     groups = headers if headers is not None else csv_headers(files)
     reader = spark.read.options(**CSV_OPTIONS)
-    if len(groups) <= 1:
-        if files.path.is_dir():
-            reader = reader.option("pathGlobFilter", "*.csv")
-        return reader.csv(root)
     if files.path.is_dir():
-        # Partition directories (key=value) still give their columns when the files are named one by one.
         reader = reader.option("basePath", root)
     frames = [reader.csv([str(p.absolute()) for p in group]) for group in groups.values()]
     return reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), frames)
