@@ -98,6 +98,8 @@ def first_task(tasks: Sequence[object]) -> str:
     """The span name's task for a batch: the task if all jobs share it, else ``many`` (also when
     the first is not a string, such as a list from a hostile HTTP body: its batch is refused inside
     the span; hashing it here was a 500)."""
+    if not tasks:  # no Message among a hostile send_many's items: refused inside the span
+        return "many"
     first = tasks[0]
     if type(first) is str and all(t == first for t in tasks):
         return first

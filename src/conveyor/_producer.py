@@ -53,9 +53,11 @@ class Producer:
         if self.tracing and tracing_configured():
             from conveyor._otel import first_task, send_span
 
-            queues = {m.queue if m.queue is not None else self._queue_of(m.task) for m in messages}
+            # Only messages for the span's attributes: anything else is refused by new_job (PayloadError).
+            sent = [m for m in messages if isinstance(m, Message)]
+            queues = {m.queue if m.queue is not None else self._queue_of(m.task) for m in sent}
             queue = next(iter(queues)) if len(queues) == 1 else None
-            with send_span(first_task([m.task for m in messages]), queue, len(messages)) as traceparent:
+            with send_span(first_task([m.task for m in sent]), queue, len(messages)) as traceparent:
                 return self._insert(messages, conn, traceparent)
         return self._insert(messages, conn, None)
 

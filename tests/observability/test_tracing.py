@@ -161,3 +161,17 @@ def test_a_send_span_given_a_parent_is_its_child_and_hands_its_own_context_on(sp
     assert span.context is not None and span.context.trace_id == 0x0AF7651916CD43DD8448EB211C80319C
     assert carried == f"00-{span.context.trace_id:032x}-{span.context.span_id:016x}-01"
     assert (span.attributes or {})["messaging.batch.message_count"] == 3
+
+
+def test_a_send_many_of_things_that_are_not_messages_is_refused_inside_its_span(
+    app: App, spans: InMemorySpanExporter
+) -> None:
+    # With a tracer provider the span's attributes read every message: a dict among them was an
+    # AttributeError, a batch of none an IndexError, where the untraced send says PayloadError.
+    import pytest
+
+    from conveyor import Message, PayloadError
+
+    for bad in ([{"task": "t"}], [Message("t", {}), {"task": "t"}]):
+        with pytest.raises(PayloadError, match="takes Message objects, got dict"):
+            app.send_many(bad)  # type: ignore[arg-type]
