@@ -137,12 +137,8 @@ def _said(reason: object) -> str:
     """A reason a handler gave (``ctx.reject``, ``ctx.nack``, or set on ``ctx``), as text every engine
     stores: anything else by its ``str`` (bytes and objects killed SQLite's completer, and the
     worker with it)."""
-    if type(reason) is not str:
-        try:
-            reason = str(reason)
-        except BaseException:
-            reason = f"<unprintable {type(reason).__qualname__}>"
-    return storable(reason[:MAX_ERROR_CHARS])
+    text = reason if type(reason) is str else _safe_str(reason)
+    return storable(text[:MAX_ERROR_CHARS])
 
 
 def _delay(asked: object) -> float | None:
@@ -183,10 +179,7 @@ def error_info(exc: BaseException) -> ErrorInfo:
 
     Never raises: an exception whose ``__str__`` raises is described by its type. The text is made
     storable (:func:`storable`) and bounded (:data:`MAX_ERROR_CHARS`)."""
-    try:
-        message = str(exc)
-    except BaseException:
-        message = f"<unprintable {type(exc).__qualname__}>"
+    message = _safe_str(exc)
     try:
         text = "".join(tb_module.format_exception(type(exc), exc, exc.__traceback__))
     except BaseException:
@@ -227,6 +220,13 @@ def _map_strings(value: Any) -> Any:
     if isinstance(value, dict):
         return {storable(k): _map_strings(v) for k, v in value.items()}
     return value
+
+
+def _safe_str(value: object) -> str:
+    try:
+        return str(value)
+    except BaseException:
+        return f"<unprintable {type(value).__qualname__}>"
 
 
 def _safe_repr(value: Any) -> str:

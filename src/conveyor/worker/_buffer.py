@@ -141,7 +141,10 @@ class Buffer:
 
     def _set_suspects_aside(self) -> None:
         """Keep suspects back while one runs (the lock is held): park those at the heads; with none
-        running (or the running one past its patience), put the oldest parked one back in line."""
+        running (or the running one past its patience), put the oldest parked one back in line.
+        Called at every turn: with no suspect out and none parked (nearly always) it returns at once."""
+        if self._suspect is None and not self._parked:
+            return
         if self._suspect is not None and time.monotonic() - self._suspect_since >= SUSPECT_PATIENCE:
             self._suspect = None
         heads = (items for items in (self._for_threads, self._for_loop) if items)
