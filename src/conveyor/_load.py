@@ -38,9 +38,15 @@ class LoadGauge:
             options = self._catalogue.queues.get(queue)
             if options is None or options.max_depth is None:
                 continue
-            refusal = self.refusal(options, queued, self._load(queue, now, fresh=False))
+            refusal = self.refusal(options, queued, self._load(queue, now))
             if refusal is not None:
-                refusal = self.refusal(options, queued, self._load(queue, now, fresh=True))
+                # Refused on a fresh reading only, and counting only the rows that add a job: a
+                # resend under a held idempotency key (or a key repeated in the batch) is answered
+                # with its holder, so a full queue still gives the producer its job's id.
+                keys = tuple({row.idempotency_key for row in queued if row.idempotency_key is not None})
+                depth, drained, held = self._read(queue, now, keys)
+                queued = _adding(queued, held)
+                refusal = self.refusal(options, queued, (depth, drained))
             if refusal is not None:
                 raise refusal
             tick, depth, drained = self._loads[queue]
@@ -61,12 +67,30 @@ class LoadGauge:
             depth += 1
         return None
 
-    def _load(self, queue: str, now: datetime, fresh: bool) -> tuple[int, int]:
-        """(live depth, jobs drained in the last minute), read at most every 100 ms unless ``fresh``."""
+    def _load(self, queue: str, now: datetime) -> tuple[int, int]:
+        """(live depth, jobs drained in the last minute), read at most every 100 ms."""
         cached = self._loads.get(queue)
-        tick = time.monotonic()
-        if fresh or cached is None or tick - cached[0] > _FRESH_FOR:
-            load = self._backend().queue_load(QueueLoadParams(queue, now, window=DRAIN_WINDOW))
-            cached = (tick, load.depth, load.drained)
-            self._loads[queue] = cached
+        if cached is None or time.monotonic() - cached[0] > _FRESH_FOR:
+            return self._read(queue, now, ())[:2]
         return cached[1], cached[2]
+
+    def _read(self, queue: str, now: datetime, keys: tuple[str, ...]) -> tuple[int, int, frozenset[str]]:
+        """(live depth, jobs drained in the last minute, which of ``keys`` are held), read now and cached."""
+        tick = time.monotonic()
+        load = self._backend().queue_load(QueueLoadParams(queue, now, window=DRAIN_WINDOW, keys=keys))
+        self._loads[queue] = (tick, load.depth, load.drained)
+        return load.depth, load.drained, load.held
+
+
+def _adding(queued: Sequence[NewJob], held: frozenset[str]) -> list[NewJob]:
+    """The rows of ``queued`` that add a job: unkeyed rows, and the first row of each key not held."""
+    adding: list[NewJob] = []
+    seen = set(held)
+    for row in queued:
+        key = row.idempotency_key
+        if key is None:
+            adding.append(row)
+        elif key not in seen:
+            seen.add(key)
+            adding.append(row)
+    return adding

@@ -58,6 +58,21 @@ def test_queue_load_counts_live_depth_and_recent_drain(backend: Backend) -> None
     assert (empty.depth, empty.drained) == (0, 0)
 
 
+def test_queue_load_names_the_keys_held_at_now(backend: Backend) -> None:
+    insert(
+        backend,
+        new_job("q", idempotency_key="open", dedup_until=at(60)),
+        new_job("q", idempotency_key="forever"),
+        new_job("q", idempotency_key="passed", dedup_until=at(5)),
+        new_job("other", idempotency_key="elsewhere", dedup_until=at(60)),
+    )
+    asked = ("open", "forever", "passed", "elsewhere", "never", "o'pen", "")
+    load = backend.queue_load(QueueLoadParams(queue="q", now=at(10), keys=asked))
+    # An expired window no longer holds its key (a send may take it over); keys are per queue.
+    assert load.held == frozenset({"open", "forever"})
+    assert backend.queue_load(QueueLoadParams(queue="q", now=at(10))).held == frozenset()
+
+
 def test_archive_prune_applies_per_queue_and_dead_letter_retention(backend: Backend) -> None:
     insert(backend, new_job("short"), new_job("short"), new_job("long"), new_job("default"))
     short_old, short_new = acquire(backend, queue="short", limit=2)

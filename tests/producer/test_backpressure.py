@@ -10,6 +10,7 @@ import pytest
 
 from conveyor import App, Message
 from conveyor._errors import QueueFull
+from conveyor.backends.base import QueueLoadParams
 from conveyor.testing import drain
 
 
@@ -74,3 +75,34 @@ def test_batch_over_the_mark_enqueues_nothing(app: App) -> None:
         ).depth
         == 0
     )
+
+
+def test_a_full_queue_answers_a_resend_under_a_held_key(app: App) -> None:
+    # A resend of an accepted job adds nothing, so backpressure does not refuse it: the producer
+    # that lost the first answer (a timeout, a crash) gets its job back even from a full queue.
+    app.queue("keyed", max_depth=2, shedding={"low": 1.0, "normal": 1.0, "high": 1.0})
+    first = app.send("t", {"n": 1}, queue="keyed", idempotency_key="order-1")
+    app.send("t", {"n": 2}, queue="keyed")
+    with pytest.raises(QueueFull):
+        app.send("t", {"n": 3}, queue="keyed", idempotency_key="order-2")
+    assert app.send("t", {"n": 1}, queue="keyed", idempotency_key="order-1").id == first.id
+    again = app.send_many([Message("t", {"n": 1}, queue="keyed", idempotency_key="order-1") for _ in range(3)])
+    assert [job.id for job in again] == [first.id] * 3
+    # A batch that also holds a new job is still refused whole.
+    with pytest.raises(QueueFull):
+        app.send_many(
+            [
+                Message("t", {"n": 1}, queue="keyed", idempotency_key="order-1"),
+                Message("t", {"n": 4}, queue="keyed", idempotency_key="order-4"),
+            ]
+        )
+    assert drain(app).completed == 0  # no handler: nothing ran, and nothing more was stored
+    assert app.backend.queue_load(QueueLoadParams("keyed", datetime.now(UTC))).depth == 2
+
+
+def test_a_key_repeated_in_one_batch_counts_once(app: App) -> None:
+    app.queue("repeats", max_depth=2, shedding={"low": 1.0, "normal": 1.0, "high": 1.0})
+    app.send("t", {}, queue="repeats")
+    jobs = app.send_many([Message("t", {}, queue="repeats", idempotency_key="k") for _ in range(5)])
+    assert len({job.id for job in jobs}) == 1
+    assert app.backend.queue_load(QueueLoadParams("repeats", datetime.now(UTC))).depth == 2

@@ -705,11 +705,14 @@ class SubscriptionsDeleteParams:
 
 @dataclass(frozen=True, slots=True)
 class QueueLoadParams:
-    """The live depth of one queue and how many of its jobs ended in ``[now - window, now]``."""
+    """The live depth of one queue and how many of its jobs ended in ``[now - window, now]``; and
+    which of ``keys`` (idempotency keys of the queue) are held at ``now``: a send reusing a held
+    key adds no job (the insert answers the holder), so backpressure does not count it."""
 
     queue: str
     now: datetime
     window: float = 60.0
+    keys: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -718,6 +721,7 @@ class QueueLoad:
     depth: int  # live rows: pending (ready or scheduled) + processing
     drained: int  # archived in the window
     window: float
+    held: frozenset[str] = frozenset()  # the params' keys whose window is open at ``now``
 
 
 @dataclass(frozen=True, slots=True)

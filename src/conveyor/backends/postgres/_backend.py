@@ -969,7 +969,12 @@ class PostgresBackend:
             },
         )
         depth, drained = (int(row[0]), int(row[1])) if row else (0, 0)
-        return QueueLoad(queue=params.queue, depth=depth, drained=drained, window=params.window)
+        held: frozenset[str] = frozenset()
+        if params.keys:
+            keys = {"queue": params.queue, "keys": list(params.keys), "now": params.now}
+            rows = self._fetchall("queue_keys_held", keys)
+            held = frozenset(r[0] for r in rows)
+        return QueueLoad(queue=params.queue, depth=depth, drained=drained, window=params.window, held=held)
 
     def archive_prune(self, params: ArchivePruneParams) -> int:
         """Delete archived rows past retention; return how many (call again until 0).

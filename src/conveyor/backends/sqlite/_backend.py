@@ -612,7 +612,12 @@ class SqliteBackend:
             drained = conn.execute(
                 self._q["queue_drained"], {"queue": params.queue, "since": since, "now": now}
             ).fetchall()[0][0]
-        return base.QueueLoad(queue=params.queue, depth=depth, drained=drained, window=params.window)
+            held: frozenset[str] = frozenset()
+            if params.keys:
+                keys = json.dumps(params.keys)
+                rows = conn.execute(self._q["queue_keys_held"], {"queue": params.queue, "keys": keys, "now": now})
+                held = frozenset(r[0] for r in rows.fetchall())
+        return base.QueueLoad(queue=params.queue, depth=depth, drained=drained, window=params.window, held=held)
 
     def archive_prune(self, params: base.ArchivePruneParams) -> int:
         """Delete up to ``limit`` archived rows past retention; return how many (call until 0)."""

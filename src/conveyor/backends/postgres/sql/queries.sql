@@ -250,6 +250,12 @@ SELECT
     (SELECT count(*) FROM archive
      WHERE queue = %(queue)s AND finished_at >= %(since)s AND finished_at <= %(now)s)
 
+-- name: queue_keys_held
+-- Which of a send's idempotency keys are held at now (backpressure does not count their sends:
+-- the insert answers the holder), through the primary key.
+SELECT key FROM idempotency_keys
+WHERE queue = %(queue)s AND key = ANY(%(keys)s::text[]) AND (expires_at IS NULL OR expires_at > %(now)s)
+
 -- name: session_async_commit
 -- The outcome connections' commits do not wait for the WAL flush (unless durable_acks): set here
 -- rather than as a startup option, which PgBouncer refuses and which replaced the URL's own options.

@@ -502,6 +502,13 @@ SELECT (SELECT count(*) FROM jobs WHERE queue = :queue AND state = 'pending')
      + (SELECT count(*) FROM jobs WHERE queue = :queue AND state = 'scheduled')
      + (SELECT count(*) FROM jobs WHERE queue = :queue AND state = 'processing')
 
+-- name: queue_keys_held
+-- Which of a send's idempotency keys (a JSON array) are held at now: backpressure does not count
+-- their sends (the insert answers the holder).
+SELECT key FROM idempotency_keys
+WHERE queue = :queue AND key IN (SELECT value FROM json_each(:keys))
+  AND (expires_at IS NULL OR expires_at > :now)
+
 -- name: queue_drained
 -- Rows of one queue that ended in the window; the IN list lets archive_queue_state_finished seek
 -- once per terminal state instead of scanning the queue's history.
