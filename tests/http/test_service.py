@@ -333,10 +333,17 @@ def test_tokens_over_http_revoke_and_expiry(server: Server) -> None:
 
 def test_429_with_retry_after_from_backpressure(server: Server) -> None:
     with server.client("producer") as c:
-        assert [c.post("/v1/queues/tight/jobs", json=JOB).status_code for _ in range(2)] == [202, 202]
+        key = {"Idempotency-Key": "tight-1"}
+        first = c.post("/v1/queues/tight/jobs", json=JOB, headers=key)
+        assert [first.status_code, c.post("/v1/queues/tight/jobs", json=JOB).status_code] == [202, 202]
         full = c.post("/v1/queues/tight/jobs", json=JOB)
         _error(full, 429)
         assert int(full.headers["retry-after"]) >= 1
+        # A resend under the held key adds no job: answered with the job, not refused; another
+        # payload under it is a conflict, not a full queue.
+        again = c.post("/v1/queues/tight/jobs", json=JOB, headers=key)
+        assert again.status_code == 202 and again.json() == {**first.json(), "duplicate": True}
+        _error(c.post("/v1/queues/tight/jobs", json={**JOB, "payload": {"to": "bob"}}, headers=key), 409)
         # A high-priority send is refused only at 100 % of max_depth.
         assert c.post("/v1/queues/tight/jobs", json={**JOB, "priority": 1}).status_code == 202
         _error(c.post("/v1/queues/tight/jobs:batch", json={"jobs": [JOB]}), 429)
