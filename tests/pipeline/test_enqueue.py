@@ -327,3 +327,81 @@ def test_a_time_python_cannot_hold_inside_a_struct_stops_the_check_in_one_line(
     assert code == 1 and "Traceback" not in output, output
     assert "Error: checking the rows failed, so nothing was sent" in output and "year" in output, output
     assert not Path(sqlite_url.removeprefix("sqlite:///")).exists() or payloads(sqlite_url) == {}
+
+
+def test_a_csv_header_naming_a_column_twice_is_refused_before_spark_starts(sqlite_url: str, tmp_path: Path) -> None:
+    # Before: Spark renamed them v1, v2 (and V3: it compares names in any case), and the jobs' payloads
+    # held columns the file does not have.
+    for header, named in (("id,v,v", "'v' twice"), ("id,v,V", "'v' and 'V' twice")):
+        (tmp_path / "in.csv").write_text(f"{header}\n1,a,b\n")
+        code, output = enqueue_command(sqlite_url, tmp_path / "in.csv", "--key-column", "id")
+        assert code == 1 and "Traceback" not in output, output
+        assert f"in.csv: the header names column {named}" in output, output
+        assert "starting Spark" not in output
+    assert not Path(sqlite_url.removeprefix("sqlite:///")).exists() or payloads(sqlite_url) == {}
+
+
+def test_compressed_csv_and_suffixes_in_any_case_are_read(spark: SparkSession, sqlite_url: str, tmp_path: Path) -> None:
+    # Before: a.csv.gz, B.CSV and c.csv.bz2 were skipped (only .csv was CSV), a single .Parquet file was
+    # refused, and in.csv.zst was skipped too.
+    import bz2
+    import gzip
+
+    src = tmp_path / "in"
+    (src / "region=eu").mkdir(parents=True)
+    with gzip.open(src / "region=eu" / "a.csv.gz", "wt", newline="") as f:
+        f.write('sku,note\r\na,"two\r\nlines"\r\n')
+    (src / "region=eu" / "B.CSV").write_text("sku,note\nb,plain\n")
+    with bz2.open(src / "region=eu" / "c.csv.bz2", "wt") as f:
+        f.write("sku,note\nc,bz\n")
+    code, output = enqueue_command(sqlite_url, src, "--key-column", "sku", "--payload-column", "region")
+    assert code == 0, output
+    assert "skipped" not in output and "3 rows: 3 jobs enqueued" in output, output
+    assert payloads(sqlite_url) == {"a": {"region": "eu"}, "b": {"region": "eu"}, "c": {"region": "eu"}}
+    pq.write_table(pa.table({"sku": ["d"]}), tmp_path / "more.Parquet")
+    code, output = enqueue_command(sqlite_url, tmp_path / "more.Parquet", "--key-column", "sku")
+    assert code == 0 and "1 rows: 1 jobs enqueued" in output, output
+    # A compression neither Python nor every Spark reads is refused, not skipped.
+    (src / "region=eu" / "d.csv.zst").write_bytes(b"\x28\xb5\x2f\xfd")
+    code, output = enqueue_command(sqlite_url, src, "--key-column", "sku")
+    assert code == 1 and "d.csv.zst: CSV compressed as .zst is not read" in output, output
+    # A broken gzip file is one line, before Spark.
+    (src / "region=eu" / "d.csv.zst").unlink()
+    (src / "region=eu" / "e.csv.gz").write_bytes(b"sku\nnot gzip\n")
+    code, output = enqueue_command(sqlite_url, src, "--key-column", "sku")
+    assert code == 1 and "e.csv.gz: cannot be read" in output and "starting Spark" not in output, output
+
+
+def test_the_columns_named_are_checked_before_spark_starts(sqlite_url: str, tmp_path: Path) -> None:
+    # Before: Spark started (seconds) before a misspelt --key-column or --payload-column was found.
+    (tmp_path / "in.csv").write_text("sku,qty\nx,1\n")
+    pq.write_table(pa.table({"sku": ["x"], "qty": [1]}), tmp_path / "in.parquet")
+    for name in ("in.csv", "in.parquet"):
+        for extra, message in (
+            (["--key-column", "SKU_ID"], "key column 'SKU_ID' is not in the input (columns: sku, qty)"),
+            (["--payload-column", "qty", "--payload-column", "price"], "payload columns not in the input: price"),
+        ):
+            code, output = enqueue_command(sqlite_url, tmp_path / name, *extra)
+            assert code == 1 and message in output and "Traceback" not in output, output
+            assert "starting Spark" not in output, output
+
+
+def test_parquet_strings_that_are_not_utf8_refuse_the_run(spark: SparkSession, sqlite_url: str, tmp_path: Path) -> None:
+    # Before: Spark handed both keys to Python as "k\ufffd": one job, and the other row was lost as its
+    # duplicate without a word (CSV was checked already; Parquet strings are bytes nobody checked).
+    def strings(*values: bytes) -> pa.Array:
+        raw = pa.array(values, pa.binary())
+        return pa.Array.from_buffers(pa.string(), len(values), raw.buffers())
+
+    pq.write_table(pa.table({"sku": strings(b"ok", b"k\xe9", b"k\xe8"), "n": [1, 2, 3]}), tmp_path / "in.parquet")
+    code, output = enqueue_command(sqlite_url, tmp_path / "in.parquet", "--key-column", "sku")
+    assert code == 1 and "Traceback" not in output, output
+    assert "in.parquet: 2 rows hold strings that are not UTF-8 (the first: row 2 of that file, column 'sku')" in output
+    # Nested strings too: a struct's field, with the hashed keys (no key column).
+    nested = pa.StructArray.from_arrays([strings(b"fine", b"\xff")], names=["name"])
+    pq.write_table(pa.table({"meta": nested}), tmp_path / "nested.parquet")
+    code, output = enqueue_command(sqlite_url, tmp_path / "nested.parquet")
+    assert (
+        code == 1 and "1 rows hold strings that are not UTF-8 (the first: row 2 of that file, column 'meta')" in output
+    )
+    assert not Path(sqlite_url.removeprefix("sqlite:///")).exists() or payloads(sqlite_url) == {}

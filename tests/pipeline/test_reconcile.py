@@ -349,3 +349,24 @@ def test_the_command_says_which_files_it_did_not_read(
     cli = CliRunner().invoke(main, [*args, "--export-dir", str(export_dir)], env={"COLUMNS": "250"})
     assert cli.exit_code == 0, cli.output
     assert "skipped 1 files that are not CSV: notes.txt" in cli.output and "lost: k1" in cli.output
+
+
+def test_the_command_checks_its_csv_and_columns_before_spark_starts(tmp_path: Path) -> None:
+    # Before: Spark started (seconds) before the business CSV's bytes and the columns named were checked.
+    from click.testing import CliRunner
+
+    from conveyor.pipeline.cli import main
+
+    (tmp_path / "latin1.csv").write_bytes(b"order_id,status\nk\xe9,pending\n")
+    good = write_csv(tmp_path / "orders.csv", [("k1", "pending")])
+    export_dir = tmp_path / "export"
+    export_dir.mkdir()
+    cases = [
+        (tmp_path / "latin1.csv", [], "latin1.csv: 1 lines hold bytes that are not UTF-8 (the first: line 2)"),
+        (good, ["--payload-column", "price"], "column 'price' is not in the business table"),
+    ]
+    for path, extra, message in cases:
+        args = ["reconcile", "--business", str(path), "--key-column", "order_id", "--status-column", "status"]
+        cli = CliRunner().invoke(main, [*args, "--export-dir", str(export_dir), *extra], env={"COLUMNS": "250"})
+        assert cli.exit_code == 1 and message in cli.output, cli.output
+        assert "starting Spark" not in cli.output and "Traceback" not in cli.output, cli.output

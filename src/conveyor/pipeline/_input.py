@@ -4,27 +4,37 @@ Spark's CSV reader, left to its defaults, gets several things silently wrong, ea
 enqueue wrong jobs: it splits a quoted field holding a line break into phantom rows and keeps RFC 4180's
 doubled quotes (``""``) doubled; it applies the first file's header to every file, by position, so the
 values of a file whose columns are in another order land in the wrong columns; it reads every file of a
-directory as CSV (a README's lines become rows); and it turns bytes that are not UTF-8 into U+FFFD, so
-distinct keys can collide. Hence: RFC 4180 options, files grouped by their own header and joined by
-column name, only files of the input's format, and a UTF-8 check before Spark reads anything.
+directory as CSV (a README's lines become rows); it turns bytes that are not UTF-8 into U+FFFD, so
+distinct keys can collide (in Parquet strings too); and it renames a header's repeated column (``v,v``
+becomes ``v1,v2``). Hence: RFC 4180 options, files grouped by their own header and joined by column
+name, only files of the input's format, a UTF-8 and header check of CSV before Spark reads anything,
+and a UTF-8 check of Parquet's strings in Spark.
 """
 
 from __future__ import annotations
 
+import bz2
 import codecs
 import csv
+import gzip
+import io
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
 from conveyor.pipeline.errors import PipelineError
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-#: The formats read, by file name suffix (case-sensitive, as Spark's pathGlobFilter is).
+#: The formats read, by file name suffix (in any case: .CSV and .Parquet too).
 FORMATS = {".csv": "csv", ".parquet": "parquet"}
+#: Compressed CSV read (Spark decompresses them by suffix, in any case; Python does for the checks).
+CSV_COMPRESSIONS = (".gz", ".bz2")
+#: Compressed CSV refused (never skipped without a word): neither Python's standard library nor
+#: every Spark build reads them.
+OTHER_COMPRESSIONS = (".zst", ".lz4", ".snappy", ".deflate", ".xz", ".zip", ".z", ".lzo", ".br")
 #: RFC 4180: a quoted field may hold line breaks, and a quote inside one is written twice.
 CSV_OPTIONS = {"header": "true", "multiLine": "true", "quote": '"', "escape": '"'}
 _CHUNK = 1 << 20
@@ -49,16 +59,16 @@ def list_input(path: str | os.PathLike[str]) -> InputFiles:
     if not root.exists():
         raise PipelineError(f"input {root} does not exist")
     if root.is_file():
-        kind = FORMATS.get(root.suffix)
+        kind = format_of(root)
         if kind is None:
-            raise PipelineError(f"input {root}: expected a Parquet or CSV file (.parquet, .csv)")
+            raise PipelineError(f"input {root}: expected a Parquet or CSV file (.parquet, .csv, .csv.gz, .csv.bz2)")
         return InputFiles(root, kind, [root])
     found: dict[str, list[Path]] = {kind: [] for kind in FORMATS.values()}
     skipped: list[Path] = []
     for file in sorted(p for p in root.rglob("*") if p.is_file()):
         if any(part.startswith(("_", ".")) for part in file.relative_to(root).parts):
             continue
-        kind = FORMATS.get(file.suffix)
+        kind = format_of(file)
         (found[kind] if kind is not None else skipped).append(file)
     if found["csv"] and found["parquet"]:
         raise PipelineError(
@@ -68,7 +78,36 @@ def list_input(path: str | os.PathLike[str]) -> InputFiles:
     for kind, files in found.items():
         if files:
             return InputFiles(root, kind, files, skipped)
-    raise PipelineError(f"input {root}: expected Parquet or CSV files (.parquet, .csv), found none")
+    raise PipelineError(f"input {root}: expected Parquet or CSV files (.parquet, .csv, .csv.gz, .csv.bz2), found none")
+
+
+def format_of(file: Path) -> str | None:
+    """The format of ``file`` by its name (None: neither). Suffixes match in any case, as users name
+    files (``.CSV``); a CSV compressed other than by gzip or bzip2 is refused (:class:`PipelineError`)
+    rather than skipped."""
+    suffixes = [s.lower() for s in file.suffixes]
+    if not suffixes:
+        return None
+    if suffixes[-1] in FORMATS:
+        return FORMATS[suffixes[-1]]
+    if len(suffixes) >= 2 and suffixes[-2] == ".csv":
+        if suffixes[-1] in CSV_COMPRESSIONS:
+            return "csv"
+        if suffixes[-1] in OTHER_COMPRESSIONS:
+            raise PipelineError(
+                f"{file}: CSV compressed as {file.suffix} is not read; decompress it, or compress it with gzip or bzip2"
+            )
+    return None
+
+
+def _open_csv(file: Path) -> BinaryIO:
+    """``file``'s bytes, decompressed when its name says gzip or bzip2."""
+    suffix = file.suffix.lower()
+    if suffix == ".gz":
+        return cast("BinaryIO", gzip.GzipFile(file, "rb"))
+    if suffix == ".bz2":
+        return cast("BinaryIO", bz2.BZ2File(file, "rb"))
+    return open(file, "rb")
 
 
 def csv_headers(files: InputFiles) -> dict[tuple[str, ...], list[Path]]:
@@ -76,21 +115,78 @@ def csv_headers(files: InputFiles) -> dict[tuple[str, ...], list[Path]]:
 
     Raises :class:`PipelineError` naming the first file with bytes that are not UTF-8, how many of its
     lines hold such bytes and the first of them: Spark would turn them into U+FFFD, and two keys that
-    differ only there would become one. Reads each file once, on this machine."""
+    differ only there would become one. Also raises it for a header naming one column twice (in any
+    case, as Spark compares names), which Spark would rename (``v,v`` to ``v1,v2``), and for input
+    without any header row. Reads each file once, on this machine."""
     groups: dict[tuple[str, ...], list[Path]] = {}
     for file in files.files:
-        _check_utf8(file)
-        with open(file, encoding="utf-8-sig", newline="") as f:
-            header = next(csv.reader(f), None)
+        try:
+            _check_utf8(file)
+            with _open_csv(file) as raw, io.TextIOWrapper(raw, encoding="utf-8-sig", newline="") as f:
+                header = next(csv.reader(f), None)
+        except (OSError, EOFError) as exc:
+            # A truncated or mislabelled .gz/.bz2 file.
+            raise PipelineError(f"{file}: cannot be read: {exc}") from None
         if header is not None:
+            _check_header(file, header)
             groups.setdefault(tuple(header), []).append(file)
+    if not groups:
+        raise PipelineError(f"input {files.path}: no CSV file has a header row (the first row names the columns)")
     return groups
+
+
+def _check_header(file: Path, header: list[str]) -> None:
+    seen: dict[str, str] = {}
+    for i, given in enumerate(header):
+        name = given or f"_c{i}"  # as Spark names a column without a name
+        folded = name.lower()
+        if folded in seen:
+            twice = repr(name) if seen[folded] == name else f"{seen[folded]!r} and {name!r}"
+            raise PipelineError(
+                f"{file}: the header names column {twice} twice (Spark would rename them); give each column its "
+                "own name"
+            )
+        seen[folded] = name
+
+
+def csv_columns(headers: dict[tuple[str, ...], list[Path]]) -> list[str]:
+    """The columns Spark will read from CSV files of these ``headers`` (an empty name is ``_c<i>``,
+    as Spark names it), in first-seen order, without starting Spark."""
+    columns: dict[str, None] = {}
+    for header in headers:
+        for i, name in enumerate(header):
+            columns.setdefault(name or f"_c{i}", None)
+    return list(columns)
+
+
+def known_columns(files: InputFiles, headers: dict[tuple[str, ...], list[Path]] | None) -> list[str]:
+    """The columns of the input as far as they can be told without Spark: CSV headers (:func:`csv_headers`)
+    or Parquet schemas (each file's footer), plus the ``key=value`` directories Spark reads as columns."""
+    if headers is not None:
+        columns = csv_columns(headers)
+    else:
+        import pyarrow.parquet as pq
+
+        found: dict[str, None] = {}
+        for file in files.files:
+            try:
+                names = pq.read_schema(file).names
+            except Exception as exc:
+                raise PipelineError(f"{file}: not a Parquet file Spark could read: {exc}") from None
+            found.update(dict.fromkeys(names))
+        columns = list(found)
+    if files.path.is_dir():
+        for file in files.files:
+            for part in file.relative_to(files.path).parts[:-1]:
+                if "=" in part:
+                    columns.append(part.split("=", 1)[0])
+    return list(dict.fromkeys(columns))
 
 
 def _check_utf8(file: Path) -> None:
     decoder = codecs.getincrementaldecoder("utf-8")()
     try:
-        with open(file, "rb") as f:
+        with _open_csv(file) as f:
             while chunk := f.read(_CHUNK):
                 decoder.decode(chunk)
             decoder.decode(b"", final=True)
@@ -98,7 +194,7 @@ def _check_utf8(file: Path) -> None:
     except UnicodeDecodeError:
         pass
     bad, first = 0, 0
-    with open(file, "rb") as f:
+    with _open_csv(file) as f:
         for number, line in enumerate(f, 1):
             try:
                 line.decode("utf-8")
@@ -118,7 +214,8 @@ def read_input(
     Parquet files are read with ``mergeSchema`` (a column only a later file has is kept; types that
     cannot merge are Spark's error). CSV files are read with RFC 4180 options, one read per distinct
     header (``headers``: :func:`csv_headers`, computed here when not given), joined by column name; a
-    column some files lack is null in their rows."""
+    column some files lack is null in their rows. Parquet strings (nested ones too) are checked to be
+    UTF-8 (:func:`check_parquet_utf8`, one Spark pass over the string columns)."""
     from functools import reduce
 
     # The files are named one by one, as list_input found them (subdirectories included): given the
@@ -129,10 +226,80 @@ def read_input(
         reader = spark.read.option("mergeSchema", "true")
         if files.path.is_dir():
             reader = reader.option("basePath", root)  # partition directories (key=value) still give columns
-        return reader.parquet(*[str(p.absolute()) for p in files.files])
+        df = reader.parquet(*[str(p.absolute()) for p in files.files])
+        check_parquet_utf8(df)
+        return df
     groups = headers if headers is not None else csv_headers(files)
     reader = spark.read.options(**CSV_OPTIONS)
     if files.path.is_dir():
         reader = reader.option("basePath", root)
     frames = [reader.csv([str(p.absolute()) for p in group]) for group in groups.values()]
     return reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), frames)
+
+
+def check_parquet_utf8(df: DataFrame) -> None:
+    """Raise :class:`PipelineError` if a string of ``df`` (read from Parquet) holds bytes that are not
+    UTF-8, naming how many rows, and the first one's file, row in its file and column.
+
+    Parquet stores strings as bytes and Spark does not check them: Python receives each bad byte as
+    U+FFFD, so keys that differ only there became one job, and the rest were lost as duplicates."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import ArrayType, DataType, MapType, StringType, StructType
+
+    from conveyor.pipeline._keys import col
+
+    def has_strings(kind: DataType) -> bool:
+        if isinstance(kind, StructType):
+            return any(has_strings(f.dataType) for f in kind.fields)
+        if isinstance(kind, ArrayType):
+            return has_strings(kind.elementType)
+        if isinstance(kind, MapType):
+            return has_strings(kind.keyType) or has_strings(kind.valueType)
+        return isinstance(kind, StringType)
+
+    def bad(column: Any, kind: DataType) -> Any:
+        """An expression true when ``column`` (of a type that has strings) holds one that is not UTF-8."""
+        if isinstance(kind, StringType):
+            return ~F.is_valid_utf8(column)
+        if isinstance(kind, StructType):
+            return _any([bad(column[f.name], f.dataType) for f in kind.fields if has_strings(f.dataType)])
+        if isinstance(kind, ArrayType):
+            return F.exists(column, lambda x: bad(x, kind.elementType))
+        assert isinstance(kind, MapType)
+        parts = []
+        if has_strings(kind.keyType):
+            parts.append(F.exists(F.map_keys(column), lambda x: bad(x, kind.keyType)))
+        if has_strings(kind.valueType):
+            parts.append(F.exists(F.map_values(column), lambda x: bad(x, kind.valueType)))
+        return _any(parts)
+
+    checks = [(f.name, bad(col(f.name), f.dataType)) for f in df.schema.fields if has_strings(f.dataType)]
+    if not checks:
+        return
+    # A null test (a null string is no bad string) keeps the expressions three-valued-logic safe.
+    which = F.coalesce(*[F.when(F.coalesce(check, F.lit(False)), F.lit(name)) for name, check in checks])
+    found = (
+        df.select(
+            which.alias("column"),
+            F.col("_metadata.file_path").alias("file"),
+            F.col("_metadata.row_index").alias("row"),
+        )
+        .where(F.col("column").isNotNull())
+        .agg(F.count(F.lit(1)).alias("n"), F.min(F.struct("file", "row", "column")).alias("first"))
+        .collect()[0]
+    )
+    if found["n"]:
+        first = found["first"]
+        from urllib.parse import unquote, urlparse
+
+        raise PipelineError(
+            f"{unquote(urlparse(first['file']).path)}: {found['n']:,} rows hold strings that are not UTF-8 "
+            f"(the first: row {first['row'] + 1} of that file, column {first['column']!r}); nothing was read. "
+            "Write them as UTF-8, or as binary columns"
+        )
+
+
+def _any(parts: list[Any]) -> Any:
+    from functools import reduce
+
+    return reduce(lambda a, b: a | b, parts)

@@ -400,16 +400,20 @@ def reconcile(
         from conveyor.pipeline.export import check_database
 
         check_database(database_url)
+    biz_input = None
     if not business.startswith("jdbc:"):
-        from conveyor.pipeline._input import list_input
+        from conveyor.pipeline.reconcile import check_business
 
-        _print_skipped(list_input(business))
+        # Listed, CSV checked (UTF-8, headers) and the columns named found, before Spark starts.
+        biz_input = check_business(business, key_column, status_column, payload_columns)
+        _print_skipped(biz_input[0])
     spark = _session(master, jdbc_jars(business) if business.startswith("jdbc:") else [])
+    from conveyor.pipeline._input import read_input
     from conveyor.pipeline._progress import RichStages
 
     with RichStages(spark, console).stage("reconciling"):
         result = run_reconcile(
-            business,
+            business if biz_input is None else read_input(spark, *biz_input),
             key_column,
             status_column,
             database_url,
@@ -472,19 +476,21 @@ def enqueue(
     master: str | None,
 ) -> None:
     """Enqueue one job per input row from the Spark executors; re-runs and task retries enqueue nothing twice."""
-    from conveyor.pipeline._input import csv_headers, list_input, read_input
+    from conveyor.pipeline._input import csv_headers, known_columns, list_input, read_input
     from conveyor.pipeline._progress import RichStages
-    from conveyor.pipeline.enqueue import check_target, enqueue_dataframe
+    from conveyor.pipeline.enqueue import check_columns, check_target, enqueue_dataframe
 
     url, _ = _resolve_db(ctx, db)
     if not Path(input_path).exists():
         raise click.UsageError(f"--input {input_path}: no such file or directory")
     # Everything that can be checked without Spark is checked first: starting it takes seconds.
     check_target(url, queue, task)
-    # The files are listed and CSV checked (UTF-8, headers) before Spark starts: that takes seconds.
+    # The files are listed, CSV checked (UTF-8, headers) and the columns named checked against the
+    # headers or Parquet schemas before Spark starts: that takes seconds.
     files = list_input(input_path)
     _print_skipped(files)
     headers = csv_headers(files) if files.format == "csv" else None
+    check_columns(known_columns(files, headers), key_column, payload_columns)
     spark = _session(master)
     df = read_input(spark, files, headers)
     with RichStages(spark, console).stage(f"enqueueing onto {queue}"):

@@ -99,12 +99,8 @@ def enqueue_dataframe(
         raise PipelineError(f"batch_size must be positive, got {batch_size}")
     check_target(database_url, queue, task)
     columns = list(df.columns)
-    if key_column is not None and key_column not in columns:
-        raise PipelineError(f"key column {key_column!r} is not in the input (columns: {', '.join(columns)})")
+    check_columns(columns, key_column, payload_columns)
     payload_cols = list(payload_columns) if payload_columns is not None else columns
-    missing = [c for c in payload_cols if c not in columns]
-    if missing:
-        raise PipelineError(f"payload columns not in the input: {', '.join(missing)}")
     if key_column is not None:
         keyless = df.where(key_column_text(df, key_column).isNull()).count()
         if keyless:
@@ -181,6 +177,16 @@ def check_target(database_url: str, queue: str, task: str) -> None:
         raise PipelineError("--db memory:// cannot be reached from Spark executors; use sqlite or postgresql")
     check_database(database_url)
     _opened(open_backend, database_url).close()
+
+
+def check_columns(columns: Sequence[str], key_column: str | None, payload_columns: Sequence[str] | None) -> None:
+    """Raise :class:`PipelineError` if ``key_column`` or one of ``payload_columns`` is not in ``columns``
+    (the command checks the input's header or schema with it before Spark starts)."""
+    if key_column is not None and key_column not in columns:
+        raise PipelineError(f"key column {key_column!r} is not in the input (columns: {', '.join(columns)})")
+    missing = [c for c in payload_columns or () if c not in columns]
+    if missing:
+        raise PipelineError(f"payload columns not in the input: {', '.join(missing)}")
 
 
 def _check_rows(

@@ -44,6 +44,8 @@ from conveyor.pipeline.report import load_jobs
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
+    from conveyor.pipeline._input import InputFiles
+
 CLASSES: tuple[str, ...] = ("ok", "lost", "stuck", "dead", "done_not_recorded")
 #: The class of a record without a usable key: counted apart from CLASSES, never requeued.
 NO_KEY = "no_key"
@@ -140,16 +142,24 @@ def reconcile(
         raise PipelineError("--requeue-lost needs --db, --queue and --task")
     slas = parse_sla(sla)
     default_us = sla_micros(default_sla, "default SLA")
+    # Files are checked before Spark starts (it takes seconds): listed, CSV read as UTF-8 with its
+    # header, and the columns named found in the headers or Parquet schemas.
+    files = None
+    if isinstance(business, str | os.PathLike) and not os.fspath(business).startswith("jdbc:"):
+        files = check_business(business, key_column, status_column, payload_columns)
     if spark is None:
         from conveyor.pipeline.spark import get_session, jdbc_jars
 
         jars = jdbc_jars(os.fspath(business)) if isinstance(business, str) else []
         spark = get_session(master, jars=jars)
     # The business table is read before the queue snapshot so that a bad path fails fast.
-    biz = load_business(spark, business, business_table)
-    for column in (key_column, status_column, *payload_columns):
-        if column not in biz.columns:
-            raise PipelineError(f"column {column!r} is not in the business table (columns: {', '.join(biz.columns)})")
+    if files is not None:
+        from conveyor.pipeline._input import read_input
+
+        biz = read_input(spark, *files)
+    else:
+        biz = load_business(spark, business, business_table)
+    _check_columns(biz.columns, key_column, status_column, payload_columns)
 
     with tempfile.TemporaryDirectory(prefix="conveyor-reconcile-") as tmp:
         jobs, snapshot_at = _queue_state(spark, database_url, export_dir, Path(tmp))
@@ -179,6 +189,26 @@ def reconcile(
         finally:
             classified.unpersist()
     return ReconcileResult(counts, snapshot_at, out, requeued, already, lost_keys, no_key)
+
+
+def check_business(
+    business: str | os.PathLike[str], key_column: str, status_column: str, payload_columns: Sequence[str] = ()
+) -> tuple[InputFiles, dict[tuple[str, ...], list[Path]] | None]:
+    """The files of a business table path and their CSV headers (None for Parquet), checked without
+    Spark: listed, CSV read as UTF-8 with its header, and the columns named found. Raises
+    :class:`PipelineError`."""
+    from conveyor.pipeline._input import csv_headers, known_columns, list_input
+
+    files = list_input(business)
+    headers = csv_headers(files) if files.format == "csv" else None
+    _check_columns(known_columns(files, headers), key_column, status_column, payload_columns)
+    return files, headers
+
+
+def _check_columns(columns: Sequence[str], key_column: str, status_column: str, payload_columns: Sequence[str]) -> None:
+    for column in (key_column, status_column, *payload_columns):
+        if column not in columns:
+            raise PipelineError(f"column {column!r} is not in the business table (columns: {', '.join(columns)})")
 
 
 def _queue_state(
