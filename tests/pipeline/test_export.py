@@ -326,3 +326,43 @@ def test_auto_reads_over_jdbc_only_where_it_runs_and_pays(
     finally:
         sqlite.close()
     assert export(sqlite_url, tmp_path / "sqlite", now=DAY1 + timedelta(minutes=1)).via == "seam"
+
+
+def test_a_job_that_finished_far_in_the_future_refuses_the_export(
+    backend: Backend, database_url: str, tmp_path: Path
+) -> None:
+    # Before: a job stamped 2999 (a worker's clock, or raw SQL) stayed behind the settle cutoff on every
+    # run: each export ended fine and the job was in none of them. Exported, it would move the
+    # watermark past every real job after it; so the export refuses, naming it.
+    out = tmp_path / "export"
+    insert(backend, "q", 2, DAY1)
+    finish(backend, "q", 1, DAY1 + timedelta(seconds=10))
+    late = datetime(2999, 1, 1, tzinfo=UTC)
+    finish(backend, "q", 1, late)
+    with pytest.raises(PipelineError, match=r"1 archived jobs finished more than a day after now .*2999-01-01") as err:
+        export(database_url, out, now=DAY2)
+    assert "nothing was exported" in str(err.value)
+    assert read_watermark(out).run == 0 and not list(out.rglob("*.parquet"))
+    # A clock a few hours ahead is skew, not an error: that row waits for a later run, as before.
+    assert export(database_url, tmp_path / "other", now=late - timedelta(hours=3)).archive_rows == 1
+
+
+def test_the_empty_queue_name_is_exported_and_reported(spark: SparkSession, sqlite_url: str, tmp_path: Path) -> None:
+    # Before: the export wrote a "queue=" directory, which Spark refuses to read, so the report failed.
+    from conveyor.pipeline import report
+
+    backend = open_backend(sqlite_url)
+    backend.migrate()
+    try:
+        insert(backend, "", 2, DAY1)  # only raw SQL stores such a queue; the seam takes it as it is
+        insert(backend, "q", 1, DAY1)
+        finish(backend, "", 2, DAY1 + timedelta(seconds=1))
+        finish(backend, "q", 1, DAY1 + timedelta(seconds=1))
+    finally:
+        backend.close()
+    out = tmp_path / "export"
+    assert export(sqlite_url, out, now=DAY2).archive_rows == 3
+    assert sorted(exported(out).column("queue").to_pylist(), key=str) == [None, None, "q"]
+    result = report(out, tmp_path / "report", spark=spark)
+    assert result.summary["queues"][""]["jobs"] == 2 and result.summary["queues"]["q"]["jobs"] == 1
+    assert '<td class="t">(empty)</td>' in (tmp_path / "report" / "report.html").read_text()

@@ -52,6 +52,16 @@ def table_html(
     return f"<table><tr>{head}</tr>{''.join(body)}</table>{more}"
 
 
+def queue_label(queue: Any) -> Any:
+    """A queue name for display: the empty name (only raw SQL can store it) as :data:`EMPTY_QUEUE_LABEL`,
+    which would otherwise be a blank cell, a blank chart label and a blank row in the command's table."""
+    return EMPTY_QUEUE_LABEL if queue == "" else queue
+
+
+#: How the queue named '' is shown.
+EMPTY_QUEUE_LABEL = "(empty)"
+
+
 def render_report(
     summary: Mapping[str, Any],
     tables: Mapping[str, Sequence[Mapping[str, Any]]],
@@ -62,7 +72,13 @@ def render_report(
 
     ``tables`` holds the head of each long table (``latency``, ``outcomes``, ``failures``,
     ``poison``) and every per-queue row (``latency_by_queue``, ``outcomes_by_queue``, ``sla``,
-    ``capacity``); ``totals`` is each table's whole row count."""
+    ``capacity``); ``totals`` is each table's whole row count. The queue named '' (raw SQL can store
+    one) is shown as :data:`EMPTY_QUEUE_LABEL`."""
+    tables = {
+        name: [{**r, "queue": queue_label(r["queue"])} if "queue" in r else r for r in rows]
+        for name, rows in tables.items()
+    }
+    charts = {name: {queue_label(q): points for q, points in series.items()} for name, series in charts.items()}
     latency_q = tables["latency_by_queue"]
     queues = [str(r["queue"]) for r in latency_q]
     parts = [

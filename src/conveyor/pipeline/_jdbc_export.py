@@ -230,7 +230,9 @@ def partition_dir(date: str, queue: str) -> str:
     import pyarrow.dataset as ds
 
     part = ds.partitioning(pa.schema([pa.field("date", pa.string()), pa.field("queue", pa.string())]), flavor="hive")
-    directory: str = part.format((pc.field("date") == date) & (pc.field("queue") == queue))[0]
+    # The empty queue name is a null partition value there (Spark cannot read a "queue=" directory).
+    queue_is = pc.field("queue").is_null() if queue == "" else pc.field("queue") == queue
+    directory: str = part.format((pc.field("date") == date) & queue_is)[0]
     return directory
 
 

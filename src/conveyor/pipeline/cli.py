@@ -285,6 +285,7 @@ def report(
     master: str | None,
 ) -> None:
     """Throughput, depth, latency, SLA, failures and a capacity plan, as Parquet tables and report.html."""
+    from conveyor.pipeline._html import queue_label
     from conveyor.pipeline._outdir import claim_dir
     from conveyor.pipeline._progress import RichStages
     from conveyor.pipeline.export import input_paths
@@ -312,7 +313,7 @@ def report(
     table.columns.insert(0, Column("queue", overflow="fold"))
     for queue, q in result.summary["queues"].items():
         table.add_row(
-            shown(queue),
+            shown(queue_label(queue)),
             f"{q.get('jobs', 0):,}",
             f"{q.get('dead', 0):,}",
             _num(q.get("wait_p95_s")),

@@ -248,6 +248,10 @@ MAX_CHUNK_ROWS = 100_000_000
 MAX_JDBC_PARTITIONS = 10_000
 #: The longest settling time taken: a day.
 MAX_SETTLE_SECONDS = 86_400.0
+#: An archived job that finished further than this after the export's "now" refuses the export: no
+#: clock skew is that large, and the export could never place the row (see _refuse_far_future).
+FUTURE_LIMIT = timedelta(seconds=MAX_SETTLE_SECONDS)
+_FUTURE_SHOWN = 1000
 
 
 def check_database(database_url: str) -> None:
@@ -389,7 +393,11 @@ class _Columns:
         table = pa.Table.from_arrays(arrays, schema=schema)
         date = pc.strftime(table[partition_time], format="%Y-%m-%d")
         table = table.append_column("date", date.cast(pa.string()))
-        return table.append_column("queue", pa.array(self.data["queue"], type=pa.string()))
+        # An empty queue name (raw SQL can store one) is written as a null partition value, which
+        # pyarrow and Spark name __HIVE_DEFAULT_PARTITION__: Spark refuses to read a "queue="
+        # directory. load_jobs reads the null back as "".
+        queues = [q if q else None for q in self.data["queue"]]
+        return table.append_column("queue", pa.array(queues, type=pa.string()))
 
 
 def _archive_pages(
@@ -426,6 +434,7 @@ class _Exporter:
         self.via = "seam"
 
     def run(self, include_live: bool, now: datetime, settle_seconds: float) -> ExportResult:
+        self._refuse_far_future(now)
         committed = read_watermark(self.out)
         run = committed.run + 1
         self._discard_uncommitted(committed.run)
@@ -460,6 +469,24 @@ class _Exporter:
         _write_json_atomic(self.out / WATERMARK_FILE, watermark.to_json())
         shutil.rmtree(self.out / _STAGING_DIR, ignore_errors=True)
         return ExportResult(self.out, run, read, live_rows, files, watermark, self.via)
+
+    def _refuse_far_future(self, now: datetime) -> None:
+        """Raise :class:`PipelineError` if an archived job finished more than :data:`FUTURE_LIMIT` after
+        ``now`` (a worker's clock years ahead, or raw SQL). Read in ``(finished_at, id)`` order behind a
+        watermark, such a row would be left for a later run until that time, and every run would end
+        without a word about it; exported now, the watermark would pass every real row after it."""
+        last = UUID(int=(1 << 128) - 1)  # after (limit, the greatest id): finished_at > limit
+        future = self.backend.archive_read(ArchiveReadParams(after=(now + FUTURE_LIMIT, last), limit=_FUTURE_SHOWN))
+        if not future:
+            return
+        first = future[0]
+        assert first.finished_at is not None
+        count = f"{len(future):,}" if len(future) < _FUTURE_SHOWN else f"{_FUTURE_SHOWN:,} or more"
+        raise PipelineError(
+            f"{count} archived jobs finished more than a day after now (the first: job {first.id} of queue "
+            f"{first.queue!r}, finished_at {first.finished_at.isoformat()}); the export, in finished_at order, "
+            "cannot place them, so nothing was exported: correct their finished_at in the archive and run it again"
+        )
 
     def _read_archive(
         self, target: Path, run: int, after: tuple[datetime, UUID] | None, cutoff: datetime, now: datetime

@@ -153,6 +153,13 @@ def load_jobs(spark: SparkSession, input_dir: str | os.PathLike[str], allow_empt
     if allow_empty and Path(input_dir).is_dir() and not any(Path(input_dir).rglob("*.parquet")):
         return spark.createDataFrame([], schema)
     archive, live = input_paths(input_dir)
+    empty = next((p for base in (archive, live) if base is not None for p in base.glob("*/queue=")), None)
+    if empty is not None:
+        # Exports before the empty queue name was written as a null partition value named it so.
+        raise PipelineError(
+            f"{empty}: Spark cannot read a partition directory without a value; rename it to "
+            f"{empty.name}__HIVE_DEFAULT_PARTITION__ (the queue named '')"
+        )
     frames = []
     if any(archive.rglob("*.parquet")):
         frames.append(spark.read.schema(schema).option("basePath", str(archive)).parquet(str(archive)))
@@ -161,15 +168,16 @@ def load_jobs(spark: SparkSession, input_dir: str | os.PathLike[str], allow_empt
     df = frames[0]
     for other in frames[1:]:
         df = df.unionByName(other)
-    if _has_encoded_bytes(archive, live):
-        from pyspark.sql import functions as F
+    from pyspark.sql import functions as F
 
+    if _has_encoded_bytes(archive, live):
         # The export names partition directories as pyarrow does: a queue's UTF-8 bytes outside
         # ASCII as %XX (queue=%C3%A9mails). Spark decodes each %XX to the character of that code,
         # so "émails" would read as "Ã©mails"; encoding those characters back to bytes and decoding
         # them as UTF-8 restores the name (ASCII names are unchanged).
         df = df.withColumn("queue", F.decode(F.encode(F.col("queue"), "ISO-8859-1"), "UTF-8"))
-    return df
+    # The export writes the empty queue name as a null partition value (see export._Columns.table).
+    return df.withColumn("queue", F.coalesce(F.col("queue"), F.lit("")))
 
 
 def _has_encoded_bytes(*bases: Path | None) -> bool:
