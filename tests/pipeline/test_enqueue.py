@@ -404,4 +404,15 @@ def test_parquet_strings_that_are_not_utf8_refuse_the_run(spark: SparkSession, s
     assert (
         code == 1 and "1 rows hold strings that are not UTF-8 (the first: row 2 of that file, column 'meta')" in output
     )
+    # A column named _metadata hides Spark's file metadata: the error still names the column.
+    pq.write_table(pa.table({"_metadata": strings(b"\xff")}), tmp_path / "meta.parquet")
+    code, output = enqueue_command(sqlite_url, tmp_path / "meta.parquet")
+    assert code == 1 and "1 rows hold strings that are not UTF-8 (the first: column '_metadata')" in output, output
     assert not Path(sqlite_url.removeprefix("sqlite:///")).exists() or payloads(sqlite_url) == {}
+
+
+def test_csv_input_without_a_header_row_is_one_line(sqlite_url: str, tmp_path: Path) -> None:
+    # Before: a TypeError traceback (no file had a header, so there was no frame to join).
+    (tmp_path / "empty.csv").write_bytes(b"")
+    code, output = enqueue_command(sqlite_url, tmp_path / "empty.csv")
+    assert code == 1 and "no CSV file has a header row" in output and "Traceback" not in output, output

@@ -278,11 +278,13 @@ def check_parquet_utf8(df: DataFrame) -> None:
         return
     # A null test (a null string is no bad string) keeps the expressions three-valued-logic safe.
     which = F.coalesce(*[F.when(F.coalesce(check, F.lit(False)), F.lit(name)) for name, check in checks])
+    # A data column named _metadata hides Spark's file metadata: the error then names no file or row.
+    hidden = "_metadata" in df.columns
     found = (
         df.select(
             which.alias("column"),
-            F.col("_metadata.file_path").alias("file"),
-            F.col("_metadata.row_index").alias("row"),
+            (F.lit(None).cast("string") if hidden else F.col("_metadata.file_path")).alias("file"),
+            (F.lit(None).cast("long") if hidden else F.col("_metadata.row_index")).alias("row"),
         )
         .where(F.col("column").isNotNull())
         .agg(F.count(F.lit(1)).alias("n"), F.min(F.struct("file", "row", "column")).alias("first"))
@@ -292,10 +294,11 @@ def check_parquet_utf8(df: DataFrame) -> None:
         first = found["first"]
         from urllib.parse import unquote, urlparse
 
+        where = "the input" if first["file"] is None else unquote(urlparse(first["file"]).path)
+        row = "" if first["row"] is None else f"row {first['row'] + 1} of that file, "
         raise PipelineError(
-            f"{unquote(urlparse(first['file']).path)}: {found['n']:,} rows hold strings that are not UTF-8 "
-            f"(the first: row {first['row'] + 1} of that file, column {first['column']!r}); nothing was read. "
-            "Write them as UTF-8, or as binary columns"
+            f"{where}: {found['n']:,} rows hold strings that are not UTF-8 (the first: {row}column "
+            f"{first['column']!r}); nothing was read. Write them as UTF-8, or as binary columns"
         )
 
 
