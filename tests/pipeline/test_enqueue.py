@@ -338,6 +338,11 @@ def test_a_csv_header_naming_a_column_twice_is_refused_before_spark_starts(sqlit
         assert code == 1 and "Traceback" not in output, output
         assert f"in.csv: the header names column {named}" in output, output
         assert "starting Spark" not in output
+    # Parquet: Spark refused it, but after starting, in its own words and naming no file.
+    pq.write_table(pa.table([pa.array(["a"]), pa.array(["b"])], names=["k", "K"]), tmp_path / "in.parquet")
+    code, output = enqueue_command(sqlite_url, tmp_path / "in.parquet", "--key-column", "k")
+    assert code == 1 and "in.parquet: the schema names column 'k' and 'K' twice" in output, output
+    assert "starting Spark" not in output
     assert not Path(sqlite_url.removeprefix("sqlite:///")).exists() or payloads(sqlite_url) == {}
 
 

@@ -136,6 +136,7 @@ def csv_headers(files: InputFiles) -> dict[tuple[str, ...], list[Path]]:
 
 
 def _check_header(file: Path, header: list[str]) -> None:
+    what = "schema" if file.suffix.lower() == ".parquet" else "header"
     seen: dict[str, str] = {}
     for i, given in enumerate(header):
         name = given or f"_c{i}"  # as Spark names a column without a name
@@ -143,8 +144,8 @@ def _check_header(file: Path, header: list[str]) -> None:
         if folded in seen:
             twice = repr(name) if seen[folded] == name else f"{seen[folded]!r} and {name!r}"
             raise PipelineError(
-                f"{file}: the header names column {twice} twice (Spark would rename them); give each column its "
-                "own name"
+                f"{file}: the {what} names column {twice} twice (Spark compares names in any case); give each "
+                "column its own name"
             )
         seen[folded] = name
 
@@ -173,6 +174,7 @@ def known_columns(files: InputFiles, headers: dict[tuple[str, ...], list[Path]] 
                 names = pq.read_schema(file).names
             except Exception as exc:
                 raise PipelineError(f"{file}: not a Parquet file Spark could read: {exc}") from None
+            _check_header(file, names)  # Spark refuses them too, but after starting and naming no file
             found.update(dict.fromkeys(names))
         columns = list(found)
     if files.path.is_dir():
