@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import dataclasses
 import importlib
 import logging
@@ -11,13 +12,16 @@ import multiprocessing.process
 import os
 import signal
 import sys
+import threading
 import time
+from collections.abc import MutableSequence
 
 from conveyor._app import App
 from conveyor._errors import EXIT_DAMAGED, ConfigurationError, ConveyorError, exit_code, first_line
 from conveyor.backends import check_url
 from conveyor.worker import _cpu
 from conveyor.worker._config import WorkerConfig
+from conveyor.worker._observe import Observer
 from conveyor.worker._worker import Worker
 
 log = logging.getLogger("conveyor.worker")
@@ -25,6 +29,23 @@ log = logging.getLogger("conveyor.worker")
 #: A child's exit code when its configuration cannot work (sysexits' EX_CONFIG): the supervisor stops
 #: rather than restart it.
 EXIT_CONFIG = 78
+
+#: A worker process that died soon after it started is restarted after a delay that doubles with each
+#: such death in a row, from the first to the cap (a database that refuses it, an import that fails only
+#: in children: no tight loop of restarts).
+RESTART_DELAY_FIRST = 0.1
+RESTART_DELAY_CAP = 10.0
+#: A worker process that ran this long (seconds) before it died is restarted at once, and its slot's
+#: count of quick deaths starts again: its death says nothing about the next start.
+RAN_A_WHILE = 10.0
+#: A slot whose worker processes died this many times in a row before their worker was up (its first
+#: acquire answered) and within ``RAN_A_WHILE`` of their start: the supervisor gives up, stops the
+#: others and exits 1. A process that was up and then died (a handler that kills it: poison protection
+#: dead-letters that job) never counts, however soon it died.
+FAILED_STARTS_LIMIT = 5
+
+# prctl(2): the signal a process gets when the thread that created it exits.
+_PR_SET_PDEATHSIG = 1
 
 
 def load_app(path: str) -> App:
@@ -63,7 +84,13 @@ def _where(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {message}{at}" if message else f"{type(exc).__name__}{at}"
 
 
-def run_worker(app_path: str, database_url: str | None, config: WorkerConfig, child: bool = False) -> int:
+def run_worker(
+    app_path: str,
+    database_url: str | None,
+    config: WorkerConfig,
+    child: bool = False,
+    observer: Observer | None = None,
+) -> int:
     """Load the app and run one Worker in this process until it stops; return its exit code."""
     if child:
         # The supervisor owns SIGINT (a terminal's Ctrl-C reaches the whole process group); a child
@@ -72,7 +99,7 @@ def run_worker(app_path: str, database_url: str | None, config: WorkerConfig, ch
     app = load_app(app_path)
     if database_url:
         app.database_url = database_url
-    worker = Worker(app, config=config)
+    worker = Worker(app, config=config, observer=observer)
     try:
         return worker.run_sync(signals=(signal.SIGTERM,) if child else (signal.SIGTERM, signal.SIGINT))
     finally:
@@ -87,13 +114,35 @@ def _log_config() -> tuple[int, str | None]:
     return root.level, formatter._fmt if formatter is not None else None
 
 
+class _Up(Observer):
+    """Marks a worker process up, in memory its supervisor reads, once its first acquire is answered:
+    then its app imported, its database answered and its loops run."""
+
+    def __init__(self, flags: MutableSequence[int], index: int) -> None:
+        self.flags = flags
+        self.index = index
+        self.up = False
+
+    def fetched(self, queue: str, deliveries: int) -> None:
+        if not self.up:
+            self.up = True
+            self.flags[self.index] = 1
+
+
 def _child_main(
-    app_path: str, database_url: str | None, config: WorkerConfig, log_config: tuple[int, str | None]
+    app_path: str,
+    database_url: str | None,
+    config: WorkerConfig,
+    log_config: tuple[int, str | None],
+    supervisor: int,
+    up: MutableSequence[int],
+    index: int,
 ) -> None:
     level, fmt = log_config
     logging.basicConfig(level=level, format=fmt or logging.BASIC_FORMAT)
+    _follow(supervisor)
     try:
-        code = run_worker(app_path, database_url, config, child=True)
+        code = run_worker(app_path, database_url, config, child=True, observer=_Up(up, index))
     except ConveyorError as exc:
         # Before its loops started (the schema check, its metrics port): one line, as the CLI prints it.
         # Its own options that cannot work, or a damaged database: a restart would fail the same way.
@@ -102,14 +151,106 @@ def _child_main(
     sys.exit(code)
 
 
+def _follow(supervisor: int) -> None:
+    """Stop this worker process as SIGTERM does (in-flight jobs finish, buffered ones go back) when its
+    supervisor dies: an orphan would lease jobs for ever with no one left to stop it. Linux: the kernel
+    sends the SIGTERM (``PR_SET_PDEATHSIG``); elsewhere a thread polls the parent's pid every second."""
+    if sys.platform == "linux" and _set_parent_death_signal(signal.SIGTERM):
+        # The supervisor may have died between this process's fork and the call: it then has another
+        # parent already, and no death is left to signal it.
+        if os.getppid() != supervisor:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return
+    threading.Thread(target=_poll_parent, args=(supervisor,), name="conveyor-supervisor-watch", daemon=True).start()
+
+
+def _set_parent_death_signal(sig: signal.Signals) -> bool:
+    """Have the kernel send ``sig`` when the thread that started this process exits (the supervisor
+    starts its children from its main thread, so: when the supervisor exits). False if it cannot."""
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return False
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    prctl.restype = ctypes.c_int
+    return bool(prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0)
+
+
+def _poll_parent(supervisor: int, interval: float = 1.0) -> None:
+    while os.getppid() == supervisor:
+        time.sleep(interval)
+    log.warning("the worker supervisor (pid %d) is gone; stopping", supervisor)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _how(code: int | None) -> str:
+    """How a process ended, for a log line: ``exit code 3``, ``signal SIGKILL``."""
+    if code is None or code >= 0:
+        return f"exit code {code}"
+    try:
+        return f"signal {signal.Signals(-code).name}"
+    except ValueError:
+        return f"signal {-code}"
+
+
+@dataclasses.dataclass
+class _Slot:
+    """One of the supervisor's worker processes: the one running now, and how its predecessors ended."""
+
+    index: int
+    process: multiprocessing.process.BaseProcess
+    started: float
+    #: Deaths in a row, each within RAN_A_WHILE of its start: the restart delay doubles with each.
+    quick_deaths: int = 0
+    #: Deaths in a row before the worker was up (and within RAN_A_WHILE): FAILED_STARTS_LIMIT gives up.
+    failed_starts: int = 0
+    #: When the dead process is to be replaced (None: not decided yet, or it runs).
+    restart_at: float | None = None
+    #: The process is stopped (SIGSTOP, SIGTSTP): seen by waitid, logged once per stop.
+    stopped: bool = False
+
+    def died(self, was_up: bool, now: float) -> float | None:
+        """Count the death of this slot's process; return the delay before its restart, or None when
+        its processes keep failing to start (FAILED_STARTS_LIMIT in a row)."""
+        if now - self.started >= RAN_A_WHILE:
+            self.quick_deaths = self.failed_starts = 0
+            return 0.0
+        self.quick_deaths += 1
+        self.failed_starts = 0 if was_up else self.failed_starts + 1
+        if self.failed_starts >= FAILED_STARTS_LIMIT:
+            return None
+        return min(RESTART_DELAY_CAP, RESTART_DELAY_FIRST * 2.0 ** (self.quick_deaths - 1))
+
+
+def _stop_change(pid: int) -> int | None:
+    """The signal that stopped child ``pid`` since the last call (a positive number), 0 if it was
+    continued since, None if neither (or the platform cannot tell). Reaps nothing (no WEXITED)."""
+    waitid = getattr(os, "waitid", None)
+    if waitid is None:
+        return None
+    try:
+        info = waitid(os.P_PID, pid, os.WSTOPPED | os.WCONTINUED | os.WNOHANG)
+    except OSError:
+        return None
+    if info is None:
+        return None
+    if info.si_code == os.CLD_STOPPED:
+        return info.si_status or signal.SIGSTOP
+    return 0 if info.si_code == os.CLD_CONTINUED else None
+
+
 def run_processes(
     app_path: str, database_url: str | None, processes: int, config: WorkerConfig, pin: bool = False
 ) -> int:
     """Run ``processes`` worker processes and supervise them until a signal (or, with burst, until
-    all have drained). A child that dies unexpectedly is restarted, unless it cannot work (its
-    configuration, a damaged database: every other child is stopped). Returns 0 when every child
-    stopped cleanly, ``EXIT_DAMAGED`` when one found the database damaged, else 1. ``pin``: each
-    process on a CPU of its own (round robin; a restarted child on its predecessor's)."""
+    all have drained). A child that dies unexpectedly is restarted: at once if it ran ``RAN_A_WHILE``,
+    else after a delay that doubles with each quick death in a row (``RESTART_DELAY_FIRST`` up to
+    ``RESTART_DELAY_CAP``). Every other child is stopped and none restarted when one cannot work (its
+    configuration, a damaged database), or when one slot's children die before their worker is up
+    ``FAILED_STARTS_LIMIT`` times in a row. A stopped child (SIGSTOP) is logged, never killed. Each
+    child stops as on SIGTERM if the supervisor dies. Returns 0 when every child stopped cleanly,
+    ``EXIT_DAMAGED`` when one found the database damaged, else 1. ``pin``: each process on a CPU of
+    its own (round robin; a restarted child on its predecessor's)."""
     cpus = _cpu.spread(processes) if pin else None
     if processes <= 1:
         if cpus is not None:
@@ -123,7 +264,10 @@ def run_processes(
         last = config.metrics_port + processes - 1
         raise ConfigurationError(f"--metrics-port: ports {config.metrics_port}..{last} go past 65535")
     ctx = multiprocessing.get_context("spawn")
-    children: list[multiprocessing.process.BaseProcess] = []
+    # One flag per slot that its worker process sets once it is up (see _Up): shared memory, one writer.
+    up = ctx.RawArray("b", processes)
+    supervisor = os.getpid()
+    slots: list[_Slot] = []
     stopping = [0]
 
     def spawn(index: int) -> multiprocessing.process.BaseProcess:
@@ -137,7 +281,14 @@ def run_processes(
                 own = dataclasses.replace(own, cpu=cpus[index])
             except ConfigurationError as exc:  # the supervisor's CPUs changed since it started
                 log.warning("worker process %d starts unpinned: %s", index, first_line(exc))
-        p = ctx.Process(target=_child_main, args=(app_path, database_url, own, _log_config()), daemon=False)
+        up[index] = 0
+        # Started from this (the main) thread: a child's parent-death signal fires when the thread that
+        # started it exits, which must be the supervisor's exit, not a helper thread's.
+        p = ctx.Process(
+            target=_child_main,
+            args=(app_path, database_url, own, _log_config(), supervisor, up, index),
+            daemon=False,
+        )
         p.start()
         return p
 
@@ -155,26 +306,30 @@ def run_processes(
 
     def on_signal(signum: int, _frame: object) -> None:
         stopping[0] += 1
-        for p in children:
-            if p.is_alive():
-                forward(p)
+        for slot in slots:
+            if slot.process.is_alive():
+                forward(slot.process)
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     for index in range(processes):
         if stopping[0]:
             break
-        children.append(spawn(index))
-        forward(children[-1])  # a signal that came while it was being started
+        slots.append(_Slot(index, spawn(index), time.monotonic()))
+        forward(slots[-1].process)  # a signal that came while it was being started
     burst = config.burst
-    failed = damaged = False
+    failed = damaged = waiting_logged = False
     try:
         while True:
             alive = False
-            for i, p in enumerate(children):
+            now = time.monotonic()
+            for slot in slots:
+                p = slot.process
                 if p.is_alive():
                     alive = True
+                    _watch_stopped(slot, burst)
                     continue
+                slot.stopped = False
                 code = p.exitcode
                 if stopping[0] or (burst and code == 0):
                     failed = failed or not _stopped_cleanly(code, bool(stopping[0]))
@@ -185,30 +340,76 @@ def run_processes(
                     failed, damaged = True, damaged or code == EXIT_DAMAGED
                     on_signal(signal.SIGTERM, None)
                     continue
-                log.warning("worker process %s exited with %s; restarting it", p.pid, code)
-                time.sleep(0.5)
-                if stopping[0]:
-                    continue
-                children[i] = spawn(i)
-                forward(children[i])  # a signal that came while it was being started
+                if slot.restart_at is None:
+                    delay = slot.died(bool(up[slot.index]), now)
+                    if delay is None:
+                        log.error(
+                            "worker processes keep failing to start (%d in a row; the last, pid %s, ended with %s "
+                            "before its first acquire); stopping the others, restarting none",
+                            slot.failed_starts,
+                            p.pid,
+                            _how(code),
+                        )
+                        failed = True
+                        on_signal(signal.SIGTERM, None)
+                        continue
+                    later = f" in {delay:.1f}s" if delay else ""
+                    log.warning("worker process %s exited with %s; restarting it%s", p.pid, code, later)
+                    slot.restart_at = now + delay
                 alive = True
+                if now >= slot.restart_at:
+                    slot.process, slot.started, slot.restart_at = spawn(slot.index), time.monotonic(), None
+                    forward(slot.process)  # a signal that came while it was being started
             if not alive:
                 break
+            # A burst ends when every child has drained and exited: one that is stopped holds it up for as
+            # long as it stays stopped, which the operator is told once, when it is all that is left.
+            left = [s for s in slots if s.process.is_alive() or s.restart_at is not None]
+            waiting = bool(burst and not stopping[0] and left and all(s.stopped for s in left))
+            if waiting and not waiting_logged:
+                log.warning(
+                    "burst: the other worker processes are done; waiting for stopped worker process(es) %s "
+                    "(continue them with SIGCONT, or stop the supervisor with SIGTERM)",
+                    ", ".join(str(s.process.pid) for s in left),
+                )
+            waiting_logged = waiting
             time.sleep(0.1)
     except BaseException as exc:
         # The supervisor itself failed (a child it could not start, ...): stop the children as a
         # SIGTERM would and wait for them, rather than leave them running unsupervised.
         log.error("the worker supervisor failed (%s); stopping its worker processes", first_line(exc))
         on_signal(signal.SIGTERM, None)
-        for p in children:
-            p.join(config.graceful_timeout + 10)
-            if p.is_alive():
-                p.kill()
+        for slot in slots:
+            slot.process.join(config.graceful_timeout + 10)
+            if slot.process.is_alive():
+                slot.process.kill()
         raise
-    for p in children:
-        p.join()
-        failed = failed or not _stopped_cleanly(p.exitcode, bool(stopping[0]))
+    for slot in slots:
+        slot.process.join()
+        failed = failed or not _stopped_cleanly(slot.process.exitcode, bool(stopping[0]))
     return EXIT_DAMAGED if damaged else 1 if failed else 0
+
+
+def _watch_stopped(slot: _Slot, burst: bool) -> None:
+    """Log once when a child is stopped (SIGSTOP, SIGTSTP) and when it is continued. A stopped child is
+    not killed: an operator or a debugger may have stopped it on purpose, and its leases expire on
+    their own (other processes then run its jobs); SIGTERM to the supervisor continues and stops it."""
+    change = _stop_change(slot.process.pid or 0)
+    if change is None:
+        return
+    if change and not slot.stopped:
+        slot.stopped = True
+        log.warning(
+            "worker process %s is stopped (%s): it runs nothing until continued (kill -CONT %s); other "
+            "processes take its jobs once its leases expire%s",
+            slot.process.pid,
+            _how(-change),
+            slot.process.pid,
+            "; the burst cannot end before it does" if burst else "",
+        )
+    elif not change and slot.stopped:
+        slot.stopped = False
+        log.warning("worker process %s was continued", slot.process.pid)
 
 
 def _stopped_cleanly(code: int | None, stopping: bool) -> bool:
