@@ -655,3 +655,48 @@ def test_an_acquire_longer_than_the_statement_timeout_leases_fewer_jobs_a_statem
         assert sorted(runs) == list(range(200))
     cut = [r.getMessage() for r in caplog.records if r.getMessage().startswith("acquire: the database cancelled")]
     assert cut and cut[0].startswith("acquire: the database cancelled an acquire of 200 ("), cut
+
+
+def test_a_revoked_privilege_is_waited_out_and_no_finished_job_runs_again(
+    postgres_database: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A grant revoked for a while (an operator's mistake, a migration of the roles): every finish is
+    # refused alike. Before, the worker split each refused batch of outcomes down to single jobs, failed
+    # to dead-letter them too, dropped their results, and every job finished meanwhile ran again.
+    role = f"conveyor_u_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(postgres_database, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+        conn.execute(sql.SQL("ALTER SCHEMA public OWNER TO {}").format(sql.Identifier(role)))
+    as_role = postgres_database.replace("postgres@", f"{role}@", 1)
+
+    def archive(grant: bool) -> None:
+        with psycopg.connect(postgres_database, autocommit=True) as conn:
+            statement = "GRANT INSERT ON archive TO {}" if grant else "REVOKE INSERT ON archive FROM {}"
+            conn.execute(sql.SQL(statement).format(sql.Identifier(role)))
+
+    try:
+        with App(as_role, migrate=True) as app:
+            runs: dict[int, int] = {}
+
+            @app.task(queue="q")
+            def t(i: int) -> None:
+                runs[i] = runs.get(i, 0) + 1
+
+            jobs = [t.send({"i": i}) for i in range(20)]
+            archive(grant=False)
+            timer = threading.Timer(1.5, archive, kwargs={"grant": True})
+            timer.start()
+            try:
+                with caplog.at_level(logging.WARNING, logger="conveyor"):
+                    worker = _drain(app)
+            finally:
+                timer.join()
+            assert worker.exit_code == 0
+            said = " ".join(r.getMessage() for r in caplog.records)
+            assert "refused a privilege" in said and "permission denied for table archive" in said, said
+            assert runs == {i: 1 for i in range(20)}
+            assert {app.job(job.id).state for job in jobs} == {"completed"}
+    finally:
+        with psycopg.connect(postgres_database, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+            conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))

@@ -321,6 +321,14 @@ class PostgresBackend:
             raise BackendUnavailable(
                 f"PostgreSQL is read-only ({action}): {self._line(exc)} (a standby, or default_transaction_read_only)"
             ) from exc
+        except psycopg.errors.InsufficientPrivilege as exc:
+            # A role's grant revoked (or not given yet): every statement of that kind is refused alike,
+            # whatever its rows, so it is waited out like a read-only database. As a BackendError, the
+            # worker split each refused batch of outcomes down to single jobs, failed to dead-letter
+            # them too and dropped their results: each of those jobs ran again once its lease expired.
+            raise BackendUnavailable(
+                f"PostgreSQL refused a privilege ({action}): {self._line(exc)} (a GRANT missing or revoked)"
+            ) from exc
         except psycopg.errors.QueryCanceled as exc:
             # A statement_timeout (or an operator's pg_cancel_backend): retried like a lost server,
             # but not reported as one, and a batch so cancelled is split by its callers.
