@@ -426,7 +426,7 @@ class App:
         """Copy a message to every queue subscribed to ``topic`` whose filter matches ``headers``,
         in one transaction; return one job per matching subscription (each retries and
         dead-letters on its own). No matching subscription: nothing is enqueued, ``[]``."""
-        messages = published(topic, payload, headers, envelope, self.admin.subscriptions)
+        messages = published(topic, payload, headers, envelope, self.admin.subscriptions, self.producer.prepare)
         return self.send_many(messages, conn=conn)
 
     # -- producing -----------------------------------------------------------------------------

@@ -7,8 +7,9 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from conveyor._errors import ConfigurationError, PayloadError
-from conveyor._limits import check_name
-from conveyor._message import Message, encode_json_object
+from conveyor._idempotency import same_json
+from conveyor._limits import check_key, check_name
+from conveyor._message import Message
 
 if TYPE_CHECKING:
     from conveyor.backends.base import Subscription
@@ -41,17 +42,26 @@ def parse_filter(text: str | Mapping[str, Any] | None) -> dict[str, Any]:
 
 
 def matches(filter_: Mapping[str, Any], headers: Mapping[str, Any]) -> bool:
-    """True when every condition of the filter holds for the headers (a missing header fails)."""
+    """True when every condition of the filter holds for the headers (a missing header fails). Values
+    compare as JSON values: ``true`` is not ``1``, ``0`` is not ``false``; ``1`` is ``1.0``."""
     for key, condition in filter_.items():
         if key not in headers:
             return False
         value = headers[key]
         if isinstance(condition, dict):
-            if value not in condition["in"]:
+            if not any(same_json(value, one) for one in condition["in"]):
                 return False
-        elif value != condition:
+        elif not same_json(value, condition):
             return False
     return True
+
+
+def scoped_key(topic: str, key: object) -> str | None:
+    """The idempotency key a publish's jobs hold in their queues: the publisher's key within its topic,
+    so that a queue subscribed to two topics keeps a message of each under the same key (keys are held
+    per queue; ``evt-1`` of ``refunds`` answered with ``evt-1`` of ``orders`` was a message dropped)."""
+    checked = check_key(key, "idempotency_key")
+    return None if checked is None else json.dumps([topic, checked], ensure_ascii=False)
 
 
 def published(
@@ -60,21 +70,28 @@ def published(
     headers: Mapping[str, Any] | None,
     envelope: Mapping[str, Any],
     subscriptions: Callable[[str], Iterable[Subscription]],
+    check: Callable[[Message], object],
 ) -> list[Message]:
     """The messages one publish sends: one per subscription of ``topic`` (``subscriptions`` reads
     them) whose filter matches ``headers``, each with the ``topic`` header and the ``envelope``'s
-    Message fields. Raises PayloadError for a bad payload, headers or option, subscriber or not."""
-    check_name(topic, "topic")
+    Message fields (an idempotency key scoped to the topic: :func:`scoped_key`). Raises PayloadError
+    for a bad payload, headers or option, subscriber or not: ``check`` validates a message as a send
+    would (``Producer.prepare``)."""
+    topic = check_name(topic, "topic")
     if headers is not None and not isinstance(headers, Mapping):
         raise PayloadError(f"headers must be a JSON object (a dict), got {type(headers).__name__}")
     body = payload if payload is not None else {}
-    encode_json_object(body, "payload")  # checked with no subscriber too: publishing is sending
     merged = {**(headers or {}), "topic": topic}
-    messages = []
-    for sub in subscriptions(topic):
-        if matches(json.loads(sub.filter), merged):
-            try:
-                messages.append(Message(task=sub.task, payload=body, queue=sub.queue, headers=merged, **envelope))
-            except TypeError as exc:
-                raise PayloadError(f"bad publish option: {exc}") from None
+    options = dict(envelope)
+    if options.get("idempotency_key") is not None:
+        options["idempotency_key"] = scoped_key(topic, options["idempotency_key"])
+    try:
+        # Publishing is sending: the message is checked whole with no subscriber too.
+        check(Message(task=topic, payload=body, headers=merged, **options))
+        messages = []
+        for sub in subscriptions(topic):
+            if matches(json.loads(sub.filter), merged):
+                messages.append(Message(task=sub.task, payload=body, queue=sub.queue, headers=merged, **options))
+    except TypeError as exc:
+        raise PayloadError(f"bad publish option: {exc}") from None
     return messages

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 
 from conveyor import App
-from conveyor._errors import ConfigurationError
+from conveyor._errors import ConfigurationError, PayloadError
 from conveyor.testing import drain
 
 
@@ -55,3 +55,45 @@ def test_bad_filters_are_refused(app: App) -> None:
         app.subscribe("t", "q", "task", filter={"region": ["eu"]})
     with pytest.raises(ConfigurationError):
         app.subscribe("t", "q", "task", filter={"region": {"like": "e%"}})
+
+
+def test_filters_compare_json_values_not_python_equality(app: App) -> None:
+    app.subscribe("flags", "ones", "one", filter={"x": 1})
+    app.subscribe("flags", "offs", "off", filter={"flag": False})
+    app.subscribe("flags", "zeros", "zero", filter={"n": {"in": [0]}})
+
+    def queues(headers: dict[str, object]) -> list[str]:
+        return sorted(j.status().queue for j in app.publish("flags", {}, headers=headers))
+
+    # true is not 1, 0 is not false (Python's == says they are); 1.0 is the JSON number 1.
+    assert queues({"x": True, "flag": 0, "n": False}) == []
+    assert queues({"x": 1.0, "flag": False, "n": 0}) == ["offs", "ones", "zeros"]
+
+
+def test_a_publish_key_is_held_per_topic(app: App) -> None:
+    # A queue subscribed to two topics: the same key under each is two messages (keys are held per
+    # queue; before, the refunds message was answered with the orders job and never delivered).
+    app.subscribe("orders", "audit", "record")
+    app.subscribe("refunds", "audit", "record")
+    (order,) = app.publish("orders", {"order": 1}, idempotency_key="evt-1")
+    (refund,) = app.publish("refunds", {"refund": 1}, idempotency_key="evt-1")
+    assert order.id != refund.id
+    assert refund.status().payload == {"refund": 1}
+    # A republish is still the same job, and a direct send under the bare key is another producer's.
+    assert [j.id for j in app.publish("refunds", {"refund": 1}, idempotency_key="evt-1")] == [refund.id]
+    assert app.send("record", {}, queue="audit", idempotency_key="evt-1").id not in (order.id, refund.id)
+
+
+def test_a_publish_checks_its_headers_and_options_with_no_subscriber(app: App) -> None:
+    # Publishing is sending: what a subscriber's job would refuse is refused with none (before: []).
+    for bad in (
+        {"headers": {"x": float("nan")}},
+        {"headers": {"x": "a\x00b"}},
+        {"headers": {"x": object()}},
+        {"priority": "high"},
+        {"bogus": 1},
+        {"idempotency_key": ""},
+    ):
+        with pytest.raises(PayloadError):
+            app.publish("nobody-listens", {}, **bad)  # type: ignore[arg-type]
+    assert app.publish("nobody-listens", {}, headers={"x": 1}, priority=3) == []

@@ -439,7 +439,8 @@ class Service:
         )
         payload = envelope.pop("payload", {})
         headers = envelope.pop("headers", None)
-        messages = await self.run(published, topic, payload, headers, envelope, self.app.admin.subscriptions)
+        subscriptions, prepare = self.app.admin.subscriptions, self.app.producer.prepare
+        messages = await self.run(published, topic, payload, headers, envelope, subscriptions, prepare)
         if not messages:
             return json_response({"jobs": []}, 202)
         # Sent as a batch is (App.publish's messages, one transaction), with strict_keys: an idempotency
