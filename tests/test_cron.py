@@ -90,3 +90,60 @@ def test_fields_are_apart_by_spaces_and_tabs_only(space: str) -> None:
     with pytest.raises(ConfigurationError):
         Cron.parse(f"0{space}* * * *")
     assert Cron.parse(" 0\t*  * * *\n").minutes == frozenset({0})
+
+
+@pytest.mark.parametrize(
+    ("expression", "first_ticks"),
+    [
+        # A day field starting with "*" is unrestricted, as in Vixie cron and cronie: the other day
+        # field alone decides (28 November 2026 is a Saturday). "*/1" fired every day.
+        ("0 0 */1 * mon", ["2026-11-30", "2026-12-07"]),
+        ("0 0 13 * */1", ["2026-12-13", "2027-01-13"]),
+        # Starting with "*" but restricting: both fields must match (odd days that are Mondays).
+        ("0 0 */2 * mon", ["2026-12-07", "2026-12-21"]),
+        # Neither starts with "*": either field matches.
+        ("0 0 1 * mon", ["2026-11-30", "2026-12-01"]),
+    ],
+)
+def test_a_day_field_starting_with_a_star_is_unrestricted_as_in_cron(expression: str, first_ticks: list[str]) -> None:
+    cron = Cron.parse(expression)
+    tick = datetime(2026, 11, 28, 1, 46, tzinfo=UTC)
+    ticks = []
+    for _ in first_ticks:
+        tick = cron.next_after(tick)
+        ticks.append(tick.date().isoformat())
+    assert ticks == first_ticks
+
+
+def test_29_february_that_is_a_sunday_is_found_40_years_on() -> None:
+    """ANDed with "*/7" (Sundays), 29 February can be 40 years away (2088, then 2128: 2100 is not a
+    leap year), past the old 8-year horizon, which said "never fires"."""
+    sunday_feb29 = Cron.parse("0 0 29 2 */7")
+    assert sunday_feb29.next_after(datetime(2088, 3, 1, tzinfo=UTC)) == datetime(2128, 2, 29, tzinfo=UTC)
+    # A list does not start with "*": either field matches, as before (6 February 2089 is a Sunday).
+    assert Cron.parse("0 0 29 2 1,*/7").next_after(datetime(2088, 3, 1, tzinfo=UTC)) == datetime(2089, 2, 6, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    ("expression", "message"),
+    [
+        ("@reboot", "cron expression '@reboot' is not supported (a schedule's ticks are times, not worker starts)"),
+        ("@every 1m", "cron expression '@every 1m' is not supported: the aliases are @yearly, @annually, @monthly"),
+        (
+            "0 0 * * fri-sun",
+            "day of week range 'fri-sun' runs backwards: ranges do not wrap around, as in cron; "
+            "write 'fri,sat,sun' or '5-7'",
+        ),
+        (
+            "0 22-2 * * *",
+            "hour range '22-2' runs backwards: ranges do not wrap around, as in cron; "
+            "write '22,23,0,1,2' or '22-23,0-2'",
+        ),
+        ("0 0 * nov-feb *", "write 'nov,dec,jan,feb' or '11-12,1-2'"),
+    ],
+)
+def test_an_unsupported_alias_or_a_wrapping_range_is_refused_saying_why(expression: str, message: str) -> None:
+    """ "@reboot" was refused as "must have 5 fields, got 1", "fri-sun" as a bad field with no reason."""
+    with pytest.raises(ConfigurationError, match=re.escape(message)):
+        Cron.parse(expression)
+    assert Cron.parse("0 0 * * 5-7").weekdays == frozenset({5, 6, 0})

@@ -29,10 +29,11 @@ _NAMES = {
 }
 _BOUNDS = [(0, 59), (0, 23), (1, 31), (1, 12), (0, 7)]
 _FIELDS = ["minute", "hour", "day of month", "month", "day of week"]
-# How many days ahead next_after looks. The rarest day an expression can name is 29 February (an
-# expression that names only days no month has is refused by parse), and it can be 8 years away:
-# 2100 is not a leap year, so after 29 February 2096 the next is 29 February 2104, 2,921 days on.
-_HORIZON_DAYS = 8 * 366 + 1
+# How many days ahead next_after looks. The rarest day an expression can name is 29 February that is
+# also a given weekday (``0 0 29 2 */7``: a day of week starting with ``*`` is ANDed with the day of
+# month, as in cron), and in the Gregorian 400-year cycle that can be 40 years away (29 February
+# 2072 is a Monday, the next Monday one is in 2112, 2100 not being a leap year).
+_HORIZON_DAYS = 40 * 366 + 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +58,12 @@ class Cron:
         if not isinstance(expression, str):
             raise ConfigurationError(f"a cron expression must be a string, got {type(expression).__name__}")
         stripped = expression.strip(_SPACES + "\r\n")
+        if stripped.startswith("@") and stripped.lower() not in _ALIASES:
+            # Without this, "@reboot" was refused as "must have 5 fields, got 1".
+            why = " (a schedule's ticks are times, not worker starts)" if stripped.lower() == "@reboot" else ""
+            raise ConfigurationError(
+                f"cron expression {expression!r} is not supported{why}: the aliases are {', '.join(_ALIASES)}"
+            )
         text = _ALIASES.get(stripped.lower(), stripped)
         # Fields are apart by spaces and tabs only: str.split() also split at a no-break space or an em
         # space, which a crontab line pasted from a document brings, and crond would not.
@@ -67,7 +74,9 @@ class Cron:
             )
         sets = [_field(parts[i], i, expression) for i in range(5)]
         weekdays = frozenset(d % 7 for d in sets[4])
-        days_any, weekdays_any = parts[2] == "*", parts[4] == "*"
+        # As in Vixie cron and cronie, a day field that starts with "*" ("*", "*/2") counts as
+        # unrestricted: "0 0 */1 * mon" fires on Mondays only, not every day.
+        days_any, weekdays_any = parts[2].startswith("*"), parts[4].startswith("*")
         # Only a day of month restricted alone can rule out every day: a restricted day of week
         # matches in every month, and with both restricted a day matching either one fires.
         # February counts 29 days, which it has in leap years.
@@ -116,12 +125,18 @@ def _field(text: str, index: int, expression: str) -> frozenset[int]:
     for item in text.lower().split(","):
         try:
             values.update(_item(item, index, low, high))
+        except _Wraps as exc:
+            raise ConfigurationError(f"cron expression {expression!r}: {_FIELDS[index]} {exc}") from None
         except ValueError:
             raise ConfigurationError(
                 f"cron expression {expression!r}: bad {_FIELDS[index]} field {text!r} "
                 f"(allowed {low}-{high}, '*', ranges a-b, steps */n, lists a,b)"
             ) from None
     return frozenset(values)
+
+
+class _Wraps(ValueError):
+    """A range whose start is after its end (``fri-sun``, ``22-2``); the text says what to write."""
 
 
 def _item(item: str, index: int, low: int, high: int) -> range:
@@ -137,9 +152,32 @@ def _item(item: str, index: int, low: int, high: int) -> range:
     else:
         first = _value(body, index)
         last = high if step_text else first
+    if low <= last < first <= high:
+        raise _Wraps(_wrap_hint(item, index, first, last, low, high))
     if not (low <= first <= last <= high):
         raise ValueError(item)
     return range(first, last + 1, step)
+
+
+def _wrap_hint(item: str, index: int, first: int, last: int, low: int, high: int) -> str:
+    # Cron refuses a range that wraps around too; the message says so and what to write instead.
+    if "/" in item:
+        return f"range {item!r} runs backwards: ranges do not wrap around, split it into two ranges"
+    if index == 4:  # day of week: 7 is Sunday as well as 0, so a range that ends on Sunday can end at 7
+        high = 6
+    wrapped = [*range(first, high + 1), *range(low, last + 1)]
+    names = {number: name for name, number in _NAMES.get(index, {}).items()}
+    listed = ",".join(names.get(v, str(v)) for v in wrapped) if len(wrapped) <= 12 else None
+    if index == 4:
+        ranges = f"{first}-7" + (f",{_span(1, last)}" if last else "")
+    else:
+        ranges = f"{_span(first, high)},{_span(low, last)}"
+    instead = f"{listed!r} or {ranges!r}" if listed else repr(ranges)
+    return f"range {item!r} runs backwards: ranges do not wrap around, as in cron; write {instead}"
+
+
+def _span(first: int, last: int) -> str:
+    return str(first) if first == last else f"{first}-{last}"
 
 
 def _value(text: str, index: int) -> int:
