@@ -147,3 +147,16 @@ def test_an_unsupported_alias_or_a_wrapping_range_is_refused_saying_why(expressi
     with pytest.raises(ConfigurationError, match=re.escape(message)):
         Cron.parse(expression)
     assert Cron.parse("0 0 * * 5-7").weekdays == frozenset({5, 6, 0})
+
+
+def test_the_latest_tick_between_two_times() -> None:
+    every_five = Cron.parse("*/5 * * * *")
+    now = datetime(2026, 11, 28, 1, 46, 30, tzinfo=UTC)
+    assert every_five.latest_between(now - timedelta(days=1), now) == datetime(2026, 11, 28, 1, 45, tzinfo=UTC)
+    assert every_five.latest_between(datetime(2026, 11, 28, 1, 45, tzinfo=UTC), now) == datetime(
+        2026, 11, 28, 1, 45, tzinfo=UTC
+    )
+    assert every_five.latest_between(datetime(2026, 11, 28, 1, 45, 1, tzinfo=UTC), now) is None
+    feb29 = Cron.parse("0 0 29 2 *")
+    assert feb29.latest_between(datetime(2020, 1, 1, tzinfo=UTC), now) == datetime(2024, 2, 29, tzinfo=UTC)
+    assert feb29.latest_between(datetime(2024, 3, 1, tzinfo=UTC), now) is None

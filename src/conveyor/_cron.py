@@ -118,6 +118,24 @@ class Cron:
         # Unreachable for an expression parse accepted (see _HORIZON_DAYS); kept as a guard.
         raise ConfigurationError(f"cron expression {self.expression!r} never fires")
 
+    def latest_between(self, earliest: datetime, at: datetime) -> datetime | None:
+        """The last tick at or before ``at`` and not before ``earliest`` (aware datetimes), or None.
+
+        A scheduler back after downtime fires this one tick for all those it missed."""
+        end = at.replace(second=0, microsecond=0)
+        day = end.replace(hour=0, minute=0)
+        while True:
+            if self._day_matches(day):
+                for hour in sorted(self.hours, reverse=True):
+                    for minute in sorted(self.minutes, reverse=True):
+                        tick = day.replace(hour=hour, minute=minute)
+                        if tick <= end:
+                            return tick if tick >= earliest else None
+            # Stop at the day holding earliest: every tick before it is too early.
+            if day <= earliest:
+                return None
+            day -= timedelta(days=1)
+
 
 def _field(text: str, index: int, expression: str) -> frozenset[int]:
     low, high = _BOUNDS[index]
