@@ -186,3 +186,35 @@ def test_after_a_day_down_the_latest_missed_tick_fires(app: App) -> None:
     assert asyncio.run(scheduler.run_once()) == 0
     assert _ticks(app) == [(start + timedelta(days=1, minutes=5)).isoformat()]
     assert app.backend.schedules_list()[0].next_run_at == start + timedelta(days=1, minutes=10)
+
+
+def test_a_stored_schedule_this_app_neither_declares_nor_can_run_is_named_at_start(
+    app: App, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A schedule removed from the code kept firing, unnoticed, jobs that died unknown_task. Another
+    app sharing the database may still declare it, so it is named, not deleted."""
+
+    @app.periodic("0 * * * *", name="kept")
+    def kept() -> None:
+        pass
+
+    later = datetime(2100, 1, 1, tzinfo=UTC)
+    app.backend.schedules_upsert(
+        SchedulesUpsertParams(
+            [
+                Schedule("removed", "* * * * *", "gone.task", "default", "{}", later),
+                Schedule("added-live", "* * * * *", kept.name, "default", "{}", later),  # its task runs here
+            ]
+        )
+    )
+    scheduler = _scheduler(app, FixedClock(later - timedelta(hours=1)))
+    with caplog.at_level(logging.WARNING, logger="conveyor.worker"):
+        asyncio.run(scheduler.run_once())
+        asyncio.run(scheduler.run_once())
+    warnings = [r.getMessage() for r in caplog.records if "not declared by this app" in r.getMessage()]
+    assert warnings == [
+        "1 stored schedule(s) are not declared by this app, and their tasks are not registered in it: "
+        "'removed' (task 'gone.task'); if no app declares one any more, remove it with "
+        "`conveyor schedules remove NAME` (app.admin.remove_schedule), or it keeps enqueueing jobs on every tick"
+    ]
+    assert {s.name for s in app.admin.schedules()} == {"kept", "removed", "added-live"}

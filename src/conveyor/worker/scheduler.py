@@ -52,12 +52,30 @@ class Scheduler(Service):
         self._skipped: dict[str, datetime] = {}
 
     async def declare(self) -> None:
-        """Store the app's declared schedules (existing ones keep their pause state and next tick)."""
-        declared = self.producer.catalogue.schedules
+        """Store the app's declared schedules (existing ones keep their pause state and next tick),
+        and warn of stored schedules that neither this app declares nor its tasks would run."""
+        catalogue = self.producer.catalogue
+        declared = catalogue.schedules
         if declared:
             params = SchedulesUpsertParams(list(declared.values()))
             await self.calls.call(self.calls.backend.schedules_upsert, params, what="schedules")
         self._declared = True
+        # Several apps may share a database, each with its own schedules, so a schedule this app does
+        # not declare is not deleted: it is named, for an operator to remove if no app declares it any
+        # more (its ticks keep firing jobs, which die unknown_task when no worker has the task).
+        backend = self.calls.backend
+        stored = await self.calls.call(lambda _: backend.schedules_list(), None, what="schedules")
+        strangers = [s for s in stored if s.name not in declared and s.task not in catalogue.tasks]
+        if strangers:
+            log.warning(
+                "%d stored schedule(s) are not declared by this app, and their tasks are not registered in it: %s; "
+                "if no app declares one any more, remove it with `conveyor schedules remove NAME` "
+                "(app.admin.remove_schedule), or it keeps enqueueing jobs on every tick",
+                len(strangers),
+                ", ".join(
+                    f"{preview(s.name)} (task {preview(s.task)}{', paused' if s.paused else ''})" for s in strangers
+                ),
+            )
 
     async def run_once(self) -> int:
         """Fire every due tick; return how many this scheduler fired."""
