@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import sqlite3
 import threading
@@ -509,3 +510,176 @@ def test_a_handler_that_closes_the_app_stops_its_worker_and_loses_nothing(databa
         assert all(s in ("completed", "pending", "processing") for s in states), states  # none lost
     finally:
         later.close()
+
+
+async def _cancels_itself(how: str) -> None:
+    """What an async handler does to its own task (see the test below)."""
+    me = asyncio.current_task()
+    assert me is not None
+    if how == "cancel, await":
+        me.cancel()
+        await asyncio.sleep(1)
+    elif how == "cancel twice, await":
+        me.cancel()
+        me.cancel()
+        await asyncio.sleep(1)
+    elif how == "cancel in a try/finally that awaits":
+        try:
+            me.cancel()
+            await asyncio.sleep(1)
+        finally:
+            await asyncio.sleep(0.01)
+    elif how == "cancel, return":
+        me.cancel()  # taken at the task's next await, after the handler: the slot's, before
+    elif how == "raise CancelledError":
+        await asyncio.sleep(0)
+        raise asyncio.CancelledError
+    elif how == "loop.stop()":
+        asyncio.get_running_loop().stop()
+    elif how == "loop.stop(), error swallowed":
+        with contextlib.suppress(RuntimeError):
+            asyncio.get_running_loop().stop()
+    elif how == "loop.stop() from a callback":
+        loop = asyncio.get_running_loop()
+        loop.call_soon(loop.stop)
+        await asyncio.sleep(0.05)
+
+
+@pytest.mark.parametrize("timeout", [None, 20])
+@pytest.mark.parametrize(
+    "how",
+    [
+        "cancel, await",
+        "cancel twice, await",
+        "cancel in a try/finally that awaits",
+        "cancel, return",
+        "raise CancelledError",
+        "loop.stop()",
+        "loop.stop(), error swallowed",
+        "loop.stop() from a callback",
+    ],
+)
+def test_an_async_handler_that_cancels_its_task_or_stops_the_loop_fails_only_its_attempt(
+    app: App, how: str, timeout: float | None
+) -> None:
+    # Before, without a timeout, a handler cancelling its own task cancelled its slot: the executor
+    # ended cancelled and the worker with it (asyncio.run raised CancelledError); loop.stop(), with or
+    # without a timeout, ended asyncio.run ("Event loop stopped before Future completed") with every
+    # task cancelled. Either way the other running and prefetched jobs waited for their leases.
+    @app.task(queue="q", name="hostile", max_attempts=3, backoff=[0.01], timeout=timeout)
+    async def hostile() -> None:
+        await _cancels_itself(how)
+
+    @app.task(queue="q")
+    async def good(i: int) -> int:
+        await asyncio.sleep(0.01)
+        return i
+
+    bad = app.send("hostile", {})
+    goods = [good.delay(i=i) for i in range(20)]
+
+    worker = run(app, timeout=30, concurrency=2, prefetch=30)
+
+    assert worker.exit_code == 0
+    assert [(g.status().state, g.status().result, g.status().deliveries) for g in goods] == [
+        ("completed", i, 1) for i in range(20)
+    ]
+    status = bad.status()
+    assert (status.state, status.reason, status.attempts, status.deliveries) == ("dead", "max_attempts_exceeded", 3, 3)
+    assert status.error is not None
+    if how.startswith("loop.stop()"):
+        assert (status.error.type, status.error.message) == (
+            "RuntimeError",
+            "the handler stopped the event loop (loop.stop()) that the worker runs on: refused",
+        )
+    elif how == "raise CancelledError":
+        assert status.error.type == "CancelledError"
+    else:
+        assert (status.error.type, status.error.message) == ("CancelledError", "the handler cancelled its own task")
+
+
+def test_an_async_handler_that_takes_its_own_cancellation_completes_and_its_slot_stays_sound(app: App) -> None:
+    # The cancellation it requested is taken back (Task.uncancel) once it returns: an asyncio.timeout
+    # in the next handler of the same slot still turns its cancellation into a TimeoutError.
+    @app.task(queue="q")
+    async def takes_it() -> str:
+        me = asyncio.current_task()
+        assert me is not None
+        me.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.sleep(1)
+        return "went on"
+
+    @app.task(queue="q")
+    async def times_out(i: int) -> str:
+        try:
+            async with asyncio.timeout(0.01):
+                await asyncio.sleep(1)
+        except TimeoutError:
+            return f"timed out {i}"
+        return "not timed out"
+
+    first = takes_it.delay()
+    nexts = [times_out.delay(i=i) for i in range(3)]
+    worker = run(app, timeout=30, concurrency=1)
+
+    assert worker.exit_code == 0
+    assert (first.status().state, first.status().result) == ("completed", "went on")
+    assert [n.status().result for n in nexts] == [f"timed out {i}" for i in range(3)]
+
+
+def test_a_late_cancellation_of_a_slot_by_a_handler_does_not_end_the_worker(app: App) -> None:
+    # The handler returns; its slot is cancelled later (a callback it scheduled), while the slot waits
+    # for work or runs the next job. Before: that ended the slot, then the worker.
+    @app.task(queue="q")
+    async def late() -> None:
+        me = asyncio.current_task()
+        assert me is not None
+        asyncio.get_running_loop().call_later(0.05, me.cancel)
+
+    @app.task(queue="q", max_attempts=5, backoff=[0.01])
+    async def good(i: int) -> int:
+        await asyncio.sleep(0.02)
+        return i
+
+    bad = late.delay()
+    goods = [good.delay(i=i) for i in range(20)]
+    worker = run(app, timeout=30, concurrency=1)
+
+    assert worker.exit_code == 0
+    assert bad.status().state == "completed"
+    # The job the slot ran when the cancellation came (if any) failed that attempt and ran again.
+    assert [(g.status().state, g.status().result) for g in goods] == [("completed", i) for i in range(20)]
+    assert sum(g.status().deliveries for g in goods) <= 21
+
+
+def test_a_worker_cancelled_past_its_graceful_timeout_still_cancels_a_running_handler(app: App) -> None:
+    # The worker's own cancellation is never taken for a handler's: the handler is cancelled, the
+    # worker ends, and the job (not finished) is left to its lease.
+    started = threading.Event()
+    cancelled: list[bool] = []
+
+    @app.task(queue="q")
+    async def long() -> None:
+        started.set()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.append(True)
+            raise
+
+    job = long.delay()
+    worker = Worker(app, concurrency=1, poll_interval=0.02, graceful_timeout=0.2)
+
+    async def main() -> None:
+        running = asyncio.create_task(worker.run())
+        while not started.is_set():
+            await asyncio.sleep(0.01)
+        worker.stop()
+        await asyncio.wait_for(running, timeout=20)
+
+    began = time.monotonic()
+    asyncio.run(main())
+    assert time.monotonic() - began < 15
+    assert cancelled == [True]
+    assert job.status().state == "processing"  # not finished: its lease runs out, rescue returns it

@@ -6,7 +6,7 @@ import asyncio
 import logging
 import os
 import signal
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from datetime import datetime
 from functools import partial
 from typing import Any
@@ -256,7 +256,9 @@ class Worker:
         """Run in a new event loop until stopped; return the exit code.
 
         With ``install_signals``, the first SIGTERM/SIGINT stops gracefully and a second one exits
-        at once (leases then expire and rescue returns the jobs)."""
+        at once (leases then expire and rescue returns the jobs). A ``loop.stop()`` the worker did not
+        ask for (one a handler scheduled from a thread of its own, say: the executor refuses those it
+        can tell are a handler's) does not end it: the loop is run again where it stopped."""
 
         async def main() -> None:
             if install_signals:
@@ -265,7 +267,7 @@ class Worker:
                     loop.add_signal_handler(sig, self._on_signal, sig)
             await self.run()
 
-        asyncio.run(main())
+        _run_to_the_end(main())
         return self.exit_code
 
     def _on_stuck(self, stuck: int) -> None:
@@ -283,6 +285,37 @@ class Worker:
             os._exit(1)
         log.info("%s: stopping gracefully (send again to exit at once)", sig.name)
         self.stop()
+
+
+def _run_to_the_end(main: Coroutine[Any, Any, None]) -> None:
+    """``asyncio.run(main)``, except that a stop of the loop before ``main`` ends resumes it.
+
+    Before, ``loop.stop()`` from any code the loop ran ended ``asyncio.run`` ("Event loop stopped before
+    Future completed"), which cancelled every task: running handlers, prefetched jobs and unwritten
+    outcomes were left to their leases, and completed jobs ran again."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        pass
+    else:  # as asyncio.run says (and not a resume without end: runner.run would refuse each time)
+        main.close()
+        raise RuntimeError("Worker.run_sync() cannot be called from a running event loop: await Worker.run()")
+    with asyncio.Runner() as runner:
+        task = runner.get_loop().create_task(main, name="worker")
+        while True:
+            try:
+                runner.run(_awaited(task))
+                return
+            except RuntimeError:
+                if task.done():
+                    raise
+            # Not done and not running: the loop was stopped under it (run_until_complete's error).
+            log.error("the event loop was stopped (loop.stop()) while the worker ran; running it again")
+
+
+async def _awaited(task: asyncio.Task[None]) -> None:
+    # Awaited, not shielded: a Ctrl-C that asyncio.Runner turns into a cancellation reaches the worker.
+    await task
 
 
 def _observers(config: WorkerConfig, extra: Observer | None) -> tuple[Any, Observer]:

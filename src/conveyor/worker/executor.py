@@ -5,7 +5,8 @@ A slot takes a leased job from the prefetch buffer, decides whether it may run (
 task), runs it, and hands the outcome to the completer, which counts the start with it. A suspect job
 (its lease once expired) is counted before it runs instead (batched with the other slots' suspects), so
 that a job which kills its workers is counted. Whatever the handler raises or does (an exception of any
-kind, a hang past its timeout) is that job's outcome; the slot itself carries on."""
+kind, a hang past its timeout, a cancellation of its own task, a stop of the event loop) is that job's
+outcome; the slot itself carries on."""
 
 from __future__ import annotations
 
@@ -164,6 +165,9 @@ class Executor(Service):
         self._stuck = 0
         self._stuck_reported = False
         self._slots_ended = asyncio.Event()
+        #: The task running :meth:`run`, and whether it cancels its slots (see _cancelling_slots).
+        self._runner: asyncio.Task[Any] | None = None
+        self._cancelling = False
 
     @property
     def running(self) -> int:
@@ -208,8 +212,11 @@ class Executor(Service):
             self.counters.started += 1
         return True
 
-    async def process(self, delivery: Delivery) -> Outcome | None:
-        """Run one delivery and queue its outcome; None when its lease was lost before it started."""
+    async def process(self, delivery: Delivery, slot: asyncio.Task[Any] | None = None) -> Outcome | None:
+        """Run one delivery and queue its outcome; None when its lease was lost before it started.
+
+        ``slot``: the coroutine slot's task this runs in (None: the caller's own, as the testing kit
+        runs it, whose cancellation is always the caller's)."""
         admitted = self._admit(delivery)
         if admitted is None:
             return None
@@ -225,12 +232,17 @@ class Executor(Service):
                 return None
             token = self.observer.before_run(delivery, self.clock())
             began = time.perf_counter()
+            running = _Running()
+            reset = _running.set(running)
             try:
                 if task.is_async:
-                    outcome = await self._run_async(task, delivery)
+                    outcome = await self._run_async(task, delivery, slot)
                 else:
                     outcome = await self._run_sync(task, delivery)
+                if running.stopped_loop is not None:
+                    outcome = on_failure(delivery, task.options, running.stopped_loop, self.clock())
             finally:
+                _running.reset(reset)
                 self.observer.after_run(delivery, outcome, time.perf_counter() - began, token)
         self.completer.add(outcome)
         return outcome
@@ -257,7 +269,14 @@ class Executor(Service):
                 slot.deadline = None if timeout is None else time.monotonic() + timeout
             token = self.observer.before_run(delivery, self.clock())
             began = time.perf_counter()
-            outcome = self._call(task, delivery)
+            running = _Running()
+            reset = _running.set(running)
+            try:
+                outcome = self._call(task, delivery)
+            finally:
+                _running.reset(reset)
+            if running.stopped_loop is not None:
+                outcome = on_failure(delivery, task.options, running.stopped_loop, self.clock())
             with slot.lock:
                 slot.job = slot.deadline = None
                 abandoned = slot.abandoned
@@ -291,23 +310,49 @@ class Executor(Service):
             return on_failure(delivery, task.options, error, self.clock())
         return self._returned(task, delivery, ctx, result)
 
-    async def _run_async(self, task: Task[Any, Any], delivery: Delivery) -> Outcome:
+    async def _run_async(self, task: Task[Any, Any], delivery: Delivery, slot: asyncio.Task[Any] | None) -> Outcome:
+        """Run an ``async def`` handler: in ``slot`` (the coroutine slot's own task; None: the caller's
+        task, as the testing kit runs it), or in a task of its own with a timeout."""
+        cancels = slot.cancelling() if slot is not None else 0
         try:
             ctx, kwargs = self._arguments(task, delivery)
             if task.options.timeout is None:
                 result = await task.fn(**kwargs)
             else:
                 result = await self._within(task.fn(**kwargs), task.options.timeout)
-        except _Raised as raised:
-            return on_failure(delivery, task.options, raised.exc, self.clock())
-        except asyncio.CancelledError as exc:
-            current = asyncio.current_task()
-            if current is not None and current.cancelling():
-                raise  # this slot is being stopped: not the handler's outcome
-            return on_failure(delivery, task.options, exc, self.clock())
         except BaseException as exc:
+            if isinstance(exc, _Raised):
+                return on_failure(delivery, task.options, exc.exc, self.clock())
+            if isinstance(exc, asyncio.CancelledError):
+                if slot is None:
+                    current = asyncio.current_task()
+                    if current is not None and current.cancelling():
+                        raise  # the caller's task is being cancelled: not the handler's outcome
+                elif slot.cancelling() > cancels:
+                    if self._cancelling_slots():
+                        raise  # this slot is being stopped: not the handler's outcome
+                    # The handler cancelled its slot's task (asyncio.current_task().cancel()): that
+                    # stopped the slot, and the worker with it. It is this attempt's failure.
+                    _uncancel(slot, cancels)
+                    return on_failure(delivery, task.options, _own_cancel(exc), self.clock())
             return on_failure(delivery, task.options, exc, self.clock())
+        if slot is not None and slot.cancelling() > cancels and not self._cancelling_slots():
+            # The handler cancelled its own task and returned: a cancellation it did not take yet
+            # would be thrown into this slot's next await (its next job's handler). Take it here.
+            try:
+                await asyncio.sleep(0)
+            except asyncio.CancelledError as exc:
+                if self._cancelling_slots():
+                    raise
+                _uncancel(slot, cancels)
+                return on_failure(delivery, task.options, _own_cancel(exc), self.clock())
+            _uncancel(slot, cancels)  # it took the cancellation and went on: its result stands
         return self._returned(task, delivery, ctx, result)
+
+    def _cancelling_slots(self) -> bool:
+        """Whether the worker cancels its slots (a stop past the graceful timeout, the end of the
+        event loop): a cancellation then is the worker's, never a handler's own."""
+        return self._cancelling or (self._runner is not None and self._runner.cancelling() > 0)
 
     def _arguments(self, task: Task[Any, Any], delivery: Delivery) -> tuple[JobContext, dict[str, Any]]:
         """The job's context and the handler's keyword arguments (raises on a payload that is not JSON)."""
@@ -323,16 +368,25 @@ class Executor(Service):
             return on_manual(delivery, task.options, ctx, self.clock())
         return on_success(delivery, task.options, result)
 
-    @staticmethod
-    async def _within(call: Any, timeout: float) -> Any:
+    async def _within(self, call: Any, timeout: float) -> Any:
         # Not asyncio.wait_for: it waits for the cancelled handler to finish, and a handler that
         # swallows the cancellation would then hold this slot for ever.
         running = asyncio.ensure_future(_carried(call))
-        done, _ = await asyncio.wait({running}, timeout=timeout)
+        try:
+            done, _ = await asyncio.wait({running}, timeout=timeout)
+        except asyncio.CancelledError:
+            running.cancel()  # the slot is stopped: so is its handler, as one without a timeout
+            running.add_done_callback(_consume)
+            raise
         if not done:
             running.cancel()
             running.add_done_callback(_consume)
             raise HandlerTimeout(f"handler ran longer than {timeout}s")
+        if running.cancelled() and running.cancelling():
+            try:
+                running.result()
+            except asyncio.CancelledError as exc:
+                raise _own_cancel(exc) from None
         return running.result()
 
     async def _run_sync(self, task: Task[Any, Any], delivery: Delivery) -> Outcome:
@@ -363,13 +417,26 @@ class Executor(Service):
         return on_failure(delivery, task.options, HandlerTimeout(f"handler ran longer than {timeout}s"), self.clock())
 
     async def _slot(self) -> None:
+        me = asyncio.current_task()
+        assert me is not None
         release = False
-        while (delivery := await self.buffer.take(release)) is not None:
+        while True:
+            try:
+                delivery = await self.buffer.take(release)
+            except asyncio.CancelledError:
+                if not self._stray_cancel(me):
+                    raise  # the worker's
+                release = False  # take() gives its permit back before it waits
+                continue
+            if delivery is None:
+                return
             release = True
             try:
-                await self.process(delivery)
+                await self.process(delivery, me)
             except asyncio.CancelledError:
-                raise
+                if not self._stray_cancel(me):
+                    raise
+                self.registry.drop(delivery.id, delivery.receipt)  # as an internal error: see below
             except Exception:
                 # A bug in Conveyor itself, or a database that refused the start: forget the job, so
                 # that its lease is no longer extended; it expires and rescue hands the job out again.
@@ -377,6 +444,16 @@ class Executor(Service):
                 self.registry.drop(delivery.id, delivery.receipt)
             finally:
                 self.buffer.suspect_done(delivery)
+
+    def _stray_cancel(self, slot: asyncio.Task[Any]) -> bool:
+        """A cancellation reached ``slot`` outside a handler: False if it is the worker's (the caller
+        raises it again); else (a handler's, late: ``loop.call_later(1, asyncio.current_task().cancel)``)
+        take it back and say True: the slot goes on, rather than end, and the worker with it."""
+        if self._cancelling_slots() or not slot.cancelling():
+            return False
+        log.error("a cancellation of a handler slot's task that is not the worker's (a handler's, late): ignored")
+        _uncancel(slot, 0)
+        return True
 
     def _start_slot(self) -> None:
         slot = _ThreadSlot(self, self._slots_started)
@@ -438,6 +515,8 @@ class Executor(Service):
     async def run(self) -> None:
         """Run the slots until stopped (and their handlers returned) or cancelled."""
         self.buffer.loop.bind()
+        self._runner = asyncio.current_task()
+        guarded = _guard_stop(asyncio.get_running_loop())
         tasks = [asyncio.create_task(self._slot(), name=f"slot-{i}") for i in range(self.concurrency)]
         plain = [t for t in self.catalogue.tasks.values() if not t.is_async]
         watch: asyncio.Task[None] | None = None
@@ -453,11 +532,14 @@ class Executor(Service):
         try:
             await asyncio.gather(*tasks)
         finally:
+            self._cancelling = True
             if watch is not None:
                 watch.cancel()
             for task in tasks:
                 task.cancel()
             await asyncio.wait(tasks, timeout=1.0)
+            if guarded is not None:
+                _unguard_stop(asyncio.get_running_loop(), guarded)
             # Thread slots still running a handler are abandoned (daemons: they do not hold the
             # process's exit); their leases expire and rescue returns the jobs.
 
@@ -465,6 +547,55 @@ class Executor(Service):
         """Let each slot end once its handler returns (buffered jobs are the worker's to hand back)."""
         super().stop()
         self.buffer.close()
+
+
+class _Running:
+    """One run of a handler, as the code it runs or schedules sees it (:data:`_running`)."""
+
+    __slots__ = ("stopped_loop",)
+
+    def __init__(self) -> None:
+        #: The error a refused ``loop.stop()`` raised in the handler: its attempt's failure.
+        self.stopped_loop: BaseException | None = None
+
+
+#: The handler run this code belongs to: set around each handler, so that it is seen in the
+#: handler, in a task of its own, in what it schedules on the loop (callbacks copy the context) and
+#: in the thread of a ``def`` handler.
+_running: contextvars.ContextVar[_Running | None] = contextvars.ContextVar("conveyor_running", default=None)
+
+
+def _guard_stop(loop: asyncio.AbstractEventLoop) -> Callable[[], None] | None:
+    """Make ``loop.stop()`` called from a handler (or what it scheduled) raise in it instead of stop the
+    loop, and fail its attempt; the guard it put in place, or None if the loop cannot take one.
+
+    A stopped loop ended ``asyncio.run`` with every task cancelled: the worker's other running jobs,
+    its prefetched ones and its unwritten outcomes were left to their leases (run again, though
+    completed). A stop from elsewhere still stops the loop (``run_until_complete`` ends that way);
+    :meth:`Worker.run_sync` resumes a loop that a stop it did not ask for ended early."""
+    stop = loop.stop
+
+    def guarded() -> None:
+        running = _running.get()
+        if running is None:
+            stop()
+            return
+        error = RuntimeError("the handler stopped the event loop (loop.stop()) that the worker runs on: refused")
+        if running.stopped_loop is None:
+            running.stopped_loop = error
+        raise error
+
+    try:
+        setattr(loop, "stop", guarded)  # noqa: B010 - mypy refuses an assignment to a method
+    except AttributeError:  # a loop without instance attributes (uvloop's): run_sync still resumes it
+        return None
+    return guarded
+
+
+def _unguard_stop(loop: asyncio.AbstractEventLoop, guarded: Callable[[], None]) -> None:
+    """Take the guard off (unless another was put over it since: that one calls this one)."""
+    if vars(loop).get("stop") is guarded:
+        delattr(loop, "stop")
 
 
 def _settle(future: asyncio.Future[Outcome], outcome: Outcome) -> None:
@@ -476,6 +607,19 @@ def _consume(future: asyncio.Future[Any]) -> None:
     """Retrieve an abandoned call's outcome, so that asyncio does not log it as never retrieved."""
     if not future.cancelled():
         future.exception()
+
+
+def _uncancel(task: asyncio.Task[Any], cancels: int) -> None:
+    """Take back the cancellations of ``task`` requested since it had ``cancels`` (Task.uncancel), so
+    that its next cancellation (the worker's, an ``asyncio.timeout`` in its next handler) is counted
+    right."""
+    while task.cancelling() > cancels:
+        task.uncancel()
+
+
+def _own_cancel(exc: BaseException) -> asyncio.CancelledError:
+    """The failure of a handler that cancelled its own task, with the traceback of where it was."""
+    return asyncio.CancelledError("the handler cancelled its own task").with_traceback(exc.__traceback__)
 
 
 class _Raised(Exception):

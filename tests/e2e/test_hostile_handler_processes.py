@@ -1,0 +1,148 @@
+"""Handlers that reach past their job into the worker's process, in a real ``conveyor worker``: one
+that forks and comes back into the worker in the child, one that has the event loop stopped from a
+thread of its own. Each harms only its own job (or none); the worker goes on and exits 0."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+from conveyor import App
+
+from ._support import Procs, conveyor_argv
+
+#: The app the worker runs, written to the test's directory (importable through PYTHONPATH).
+APP = textwrap.dedent(
+    '''
+    import asyncio
+    import atexit
+    import os
+    import sys
+    import threading
+    import time
+
+    from conveyor import App, JobContext
+
+    LOG = os.environ["HOSTILE_RUN_LOG"]
+    app = App()
+
+
+    def note(*words):
+        fd = os.open(LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, (" ".join(map(str, words)) + "\\n").encode())
+        finally:
+            os.close(fd)
+
+
+    atexit.register(lambda: note("atexit", os.getpid()))
+
+
+    def exited(pid):
+        """The child's exit code, or "alive" if it still runs after 10 s (it is then killed)."""
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                return os.waitstatus_to_exitcode(status)
+            time.sleep(0.01)
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        return "alive"
+
+
+    def in_child(how, ctx):
+        note("child", ctx.job_id, os.getpid())
+        if how == "raise":
+            raise ValueError("raised in the child")
+        if how == "exit":
+            sys.exit(3)
+        return "child"
+
+
+    @app.task(queue="q", name="fork_def", max_attempts=1)
+    def fork_def(how: str, ctx: JobContext) -> str:
+        note("run", ctx.job_id, os.getpid())
+        pid = os.fork()
+        if pid == 0:
+            return in_child(how, ctx)
+        note("exit", ctx.job_id, exited(pid))
+        return "parent"
+
+
+    async def forks(how, ctx):
+        note("run", ctx.job_id, os.getpid())
+        pid = os.fork()
+        if pid == 0:
+            if how == "await":
+                await asyncio.sleep(0.5)  # the worker's loops run in the child meanwhile
+            return in_child(how, ctx)
+        # The loop is blocked while the child runs: the child's whole life is this job's.
+        note("exit", ctx.job_id, exited(pid))
+        return "parent"
+
+
+    @app.task(queue="q", name="fork_async", max_attempts=1)
+    async def fork_async(how: str, ctx: JobContext) -> str:
+        return await forks(how, ctx)
+
+
+    @app.task(queue="q", name="fork_async_timeout", max_attempts=1, timeout=30)
+    async def fork_async_timeout(how: str, ctx: JobContext) -> str:
+        return await forks(how, ctx)
+
+
+    @app.task(queue="q", name="stops_the_loop", max_attempts=1)
+    async def stops_the_loop(ctx: JobContext) -> str:
+        note("run", ctx.job_id, os.getpid())
+        loop = asyncio.get_running_loop()
+        # From a thread: its context is not the handler's, so nothing tells whose stop this is.
+        threading.Thread(target=lambda: loop.call_soon_threadsafe(loop.stop)).start()
+        await asyncio.sleep(0.2)
+        return "went on"
+
+
+    @app.task(queue="q", name="good")
+    async def good(i: int, ctx: JobContext) -> int:
+        note("run", ctx.job_id, os.getpid())
+        await asyncio.sleep(0.01)
+        return i
+    '''
+)
+
+
+def _worker(url: str, procs: Procs, tmp_path: Path, log: Path) -> int:
+    (tmp_path / "hostile_app.py").write_text(APP)
+    worker = procs.start(
+        "worker",
+        conveyor_argv(url, "-v", "worker", "hostile_app:app", "--burst", "--concurrency", "2", "--prefetch", "10"),
+        env={"HOSTILE_RUN_LOG": str(log), "PYTHONPATH": str(tmp_path)},
+    )
+    return worker.wait(timeout=60)
+
+
+def test_a_stop_of_the_event_loop_the_worker_cannot_trace_to_a_handler_is_resumed(
+    sqlite_url: str, procs: Procs, tmp_path: Path
+) -> None:
+    # A stop scheduled from a thread the handler started carries no trace of the handler: the worker
+    # cannot fail its job, but it runs the loop again. Before: asyncio.run ended ("Event loop stopped
+    # before Future completed"), every task cancelled, the worker exited 1 with jobs left to their leases.
+    producer = App(sqlite_url, migrate=True)
+    try:
+        stopper = producer.send("stops_the_loop", {}, queue="q", max_attempts=1).id
+        goods = [producer.send("good", {"i": i}, queue="q").id for i in range(20)]
+    finally:
+        producer.close()
+    log = tmp_path / "runs.log"
+
+    assert _worker(sqlite_url, procs, tmp_path, log) == 0
+
+    assert "the event loop was stopped (loop.stop()) while the worker ran; running it again" in procs.outputs()
+    db = App(sqlite_url)
+    try:
+        assert (db.job(stopper).state, db.job(stopper).result) == ("completed", "went on")
+        assert [(db.job(g).state, db.job(g).result, db.job(g).deliveries) for g in goods] == [
+            ("completed", i, 1) for i in range(20)
+        ]
+    finally:
+        db.close()
