@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import textwrap
 from pathlib import Path
+from uuid import UUID
 
 from conveyor import App
 
-from ._support import Procs, conveyor_argv
+from ._support import Procs, conveyor_argv, iter_lines
 
 #: The app the worker runs, written to the test's directory (importable through PYTHONPATH).
 APP = textwrap.dedent(
@@ -63,9 +64,24 @@ APP = textwrap.dedent(
     @app.task(queue="q", name="fork_def", max_attempts=1)
     def fork_def(how: str, ctx: JobContext) -> str:
         note("run", ctx.job_id, os.getpid())
-        pid = os.fork()
-        if pid == 0:
-            return in_child(how, ctx)
+        if how == "in a thread":
+            forked = []
+
+            def fork():
+                pid = os.fork()
+                if pid == 0:
+                    note("child", ctx.job_id, os.getpid())
+                    return  # the child's only thread ends, and the child with it
+                forked.append(pid)
+
+            thread = threading.Thread(target=fork)
+            thread.start()
+            thread.join()
+            pid = forked[0]
+        else:
+            pid = os.fork()
+            if pid == 0:
+                return in_child(how, ctx)
         note("exit", ctx.job_id, exited(pid))
         return "parent"
 
@@ -110,6 +126,21 @@ APP = textwrap.dedent(
     '''
 )
 
+FORKS = [
+    ("fork_def", "return", 0),
+    ("fork_def", "raise", 1),
+    ("fork_def", "exit", 3),
+    ("fork_def", "in a thread", 0),
+    ("fork_async", "return", 0),
+    ("fork_async", "raise", 1),
+    ("fork_async", "exit", 3),
+    ("fork_async", "await", None),  # 0 (back after its sleep) or 1 (a worker loop reached the database first)
+    ("fork_async_timeout", "return", 0),
+    ("fork_async_timeout", "raise", 1),
+    ("fork_async_timeout", "exit", 3),
+    ("fork_async_timeout", "await", None),
+]
+
 
 def _worker(url: str, procs: Procs, tmp_path: Path, log: Path) -> int:
     (tmp_path / "hostile_app.py").write_text(APP)
@@ -119,6 +150,53 @@ def _worker(url: str, procs: Procs, tmp_path: Path, log: Path) -> int:
         env={"HOSTILE_RUN_LOG": str(log), "PYTHONPATH": str(tmp_path)},
     )
     return worker.wait(timeout=60)
+
+
+def test_a_forked_child_that_comes_back_into_the_worker_exits_at_once(
+    database_url: str, procs: Procs, tmp_path: Path
+) -> None:
+    # Before: the child went on as a second worker on the parent's leases (App reopens its
+    # connections in a forked child): it ran and acked other jobs, so jobs ran 3-4 times, and its
+    # atexit handlers ran when it ended.
+    producer = App(database_url, migrate=True)
+    try:
+        hostile = {
+            producer.send(task, {"how": how}, queue="q", max_attempts=1).id: (task, how, code)
+            for task, how, code in FORKS
+        }
+        goods = [producer.send("good", {"i": i}, queue="q").id for i in range(20)]
+    finally:
+        producer.close()
+    log = tmp_path / "runs.log"
+
+    assert _worker(database_url, procs, tmp_path, log) == 0
+
+    lines = list(iter_lines(log))
+    runs = [(UUID(job), int(pid)) for event, job, pid in (line for line in lines if line[0] == "run")]
+    worker_pids = {pid for _, pid in runs}
+    assert len(worker_pids) == 1, lines  # every job ran in the worker itself, none in a child
+    assert sorted(job for job, _ in runs) == sorted([*hostile, *goods])  # each once
+    children = {UUID(line[1]): int(line[2]) for line in lines if line[0] == "child"}
+    # (a child that awaited may have been ended before it noted anything: its loop ran the worker's)
+    assert {job for job, (_, how, _) in hostile.items() if how != "await"} <= set(children) <= set(hostile)
+    assert not set(children.values()) & worker_pids
+    exits = {UUID(line[1]): line[2] for line in lines if line[0] == "exit"}
+    for job, (task, how, code) in hostile.items():
+        if code is None:
+            assert exits[job] in ("0", "1"), (task, how, exits[job])
+        else:
+            assert exits[job] == str(code), (task, how, exits[job])
+    # The parent's atexit handlers ran in the worker only, never in a child.
+    assert [int(line[1]) for line in lines if line[0] == "atexit"] == sorted(worker_pids)
+
+    db = App(database_url)
+    try:
+        for job in hostile:
+            status = db.job(job)
+            assert (status.state, status.result, status.deliveries) == ("completed", "parent", 1), hostile[job]
+        assert [(db.job(g).state, db.job(g).result) for g in goods] == [("completed", i) for i in range(20)]
+    finally:
+        db.close()
 
 
 def test_a_stop_of_the_event_loop_the_worker_cannot_trace_to_a_handler_is_resumed(

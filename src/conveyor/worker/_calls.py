@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 from conveyor._errors import BackendUnavailable, StatementCancelled
 from conveyor.backends.base import Backend
 from conveyor.worker._state import Counters
+from conveyor.worker._threads import leave_forked_child, process_id
 
 log = logging.getLogger("conveyor.worker")
 
@@ -35,6 +36,7 @@ class BackendCalls:
     def __init__(self, backend: Backend, counters: Counters, threads: int = 4) -> None:
         self.backend = backend
         self.counters = counters
+        self._pid = process_id()
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="conveyor-db")
         # The largest batch of each kind (``what``) known to end within the database's statement_timeout,
         # once one was cancelled, and since when: later batches of that kind go in parts of that size
@@ -56,6 +58,10 @@ class BackendCalls:
 
     async def once(self, fn: Callable[[P_], T], params: P_) -> T:
         """One call, errors propagate."""
+        if process_id() != self._pid:
+            # A process a handler forked, whose handler awaited in it: the worker's loops ran on there
+            # and reached the database, where they would ack, fetch and run the parent's jobs again.
+            leave_forked_child("a handler (its loop ran the worker's)", 1)
         on_loop = self._on_loop.get(fn)
         if on_loop is not None:
             result: T = await on_loop(params)

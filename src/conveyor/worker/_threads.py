@@ -1,9 +1,12 @@
-"""Hand-offs from the worker's threads (the thread slots of ``def`` handlers) to its event loop."""
+"""Hand-offs from the worker's threads (the thread slots of ``def`` handlers) to its event loop, and
+the guard against a process a handler forked returning into the worker."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import sys
 import threading
 from collections.abc import Callable
 
@@ -28,3 +31,51 @@ class LoopRef:
             return
         with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
             self.loop.call_soon_threadsafe(callback)
+
+
+# This process's id, kept by an at-fork hook, so that the check after every handler costs no system
+# call (os.getpid() is one).
+_pid = os.getpid()
+
+
+def _after_fork_in_child() -> None:
+    global _pid
+    _pid = os.getpid()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def process_id() -> int:
+    """This process's id (read without a system call)."""
+    return _pid
+
+
+def leave_forked_child(what: str, code: int) -> None:
+    """End a process a handler forked that came back into the worker's code (its handler returned or
+    raised in the child, or awaited and let the worker's loops run there): at once, with ``os._exit``.
+
+    Run on, the child was a second worker on the parent's leases and state: it acked, fetched and ran
+    jobs of its own, so that jobs ran three and four times. ``os._exit`` runs none of the parent's
+    atexit handlers and flushes nothing of the worker's; only what the child itself printed is
+    flushed (the standard streams), as ``multiprocessing`` does for its own children."""
+    with contextlib.suppress(BaseException):
+        os.write(2, f"conveyor: process {_pid}, forked by {what}, came back into the worker: exiting\n".encode())
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(BaseException):
+            if stream is not None:
+                stream.flush()
+    os._exit(code)
+
+
+def exit_code_of(exc: BaseException | None) -> int:
+    """The exit code of a forked child whose handler returned (None: 0) or raised ``exc``: a
+    ``SystemExit``'s own code, as the child would have exited on its own, else 1."""
+    if exc is None:
+        return 0
+    if isinstance(exc, SystemExit):
+        code = exc.code
+        if code is None:
+            return 0
+        return code & 0xFF if isinstance(code, int) else 1
+    return 1

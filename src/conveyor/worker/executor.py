@@ -6,7 +6,8 @@ task), runs it, and hands the outcome to the completer, which counts the start w
 (its lease once expired) is counted before it runs instead (batched with the other slots' suspects), so
 that a job which kills its workers is counted. Whatever the handler raises or does (an exception of any
 kind, a hang past its timeout, a cancellation of its own task, a stop of the event loop) is that job's
-outcome; the slot itself carries on."""
+outcome; the slot itself carries on. A process the handler forked never runs worker code: it exits
+as soon as it comes back into it (see :func:`conveyor.worker._threads.leave_forked_child`)."""
 
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ from conveyor.worker._calls import BackendCalls
 from conveyor.worker._observe import NO_OBSERVER, Observer
 from conveyor.worker._service import Service
 from conveyor.worker._state import Counters, Held, Registry
+from conveyor.worker._threads import exit_code_of, leave_forked_child, process_id
 from conveyor.worker.completer import Completer
 
 log = logging.getLogger("conveyor.worker")
@@ -168,6 +170,8 @@ class Executor(Service):
         #: The task running :meth:`run`, and whether it cancels its slots (see _cancelling_slots).
         self._runner: asyncio.Task[Any] | None = None
         self._cancelling = False
+        #: The worker's process: one a handler forks leaves as soon as it comes back (see _call).
+        self.pid = process_id()
 
     @property
     def running(self) -> int:
@@ -294,10 +298,14 @@ class Executor(Service):
             ctx, kwargs = self._arguments(task, delivery)
             result = task.fn(**kwargs)
         except BaseException as exc:
+            if process_id() != self.pid:
+                leave_forked_child(f"the handler of {task.name}", exit_code_of(exc))
             # Anything a handler raises, SystemExit and KeyboardInterrupt from library code included,
             # is a failed attempt of its job, never the end of the worker. (A real Ctrl-C or SIGTERM
             # reaches the worker's signal handlers, not the handler.)
             return on_failure(delivery, task.options, exc, self.clock())
+        if process_id() != self.pid:
+            leave_forked_child(f"the handler of {task.name}", 0)
         if type(result) is CoroutineType:
             # A plain function that returned a coroutine (a wrapper without functools.wraps around an
             # async def): its work never ran here. Completing the job would lose it.
@@ -319,8 +327,10 @@ class Executor(Service):
             if task.options.timeout is None:
                 result = await task.fn(**kwargs)
             else:
-                result = await self._within(task.fn(**kwargs), task.options.timeout)
+                result = await self._within(task.fn(**kwargs), task.options.timeout, task.name)
         except BaseException as exc:
+            if process_id() != self.pid:
+                leave_forked_child(f"the handler of {task.name}", exit_code_of(exc))
             if isinstance(exc, _Raised):
                 return on_failure(delivery, task.options, exc.exc, self.clock())
             if isinstance(exc, asyncio.CancelledError):
@@ -336,6 +346,8 @@ class Executor(Service):
                     _uncancel(slot, cancels)
                     return on_failure(delivery, task.options, _own_cancel(exc), self.clock())
             return on_failure(delivery, task.options, exc, self.clock())
+        if process_id() != self.pid:
+            leave_forked_child(f"the handler of {task.name}", 0)
         if slot is not None and slot.cancelling() > cancels and not self._cancelling_slots():
             # The handler cancelled its own task and returned: a cancellation it did not take yet
             # would be thrown into this slot's next await (its next job's handler). Take it here.
@@ -368,10 +380,10 @@ class Executor(Service):
             return on_manual(delivery, task.options, ctx, self.clock())
         return on_success(delivery, task.options, result)
 
-    async def _within(self, call: Any, timeout: float) -> Any:
+    async def _within(self, call: Any, timeout: float, name: str) -> Any:
         # Not asyncio.wait_for: it waits for the cancelled handler to finish, and a handler that
         # swallows the cancellation would then hold this slot for ever.
-        running = asyncio.ensure_future(_carried(call))
+        running = asyncio.ensure_future(_carried(call, self.pid, name))
         try:
             done, _ = await asyncio.wait({running}, timeout=timeout)
         except asyncio.CancelledError:
@@ -632,8 +644,18 @@ class _Raised(Exception):
         self.exc = exc
 
 
-async def _carried(call: Awaitable[Any]) -> Any:
+async def _carried(call: Awaitable[Any], pid: int, name: str) -> Any:
+    """Await the handler of task ``name`` in a task of its own: a SystemExit or KeyboardInterrupt is
+    carried out as :class:`_Raised`; a process it forked that comes back here exits (``pid``: the
+    worker's)."""
     try:
-        return await call
-    except (SystemExit, KeyboardInterrupt) as exc:
-        raise _Raised(exc) from None
+        result = await call
+    except BaseException as exc:
+        if process_id() != pid:
+            leave_forked_child(f"the handler of {name}", exit_code_of(exc))
+        if isinstance(exc, (SystemExit, KeyboardInterrupt)):
+            raise _Raised(exc) from None
+        raise
+    if process_id() != pid:
+        leave_forked_child(f"the handler of {name}", 0)
+    return result
