@@ -18,6 +18,7 @@ APP = textwrap.dedent(
     import asyncio
     import atexit
     import os
+    import signal
     import sys
     import threading
     import time
@@ -116,6 +117,18 @@ APP = textwrap.dedent(
         threading.Thread(target=lambda: loop.call_soon_threadsafe(loop.stop)).start()
         await asyncio.sleep(0.2)
         return "went on"
+
+
+    @app.task(queue="q", name="terminates_its_child", max_attempts=1)
+    async def terminates_its_child(ctx: JobContext) -> str:
+        note("run", ctx.job_id, os.getpid())
+        pid = os.fork()
+        if pid == 0:
+            time.sleep(10)
+            os._exit(0)
+        await asyncio.sleep(0.3)
+        os.kill(pid, signal.SIGTERM)
+        return f"child exit {exited(pid)}"
 
 
     @app.task(queue="q", name="good")
@@ -222,5 +235,29 @@ def test_a_stop_of_the_event_loop_the_worker_cannot_trace_to_a_handler_is_resume
         assert [(db.job(g).state, db.job(g).result, db.job(g).deliveries) for g in goods] == [
             ("completed", i, 1) for i in range(20)
         ]
+    finally:
+        db.close()
+
+
+def test_a_signal_to_a_child_a_handler_forked_is_the_childs_not_the_workers(
+    sqlite_url: str, procs: Procs, tmp_path: Path
+) -> None:
+    # The child shares its parent loop's signal wake-up socket. Before: the SIGTERM the handler sent
+    # its child was read by the worker's loop as its own (it stopped, handing its prefetched jobs
+    # back), and the child, with the loop's no-op handler, ignored it.
+    producer = App(sqlite_url, migrate=True)
+    try:
+        terminates = producer.send("terminates_its_child", {}, queue="q", max_attempts=1).id
+        goods = [producer.send("good", {"i": i}, queue="q").id for i in range(20)]
+    finally:
+        producer.close()
+
+    assert _worker(sqlite_url, procs, tmp_path, tmp_path / "runs.log") == 0
+
+    assert "SIGTERM" not in procs.outputs()
+    db = App(sqlite_url)
+    try:
+        assert (db.job(terminates).state, db.job(terminates).result) == ("completed", "child exit -15")
+        assert [(db.job(g).state, db.job(g).result) for g in goods] == [("completed", i) for i in range(20)]
     finally:
         db.close()

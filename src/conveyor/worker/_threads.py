@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 import sys
 import threading
 from collections.abc import Callable
@@ -37,10 +38,24 @@ class LoopRef:
 # call (os.getpid() is one).
 _pid = os.getpid()
 
+#: The signals a worker's event loop handles in this process now (set by Worker.run_sync).
+worker_signals: tuple[signal.Signals, ...] = ()
+
 
 def _after_fork_in_child() -> None:
-    global _pid
+    global _pid, worker_signals
     _pid = os.getpid()
+    if worker_signals:
+        # A process a handler forked shares its parent loop's signal wake-up socket: a signal sent to
+        # it (the parent's handler ending it with SIGTERM) was read by the parent's loop as its own,
+        # and stopped the worker, while the child, with the loop's no-op handler, went on. It gets
+        # the dispositions of a plain Python process instead.
+        with contextlib.suppress(ValueError, OSError):
+            signal.set_wakeup_fd(-1)
+        for sig in worker_signals:
+            with contextlib.suppress(ValueError, OSError):
+                signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
+        worker_signals = ()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -14,7 +14,7 @@ from typing import Any
 from conveyor._app import App
 from conveyor._errors import BackendCorrupt, BackendError, ConfigurationError, exit_code
 from conveyor.backends.base import JobsReleaseParams, LeaseRef, QueuesStatsParams
-from conveyor.worker import _cpu
+from conveyor.worker import _cpu, _threads
 from conveyor.worker._config import WorkerConfig
 from conveyor.worker._loops import Loops, build_loops
 from conveyor.worker._observe import NO_OBSERVER, Observer, Observers
@@ -265,7 +265,11 @@ class Worker:
                 loop = asyncio.get_running_loop()
                 for sig in signals:
                     loop.add_signal_handler(sig, self._on_signal, sig)
-            await self.run()
+                _threads.worker_signals = tuple(signals)
+            try:
+                await self.run()
+            finally:
+                _threads.worker_signals = ()
 
         _run_to_the_end(main())
         return self.exit_code
