@@ -88,7 +88,14 @@ class Worker:
 
     async def run(self) -> None:
         """Run until stopped (or drained, with ``burst``). With ``cpu``, every thread of this process
-        runs on that CPU meanwhile (see ``conveyor/worker/_cpu.py``)."""
+        runs on that CPU meanwhile (see ``conveyor/worker/_cpu.py``).
+
+        A handler's ``loop.stop()`` is refused (it raises in the handler and fails its attempt). A
+        stop that cannot be traced to a handler (scheduled from a thread the handler started, or on a
+        loop that takes no guard, such as uvloop's) stops the loop: :meth:`run_sync` runs it again,
+        but under your own ``asyncio.run`` that ends the run with every task cancelled, as a crash
+        does (running and prefetched jobs come back when their leases expire; a completed job whose
+        outcome was not written yet runs again)."""
         self._stop_requested = asyncio.Event()
         if self._stopping:
             self._stop_requested.set()
