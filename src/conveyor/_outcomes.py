@@ -92,18 +92,20 @@ def _schema_version(headers: str) -> int | None:
 def on_success(delivery: Delivery, options: TaskOptions, result: Any) -> Finish:
     """The handler returned: the job completed (result kept if the task keeps results).
 
-    The completion is never lost to its result: a result that is not JSON is kept as its repr, one
-    over :data:`MAX_RESULT_BYTES` as a note saying so, and text no database can store (NUL, lone
-    surrogates) as its escape (see :func:`storable`)."""
+    The completion is never lost to its result: a result that JSON cannot hold faithfully (not JSON,
+    or a dict two of whose keys JSON writes as the same text, ``{1: "a", "1": "b"}``) is kept as its
+    repr, one over :data:`MAX_RESULT_BYTES` as a note saying so, and text no database can store (NUL,
+    lone surrogates) as its escape (see :func:`storable`)."""
     encoded: str | None = None
     if options.keep_result and result is not None:
         try:
             encoded = _json(result)
-        except (TypeError, ValueError, RecursionError):
-            encoded = _json({"repr": storable(_safe_repr(result))[:MAX_RESULT_BYTES]})
-        else:
+            if _keys_collide(result):
+                raise ValueError("two keys of one dict are the same JSON text")
             if "\\u0000" in encoded or not is_utf8(encoded):
                 encoded = _storable_json(encoded)
+        except (TypeError, ValueError, RecursionError):
+            encoded = _json({"repr": storable(_safe_repr(result))[:MAX_RESULT_BYTES]})
         size = len(encoded) if encoded.isascii() else len(encoded.encode("utf-8"))
         if size > MAX_RESULT_BYTES:
             note = f"the result was {size} bytes of JSON, over the {MAX_RESULT_BYTES}-byte limit: not kept"
@@ -218,8 +220,40 @@ def _map_strings(value: Any) -> Any:
     if isinstance(value, list):
         return [_map_strings(v) for v in value]
     if isinstance(value, dict):
-        return {storable(k): _map_strings(v) for k, v in value.items()}
+        mapped = {storable(k): _map_strings(v) for k, v in value.items()}
+        if len(mapped) != len(value):
+            # Two keys became one ("\x00" and the six characters "\\u0000"): one value would be lost.
+            raise ValueError("two keys of one dict are the same text once made storable")
+        return mapped
     return value
+
+
+_CONTAINERS = (dict, list, tuple)
+_SCALARS = frozenset((str, int, float, bool, type(None)))
+
+
+def _keys_collide(value: Any) -> bool:
+    """Whether some dict in ``value`` (already encoded by :func:`_json`) has two keys that JSON writes
+    as the same text: ``json.dumps`` turns ``1``, ``True``, ``None`` and ``1.5`` into strings, so
+    ``{1: "a", "1": "b"}`` becomes ``{"1": "b"}`` and one value is silently lost.
+
+    Cheap where it can be, as it runs on every kept result: a dict's keys are compared only when one of
+    them is not a string, and a list of scalars is passed over in C."""
+    if isinstance(value, dict):
+        for key in value:
+            if type(key) is not str:
+                # A non-str key is written as json.dumps writes it as a value ("true", "null", "1.5").
+                if len({k if isinstance(k, str) else _json(k) for k in value}) != len(value):
+                    return True
+                break
+        items: Any = value.values()
+    elif isinstance(value, (list, tuple)):
+        if _SCALARS.issuperset(map(type, value)):
+            return False
+        items = value
+    else:
+        return False
+    return any(_keys_collide(item) for item in items if isinstance(item, _CONTAINERS))
 
 
 def _safe_str(value: object) -> str:

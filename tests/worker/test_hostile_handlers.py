@@ -68,6 +68,39 @@ def test_text_no_database_can_store_is_stored_escaped_and_harms_no_other_job(app
     assert "RuntimeError: bad\\u0000text" in error.error.traceback
 
 
+def test_a_result_whose_keys_collide_as_json_is_kept_as_its_repr_not_silently_cut(app: App) -> None:
+    # json.dumps writes 1, True, None and 1.5 as the keys "1", "true", "null" and "1.5": a dict that also
+    # has that string key was stored with one of the two values silently lost ({"1": "b"}), at any depth.
+    # Such a result is kept as its repr, as a result JSON cannot hold at all is. So is a dict whose
+    # keys become one once made storable (NUL and its six-character escape).
+    colliding: list[Any] = [
+        {1: "a", "1": "b"},
+        {"ok": [{"x": 1}, {True: 1, "true": 2}]},
+        {"n": {None: 0, "null": 1}},
+        {1.5: "a", "1.5": "b"},
+        [{"k\x00": 1, "k\\u0000": 2}],
+    ]
+    faithful: list[Any] = [{1: "a", 2: "b"}, {"1": "a", 2: "b"}, {"a": [{True: 1, None: 2, 3.5: 3}]}, [1, "1", [2]]]
+
+    @app.task(queue="q")
+    def give(i: int) -> Any:
+        return (colliding + faithful)[i]
+
+    jobs = [give.delay(i=i) for i in range(len(colliding) + len(faithful))]
+    run(app)
+
+    statuses = [j.status() for j in jobs]
+    assert [s.state for s in statuses] == ["completed"] * len(jobs)
+    assert [s.result for s in statuses[: len(colliding)]] == [{"repr": repr(v)} for v in colliding]
+    # Keys of other types that collide with nothing are still written as JSON writes them.
+    assert [s.result for s in statuses[len(colliding) :]] == [
+        {"1": "a", "2": "b"},
+        {"1": "a", "2": "b"},
+        {"a": [{"true": 1, "null": 2, "3.5": 3}]},
+        [1, "1", [2]],
+    ]
+
+
 def _refuse_results_containing(app: App, database_url: str, marker: str) -> None:
     """Make the real database refuse to archive a result containing ``marker`` (a trigger)."""
     app.backend.migrate()
