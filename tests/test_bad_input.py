@@ -620,3 +620,47 @@ def test_a_periodic_declaration_that_fails_registers_nothing(app: App) -> None:
         app.periodic("*/5 * * * *", name="dup")(tock)
     assert app.catalogue.schedules["dup"].cron == "* * * * *"
     assert app.catalogue.task_options(f"{__name__}.{tock.__qualname__}") is None
+
+
+def test_a_sqlite_file_named_with_a_question_mark_hash_or_percent_is_named_by_a_percent_encoded_url(
+    tmp_path: os.PathLike[str],
+) -> None:
+    # A hostile sweep: sqlite:////dir/what?.db was refused as "takes no options" and pointed at '.../what',
+    # and a URL's path was never decoded, so no URL could name a file with '?' or '#' in it ('%3F' named a
+    # file called 'what%3F.db'), nor a backend's URL name its own file again.
+    from conveyor.backends.sqlite import SqliteBackend
+
+    folder = os.fspath(tmp_path)
+    with pytest.raises(ConfigurationError) as refused:
+        App(f"sqlite:///{folder}/what?.db").send("t", {})
+    assert "'?' starts a URL's query string" in str(refused.value)
+    assert f"percent-encode it as '%3F' (sqlite:///{folder}/what%3F.db)" in str(refused.value)
+    with pytest.raises(ConfigurationError, match="percent-encode it as '%23'"):
+        App(f"sqlite:///{folder}/hash#x.db").send("t", {})
+
+    names = {"what?.db": "what%3F.db", "hash#x.db": "hash%23x.db", "pct%.db": "pct%25.db", "a b.db": "a%20b.db"}
+    for name, encoded in names.items():
+        with App(f"sqlite:///{folder}/{encoded}", migrate=True) as app:
+            job = app.send("t", {"file": name})
+        # A backend on that file has the URL that names it, and reads the job sent through it.
+        with App(backend=SqliteBackend(os.path.join(folder, name))) as again:
+            assert again.database_url == f"sqlite:///{folder}/{encoded if name != 'a b.db' else name}"
+            with App(again.database_url) as by_url:
+                assert by_url.job(job.id).payload == {"file": name}
+    assert sorted(n for n in os.listdir(folder) if n.endswith(".db")) == sorted(names)
+
+    # A '%' that starts no escape is itself, as before; escapes that spell no UTF-8 are refused.
+    with App(f"sqlite:///{folder}/100%.db", migrate=True) as app:
+        app.send("t", {})
+    assert os.path.exists(os.path.join(folder, "100%.db"))
+    with pytest.raises(ConfigurationError, match="percent-escapes must spell UTF-8"):
+        App(f"sqlite:///{folder}/bad%FF.db").send("t", {})
+
+    # A file named before escapes were decoded ('old%20name.db') is not replaced by a new, empty one.
+    with App(backend=SqliteBackend(os.path.join(folder, "old%20name.db"))) as app:
+        old = app.send("t", {})
+    with pytest.raises(ConfigurationError, match=r"does not exist, while .*old%20name\.db.* does.*old%2520name\.db"):
+        App(f"sqlite:///{folder}/old%20name.db").send("t", {})
+    assert not os.path.exists(os.path.join(folder, "old name.db"))
+    with App(f"sqlite:///{folder}/old%2520name.db") as app:
+        assert app.job(old.id).state == "pending"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import stat
+from urllib.parse import unquote
 
 from conveyor._errors import ConfigurationError
 from conveyor.backends._redact import redact_url
@@ -24,26 +25,53 @@ def in_memory_url(url: str) -> bool:
 SQLITE_LONGEST_PATH = 512 - len("-journal")
 
 
-def _check_sqlite_path(path: str, url: str) -> None:
-    """Refuse what a sqlite URL's path would open other than the file it seems to name: a new, empty
-    database named 'x.db?mode=ro' or 'x.db#main', a URI SQLite reads itself ('file::memory:', a private
-    in-memory database whose jobs are lost with the process), control characters. Then refuse a file
-    no retry can open (see :func:`_check_sqlite_file`)."""
-    name, question, options = path.partition("?")
-    if not name:
+def sqlite_url(path: str) -> str:
+    """The ``sqlite:///`` URL of a file path: its '%', '?' and '#' percent-encoded, as a URL's path is
+    (``what?.db`` is ``sqlite:///what%3F.db``), so that the URL names that file again when it is read."""
+    return "sqlite:///" + path.replace("%", "%25").replace("?", "%3F").replace("#", "%23")
+
+
+def _sqlite_path(path: str, url: str) -> str:
+    """The file a sqlite URL's path names, its percent-escapes decoded (``%3F`` is '?', ``%23`` '#',
+    ``%25`` '%'; a '%' that starts no escape is itself).
+
+    Refuse what it would open other than the file it seems to name: a new, empty database named
+    'x.db?mode=ro' or 'x.db#main', a URI SQLite reads itself ('file::memory:', a private in-memory
+    database whose jobs are lost with the process), control characters. Then refuse a file no retry
+    can open (see :func:`_check_sqlite_file`)."""
+    raw, question, options = path.partition("?")
+    if not raw:
         raise ConfigurationError(f"sqlite URL has no file path: {redact_url(url)!r} (try sqlite:///conveyor.db)")
     if question:
         raise ConfigurationError(
-            f"sqlite URLs take no options (?{options} in {redact_url(url)!r}): Conveyor opens the file "
-            f"itself, read-write in WAL mode; name the file alone (sqlite:///{name})"
+            f"sqlite URLs take no options (?{options} in {redact_url(url)!r}): '?' starts a URL's query string. "
+            f"Conveyor opens the file itself, read-write in WAL mode; name the file alone (sqlite:///{raw}), or, "
+            f"if '?' is part of its name, percent-encode it as '%3F' ({sqlite_url(unquote(path))})"
         )
-    if "#" in name or name.startswith("file:") or any(ord(c) < 0x20 or c == "\x7f" for c in name):
+    if "#" in raw:
         raise ConfigurationError(
-            f"a sqlite URL names a plain file path, without '#', a 'file:' URI or control characters: "
-            f"{redact_url(url)!a}"
+            f"a sqlite URL names a plain file path, without '#' (it starts a URL's fragment; in a file's name "
+            f"percent-encode it as '%23'): {redact_url(url)!a}"
+        )
+    try:
+        name = unquote(raw, errors="strict")
+    except UnicodeDecodeError:
+        raise ConfigurationError(f"a sqlite URL's percent-escapes must spell UTF-8 text: {redact_url(url)!a}") from None
+    if name.startswith("file:") or any(ord(c) < 0x20 or c == "\x7f" for c in name):
+        raise ConfigurationError(
+            f"a sqlite URL names a plain file path, without a 'file:' URI or control characters: {redact_url(url)!a}"
+        )
+    if name != raw and not os.path.exists(name) and os.path.exists(raw):
+        # Before escapes were decoded 'a%20b.db' opened the file of that name: do not start a new, empty
+        # database beside it without a word.
+        raise ConfigurationError(
+            f"the sqlite URL {redact_url(url)!r} names the file {_shown(name)}, which does not exist, while "
+            f"{_shown(raw)} does: a URL's path is percent-encoded, so write a '%' in a file's name as '%25' "
+            f"({sqlite_url(raw)})"
         )
     if name != ":memory:":
         _check_sqlite_file(name)
+    return name
 
 
 def _check_sqlite_file(path: str) -> None:
@@ -77,14 +105,14 @@ def _check_sqlite_file(path: str) -> None:
             f"opens paths of at most {longest} bytes; name a file nearer the root"
         )
     if existing != parent:
-        hint = f" (an absolute path takes four slashes: sqlite:////{path})" if not os.path.isabs(path) else ""
+        hint = f" (an absolute path takes four slashes: {sqlite_url('/' + path)})" if not os.path.isabs(path) else ""
         raise ConfigurationError(
             f"cannot open the sqlite file {shown}: the directory {_shown(parent)} does not exist; create it first{hint}"
         )
     if os.path.isdir(full):
         raise ConfigurationError(
             f"cannot open the sqlite file {shown}: it is a directory; name a file in it "
-            f"(sqlite:///{os.path.join(path, 'conveyor.db')})"
+            f"({sqlite_url(os.path.join(path, 'conveyor.db'))})"
         )
     # Root may write whatever the mode bits say: os.access answers for the user this process runs as.
     if os.path.exists(full) and not os.access(full, os.R_OK | os.W_OK):
@@ -159,8 +187,7 @@ def same_database(a: str, b: str) -> bool:
     ``postgres://`` is ``postgresql://`` and a password or an option changes nothing (not a host
     spelled another way: ``localhost`` may be a socket); a SQLite file named relative to the working
     directory is the file named absolute; two private in-memory databases are never the same. A
-    malformed ``a`` raises ConfigurationError; a ``b`` open_backend would refuse (a backend's own
-    URL, for a file name with a ``?``) is another database."""
+    malformed ``a`` raises ConfigurationError; a ``b`` open_backend would refuse is another database."""
     one = _identity(*_parse(a))
     try:
         other = _identity(*_parse(b))
@@ -203,9 +230,7 @@ def _parse(url: str) -> tuple[str, str]:
     if scheme in ("postgresql", "postgres"):
         return "postgres", "postgresql://" + rest
     if scheme == "sqlite":
-        path = rest[1:] if rest.startswith("/") else rest
-        _check_sqlite_path(path, url)
-        return "sqlite", path
+        return "sqlite", _sqlite_path(rest[1:] if rest.startswith("/") else rest, url)
     if scheme == "memory":
         return "memory", ""
     raise ConfigurationError(

@@ -14,7 +14,7 @@ from uuid import UUID
 
 from conveyor._errors import BackendError, ConfigurationError
 from conveyor._idempotency import refuse_reused_keys
-from conveyor.backends import base
+from conveyor.backends import base, sqlite_url
 from conveyor.backends._promotion import Promotions, earliest_by_queue, scheduled_earliest
 from conveyor.backends._sql import load_migrations, load_queries
 from conveyor.backends.sqlite import _convert as cv
@@ -50,7 +50,7 @@ class SqliteBackend:
             self.url = "memory://"
         else:
             self._pool = ConnectionPool(path)
-            self.url = "sqlite:///" + path
+            self.url = sqlite_url(path)
         self._q = _QUERIES
         # The next scheduled job each queue's last acquire saw, and those this process wrote since.
         self._promotions = Promotions()
