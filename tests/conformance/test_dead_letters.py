@@ -109,6 +109,55 @@ def test_replay_re_enqueues_with_fresh_attempts_and_links_both_rows(backend: Bac
     assert ids(acquire(backend, queue="billing", now=at(100))) == [new_id]
 
 
+def _dead_with_key(backend: Backend, key: str, dedup_until_s: float, now_s: float = 1) -> object:
+    job = new_job("q", idempotency_key=key, dedup_until=at(dedup_until_s))
+    insert(backend, job, now=at(now_s - 1))
+    (delivery,) = acquire(backend, queue="q", now=at(now_s))
+    dead(backend, delivery, now=at(now_s))
+    return job.id
+
+
+def _send_key(backend: Backend, key: str, now_s: float) -> tuple[object, object]:
+    """Send a job with ``key``; return (the id the send answered, the new job's own id)."""
+    job = new_job("q", idempotency_key=key, dedup_until=at(now_s + 50_000))
+    (answered,) = insert(backend, job, now=at(now_s))
+    return answered, job.id
+
+
+def test_a_replay_takes_over_its_dead_letters_idempotency_key_until_the_window_ends(backend: Backend) -> None:
+    # A hostile sweep: after a replay, a resend with the dead letter's key answered the dead letter,
+    # not the live replay (as if the work were over for good while it was running again).
+    original = _dead_with_key(backend, "K", dedup_until_s=3600)
+    assert _send_key(backend, "K", now_s=2)[0] == original
+
+    ((_, replay),) = _replay(backend, original, now_s=100)  # type: ignore[misc]
+    assert _send_key(backend, "K", now_s=101)[0] == replay
+    assert live_ids(backend, queue="q") == [replay]
+    # Named again, the replayed dead letter is skipped and takes nothing back.
+    assert _replay(backend, original, now_s=102) == []
+    assert _send_key(backend, "K", now_s=103)[0] == replay
+
+    # The replay's own dead letter hands the key on to its replay.
+    (delivery,) = acquire(backend, queue="q", now=at(104))
+    dead(backend, delivery, now=at(105))
+    ((_, second),) = _replay(backend, replay, now_s=106)  # type: ignore[misc]
+    assert _send_key(backend, "K", now_s=107)[0] == second
+
+    # The window still ends when the original's did: then a send takes the key.
+    answered, own = _send_key(backend, "K", now_s=3601)
+    assert answered == own
+
+
+def test_a_replay_leaves_a_key_another_job_took_after_the_window(backend: Backend) -> None:
+    original = _dead_with_key(backend, "K", dedup_until_s=50)
+    answered, successor = _send_key(backend, "K", now_s=60)
+    assert answered == successor
+
+    ((dead_id, _),) = _replay(backend, original, now_s=100)  # type: ignore[misc]
+    assert dead_id == original
+    assert _send_key(backend, "K", now_s=101)[0] == successor
+
+
 def test_replay_skips_ids_that_are_not_unreplayed_dead_letters(backend: Backend) -> None:
     (dead_id,) = make_dead(backend, 1)
     insert(backend, new_job(), new_job())

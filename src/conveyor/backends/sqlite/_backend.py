@@ -419,6 +419,7 @@ class SqliteBackend:
         with self._pool.write() as conn:
             rows = conn.execute(self._q["dead_replay_insert"], {"replays": replays, "now": now}).fetchall()
             conn.execute(self._q["dead_replay_mark"], {"replays": replays})
+            conn.execute(self._q["dead_replay_rekey"], {"replays": replays, "now": now})
             replayed = {UUID(row[0]): UUID(row[1]) for row in rows}
             done = [(d, replayed[d]) for d, _ in pairs if d in replayed]
             self._audit(

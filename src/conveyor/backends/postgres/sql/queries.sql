@@ -861,9 +861,15 @@ LIMIT %(limit)s OFFSET %(offset)s
 
 -- name: dead_replay_many
 -- One transaction for the whole replay: mark the dead rows (replayed_by), insert their new jobs,
--- write one audit row, notify. The marking UPDATE re-checks replayed_by IS NULL on the latest
--- row version, so two operators replaying the same letter at once replay it once. Returns the
--- (dead id, new id) pairs replayed; at least one row (NULLs when nothing was replayed).
+-- hand their idempotency keys to them, write one audit row, notify. The marking UPDATE re-checks
+-- replayed_by IS NULL on the latest row version, so two operators replaying the same letter at once
+-- replay it once. Returns the (dead id, new id) pairs replayed; at least one row (NULLs when nothing
+-- was replayed).
+-- * rekeyed: a dead letter that still holds its key inside the dedup window gives it to its replay,
+--   so that a producer's resend during the window answers the live replay, not the dead letter (a key
+--   another job took after the window is left alone; the window's end does not move). The keys are
+--   locked in key order, as jobs_insert_many claims them, so a replay and a send cannot deadlock; a
+--   data-modifying CTE runs to completion though nothing reads it.
 WITH pairs AS (
     SELECT * FROM unnest(%(dead_ids)b::uuid[], %(new_ids)b::uuid[]) AS t(dead_id, new_id)
 ),
@@ -883,6 +889,19 @@ replayed AS (
            m.max_attempts, m.max_deliveries, m.idempotency_key, m.ordering_key, m.dead_id
     FROM marked AS m
     RETURNING replay_of AS dead_id, id AS new_id, queue
+),
+rekeyed AS (
+    UPDATE idempotency_keys AS k SET job_id = held.new_id
+    FROM (
+        SELECT h.queue, h.key, m.new_id
+        FROM marked AS m
+        JOIN idempotency_keys AS h
+          ON h.queue = m.queue AND h.key = m.idempotency_key AND h.job_id = m.dead_id
+        WHERE h.expires_at IS NULL OR h.expires_at > %(now)s
+        ORDER BY h.queue, h.key
+        FOR UPDATE OF h
+    ) AS held
+    WHERE k.queue = held.queue AND k.key = held.key
 ),
 audited AS (
     INSERT INTO audit (at, actor, action, reason, job_ids, details)

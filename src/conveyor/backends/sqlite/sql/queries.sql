@@ -375,6 +375,24 @@ FROM (
 ) AS r
 WHERE archive.id = r.dead_id AND archive.state = 'dead' AND archive.replayed_by IS NULL
 
+-- name: dead_replay_rekey
+-- In the same transaction, after dead_replay_mark: a replayed dead letter that still holds its
+-- idempotency key inside the dedup window gives it to its replay, so that a producer's resend during
+-- the window answers the live replay, not the dead letter. A key another job took after the window is
+-- left alone, and the window's end does not move. Only the pairs just marked (replayed_by = new id)
+-- hand a key over: a dead id named again after an earlier replay hands over nothing.
+UPDATE idempotency_keys
+SET job_id = r.new_id
+FROM (
+    SELECT a.queue, a.idempotency_key, a.id AS dead_id, a.replayed_by AS new_id
+    FROM json_each(:replays) AS p
+    JOIN archive AS a ON a.id = json_extract(p.value, '$[0]') AND a.replayed_by = json_extract(p.value, '$[1]')
+    WHERE a.idempotency_key IS NOT NULL
+) AS r
+WHERE idempotency_keys.queue = r.queue AND idempotency_keys.key = r.idempotency_key
+  AND idempotency_keys.job_id = r.dead_id
+  AND (idempotency_keys.expires_at IS NULL OR idempotency_keys.expires_at > :now)
+
 -- name: dead_purge_many
 -- Delete dead letters for good; RETURNING names them for the audit row.
 DELETE FROM archive
