@@ -628,6 +628,7 @@ def test_a_sqlite_file_named_with_a_question_mark_hash_or_percent_is_named_by_a_
     # A hostile sweep: sqlite:////dir/what?.db was refused as "takes no options" and pointed at '.../what',
     # and a URL's path was never decoded, so no URL could name a file with '?' or '#' in it ('%3F' named a
     # file called 'what%3F.db'), nor a backend's URL name its own file again.
+    from conveyor.backends import in_memory_url
     from conveyor.backends.sqlite import SqliteBackend
 
     folder = os.fspath(tmp_path)
@@ -648,6 +649,10 @@ def test_a_sqlite_file_named_with_a_question_mark_hash_or_percent_is_named_by_a_
             with App(again.database_url) as by_url:
                 assert by_url.job(job.id).payload == {"file": name}
     assert sorted(n for n in os.listdir(folder) if n.endswith(".db")) == sorted(names)
+
+    # ':memory:' spelled with escapes is the private in-memory database it opens, as said plainly.
+    assert in_memory_url("sqlite:///%3Amemory%3A")
+    assert App("sqlite:///%3Amemory%3A").in_memory
 
     # A '%' that starts no escape is itself, as before; escapes that spell no UTF-8 are refused.
     with App(f"sqlite:///{folder}/100%.db", migrate=True) as app:

@@ -17,7 +17,7 @@ def in_memory_url(url: str) -> bool:
     """Whether ``url`` names a private in-memory database, which lives and dies with one process
     (``memory://``, ``sqlite:///:memory:``)."""
     scheme, _, rest = url.partition("://")
-    return scheme == "memory" or (scheme == "sqlite" and rest in (":memory:", "/:memory:"))
+    return scheme == "memory" or (scheme == "sqlite" and unquote(rest) in (":memory:", "/:memory:"))
 
 
 #: The longest path SQLite opens, in bytes once absolute: its unix VFS holds a path in 512 bytes
