@@ -176,3 +176,16 @@ def iter_lines(path: Path) -> Iterator[list[str]]:
     with open(path) as f:
         for line in f:
             yield line.split()
+
+
+def pids_logging(run_log: Path, event: str) -> list[int]:
+    """Distinct pids that logged ``event``, in order of first appearance."""
+    seen: dict[int, None] = {}
+    for fields in iter_lines(run_log):
+        if fields[0] == event:
+            seen.setdefault(int(fields[4]), None)
+    return list(seen)
+
+
+def at_least(pids: list[int], n: int) -> list[int] | None:
+    return pids if len(pids) >= n else None

@@ -14,7 +14,7 @@ from conveyor import App, Message
 from conveyor.backends.base import JobGetParams
 
 from . import e2e_app
-from ._support import Db, Procs, iter_lines, wait_until, worker_argv
+from ._support import Db, Procs, at_least, iter_lines, pids_logging, wait_until, worker_argv
 
 JOBS = 600
 PROCESSES = 2
@@ -59,19 +59,6 @@ def test_prefork_drains_sqlite_exactly_once(sqlite_url: str, procs: Procs, tmp_p
         producer.close()
 
 
-def _pids(run_log: Path, event: str) -> list[int]:
-    """Distinct pids that logged ``event``, in order of first appearance."""
-    seen: dict[int, None] = {}
-    for fields in iter_lines(run_log):
-        if fields[0] == event:
-            seen.setdefault(int(fields[4]), None)
-    return list(seen)
-
-
-def _at_least(pids: list[int], n: int) -> list[int] | None:
-    return pids if len(pids) >= n else None
-
-
 def test_prefork_sigterm_is_graceful(database_url: str, procs: Procs, tmp_path: Path) -> None:
     """SIGTERM to the supervisor reaches every worker process: each finishes its running job,
     hands its buffered ones back, and the supervisor exits 0."""
@@ -87,7 +74,7 @@ def test_prefork_sigterm_is_graceful(database_url: str, procs: Procs, tmp_path: 
             worker_argv(database_url, "--queues", "slow", "--processes", "2", "--concurrency", "1", "--prefetch", "1"),
             env={"E2E_RUN_LOG": str(run_log)},
         )
-        pids = wait_until(lambda: _at_least(_pids(run_log, "start"), 2), 60, "a job running in each")
+        pids = wait_until(lambda: at_least(pids_logging(run_log, "start"), 2), 60, "a job running in each")
         assert supervisor.pid not in pids
         running = {UUID(f[1]) for f in iter_lines(run_log) if f[0] == "start"}
         assert len(running) == 2
@@ -121,9 +108,9 @@ def test_prefork_restarts_a_killed_worker_process(sqlite_url: str, procs: Procs,
             worker_argv(sqlite_url, "--queues", "e2e", "--processes", "2", "--concurrency", "2"),
             env={"E2E_RUN_LOG": str(run_log), "E2E_WORK_SLEEP": "0.02"},
         )
-        first = wait_until(lambda: _at_least(_pids(run_log, "run"), 2), 60, "two worker processes at work")[0]
+        first = wait_until(lambda: at_least(pids_logging(run_log, "run"), 2), 60, "two worker processes at work")[0]
         os.kill(first, signal.SIGKILL)
-        wait_until(lambda: len(_pids(run_log, "run")) >= 3, 60, "a replacement worker process at work")
+        wait_until(lambda: len(pids_logging(run_log, "run")) >= 3, 60, "a replacement worker process at work")
         assert supervisor.popen.poll() is None
         wait_until(lambda: len(db.archived()) == len(ids), 90, "every job completed", interval=0.2)
         supervisor.signal(signal.SIGTERM)
@@ -219,7 +206,7 @@ def test_prefork_sigterm_stops_a_stopped_worker_process_too(sqlite_url: str, pro
             worker_argv(sqlite_url, "--queues", "slow", "--processes", "2", "--concurrency", "1", "--prefetch", "1"),
             env={"E2E_RUN_LOG": str(run_log)},
         )
-        pids = wait_until(lambda: _at_least(_pids(run_log, "start"), 2), 60, "a job running in each")
+        pids = wait_until(lambda: at_least(pids_logging(run_log, "start"), 2), 60, "a job running in each")
         os.kill(pids[0], signal.SIGSTOP)
         supervisor.signal(signal.SIGTERM)
         assert supervisor.wait(timeout=30) == 0, supervisor.output()

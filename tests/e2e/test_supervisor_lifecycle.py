@@ -16,20 +16,7 @@ from conveyor import App, Message
 from conveyor.worker import supervisor
 
 from . import e2e_app
-from ._support import REPO, Db, Procs, iter_lines, wait_until, worker_argv
-
-
-def _pids(run_log: Path, event: str) -> list[int]:
-    """Distinct pids that logged ``event``, in order of first appearance."""
-    seen: dict[int, None] = {}
-    for fields in iter_lines(run_log):
-        if fields[0] == event:
-            seen.setdefault(int(fields[4]), None)
-    return list(seen)
-
-
-def _at_least(pids: list[int], n: int) -> list[int] | None:
-    return pids if len(pids) >= n else None
+from ._support import REPO, Db, Procs, at_least, iter_lines, pids_logging, wait_until, worker_argv
 
 
 def _running(pid: int) -> bool:
@@ -58,7 +45,7 @@ def test_worker_processes_stop_gracefully_when_the_supervisor_is_killed(
             worker_argv(database_url, "--queues", "slow", "--processes", "2", "--concurrency", "1", "--prefetch", "1"),
             env={"E2E_RUN_LOG": str(run_log), "E2E_VISIBILITY_TIMEOUT": "30"},
         )
-        pids = wait_until(lambda: _at_least(_pids(run_log, "start"), 2), 60, "a job running in each")
+        pids = wait_until(lambda: at_least(pids_logging(run_log, "start"), 2), 60, "a job running in each")
         tree.signal(signal.SIGKILL)
         tree.wait(timeout=10)
         wait_until(lambda: not any(_running(p) for p in pids), 30, "the orphaned worker processes to stop")
@@ -75,7 +62,7 @@ def test_worker_processes_stop_gracefully_when_the_supervisor_is_killed(
     finally:
         # Orphans this test left (when it fails): the process-group kill at teardown only covers a
         # supervisor still running.
-        for pid in _pids(run_log, "start"):
+        for pid in pids_logging(run_log, "start"):
             if _running(pid):
                 os.kill(pid, signal.SIGKILL)
         db.close()
@@ -215,7 +202,7 @@ def test_burst_reports_a_stopped_worker_process(sqlite_url: str, procs: Procs, t
             ),
             env={"E2E_RUN_LOG": str(run_log)},
         )
-        pids = wait_until(lambda: _at_least(_pids(run_log, "start"), 2), 60, "a job running in each")
+        pids = wait_until(lambda: at_least(pids_logging(run_log, "start"), 2), 60, "a job running in each")
         stopped = pids[0]
         os.kill(stopped, signal.SIGSTOP)
         wait_until(lambda: f"worker process {stopped} is stopped (signal SIGSTOP)" in tree.output(), 30, "the report")
