@@ -19,6 +19,7 @@
     ├── BackendError              the database refused or failed a statement
     │   ├── BackendUnavailable    the database cannot be reached (retry later; nothing is lost)
     │   │   └── StatementCancelled the statement was cancelled (a statement_timeout): a batch is halved
+    │   ├── BackendRefused        the database refuses this role a privilege (a GRANT missing or revoked)
     │   ├── BackendCorrupt        the database's storage is damaged: a worker stops, exit ``EXIT_DAMAGED``
     │   └── UnstorableText        a character the database's encoding cannot hold (also a PayloadError)
     ├── HandlerTimeout            recorded as a job's error: its handler ran past the task's timeout
@@ -120,6 +121,14 @@ class BackendUnavailable(BackendError):
     """The database cannot be reached right now; callers retry with backoff."""
 
 
+class BackendRefused(BackendError):
+    """The database refuses this role a privilege (PostgreSQL's "permission denied": a GRANT missing or
+    revoked). Every row of a statement is refused alike, so a batch is never split over it; a producer
+    or a worker's fetch fails at once (a role never granted stays an error, not a wait), while a
+    worker keeps its unwritten outcomes and retries them until the grant is back: dropped, each of
+    those jobs would run again."""
+
+
 class StatementCancelled(BackendUnavailable):
     """The database cancelled a statement: a ``statement_timeout`` it ran past, or an operator's
     ``pg_cancel_backend``. Retried like an unavailable database, except that a batch (a worker's
@@ -141,7 +150,7 @@ EXIT_DAMAGED = 74
 
 #: What a statement can fail with that is the whole database's doing, not one of its rows': a batch
 #: that fails so is raised (or answered) as a whole, never split to find the row at fault.
-DATABASE_WIDE = (BackendUnavailable, BackendCorrupt)
+DATABASE_WIDE = (BackendUnavailable, BackendCorrupt, BackendRefused)
 
 
 def exit_code(exc: BaseException) -> int:

@@ -700,3 +700,28 @@ def test_a_revoked_privilege_is_waited_out_and_no_finished_job_runs_again(
         with psycopg.connect(postgres_database, autocommit=True) as conn:
             conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
             conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
+def test_a_role_never_granted_fails_at_once_not_waited_for(postgres_database: str) -> None:
+    # Only a worker's unwritten outcomes wait for a grant: a producer, and a worker that cannot fetch,
+    # fail at once (a `--burst` run with a role never granted must end, not wait for ever).
+    with App(postgres_database, migrate=True) as app:
+        app.send("t", queue="q")
+    role = f"conveyor_u_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(postgres_database, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+    try:
+        with App(postgres_database.replace("postgres@", f"{role}@", 1)) as app:
+
+            @app.task(queue="q")
+            def t() -> None:
+                pass
+
+            with pytest.raises(BackendError, match=r"refused a privilege .*permission denied") as refused:
+                app.send("t", queue="q")
+            assert not isinstance(refused.value, BackendUnavailable)
+            assert _drain(app).exit_code == 1
+    finally:
+        with psycopg.connect(postgres_database, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+            conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))

@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from conveyor._errors import BackendUnavailable, StatementCancelled
+from conveyor._errors import BackendRefused, BackendUnavailable, StatementCancelled
 from conveyor.backends.base import Backend
 from conveyor.worker._state import Counters
 from conveyor.worker._threads import leave_forked_child, process_id
@@ -77,21 +77,26 @@ class BackendCalls:
         give_up: Callable[[], bool] = lambda: False,
         what: str = "backend call",
         splits: bool = False,
+        refused: bool = False,
     ) -> T:
         """Call, retrying while the database is unavailable; raises the last error if ``give_up()``.
 
         ``splits``: the caller splits a batch whose statement the database cancelled (a
         ``statement_timeout`` it runs past), so :class:`StatementCancelled` is raised at once instead
-        of retried: the same batch would be cancelled again, forever."""
+        of retried: the same batch would be cancelled again, forever. ``refused``: a privilege the
+        database refuses (:class:`BackendRefused`) is retried too (a worker's outcomes: kept until
+        the grant is back, rather than dropped)."""
         delay = 0.05
+        waited = (BackendUnavailable, BackendRefused) if refused else BackendUnavailable
         while True:
             try:
                 return await self.once(fn, params)
-            except BackendUnavailable as exc:
+            except waited as exc:
                 self.counters.backend_errors += 1
                 if give_up() or (splits and isinstance(exc, StatementCancelled)):
                     raise
-                log.warning("%s: database unavailable (%s); retrying in %.2fs", what, exc, delay)
+                state = "database refuses a privilege" if isinstance(exc, BackendRefused) else "database unavailable"
+                log.warning("%s: %s (%s); retrying in %.2fs", what, state, exc, delay)
                 await asyncio.sleep(delay * random.uniform(0.5, 1.0))
                 delay = min(delay * 2, 5.0)
 

@@ -231,10 +231,12 @@ class Completer(Service):
         if isinstance(items[0], Finish):
             finishes = JobsFinishParams(cast(Sequence[Finish], items), now)
             return await self.calls.call(
-                backend.jobs_finish_many, finishes, give_up=give_up, what="finish", splits=splits
+                backend.jobs_finish_many, finishes, give_up=give_up, what="finish", splits=splits, refused=True
             )
         retries = JobsRetryParams(cast(Sequence[RetryItem], items), now)
-        return await self.calls.call(backend.jobs_retry_many, retries, give_up=give_up, what="retry", splits=splits)
+        return await self.calls.call(
+            backend.jobs_retry_many, retries, give_up=give_up, what="retry", splits=splits, refused=True
+        )
 
     async def _refused(self, outcome: Outcome, exc: BackendError) -> int:
         what = outcome.state if isinstance(outcome, Finish) else "retry"

@@ -25,6 +25,7 @@ from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 from conveyor._errors import (
     BackendCorrupt,
     BackendError,
+    BackendRefused,
     BackendUnavailable,
     ConfigurationError,
     StatementCancelled,
@@ -322,11 +323,10 @@ class PostgresBackend:
                 f"PostgreSQL is read-only ({action}): {self._line(exc)} (a standby, or default_transaction_read_only)"
             ) from exc
         except psycopg.errors.InsufficientPrivilege as exc:
-            # A role's grant revoked (or not given yet): every statement of that kind is refused alike,
-            # whatever its rows, so it is waited out like a read-only database. As a BackendError, the
-            # worker split each refused batch of outcomes down to single jobs, failed to dead-letter
-            # them too and dropped their results: each of those jobs ran again once its lease expired.
-            raise BackendUnavailable(
+            # A role's grant revoked (or never given): every row of a statement is refused alike. As a
+            # plain BackendError, the worker split each refused batch of outcomes down to single jobs,
+            # failed to dead-letter them too and dropped their results: each of those jobs ran again.
+            raise BackendRefused(
                 f"PostgreSQL refused a privilege ({action}): {self._line(exc)} (a GRANT missing or revoked)"
             ) from exc
         except psycopg.errors.QueryCanceled as exc:
