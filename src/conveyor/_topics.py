@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from conveyor._errors import ConfigurationError, PayloadError
 from conveyor._idempotency import same_json
-from conveyor._limits import check_key, check_name
+from conveyor._limits import check_name
 from conveyor._message import Message
 
 if TYPE_CHECKING:
@@ -56,14 +56,6 @@ def matches(filter_: Mapping[str, Any], headers: Mapping[str, Any]) -> bool:
     return True
 
 
-def scoped_key(topic: str, key: object) -> str | None:
-    """The idempotency key a publish's jobs hold in their queues: the publisher's key within its topic,
-    so that a queue subscribed to two topics keeps a message of each under the same key (keys are held
-    per queue; ``evt-1`` of ``refunds`` answered with ``evt-1`` of ``orders`` was a message dropped)."""
-    checked = check_key(key, "idempotency_key")
-    return None if checked is None else json.dumps([topic, checked], ensure_ascii=False)
-
-
 def published(
     topic: str,
     payload: Mapping[str, Any] | None,
@@ -74,17 +66,15 @@ def published(
 ) -> list[Message]:
     """The messages one publish sends: one per subscription of ``topic`` (``subscriptions`` reads
     them) whose filter matches ``headers``, each with the ``topic`` header and the ``envelope``'s
-    Message fields (an idempotency key scoped to the topic: :func:`scoped_key`). Raises PayloadError
-    for a bad payload, headers or option, subscriber or not: ``check`` validates a message as a send
-    would (``Producer.prepare``)."""
+    Message fields. Raises PayloadError for a bad payload, headers or option, subscriber or not:
+    ``check`` validates a message as a send would (``Producer.prepare``). An idempotency key is held
+    per queue, as for a send: a queue subscribed to two topics holds one key for both."""
     topic = check_name(topic, "topic")
     if headers is not None and not isinstance(headers, Mapping):
         raise PayloadError(f"headers must be a JSON object (a dict), got {type(headers).__name__}")
     body = payload if payload is not None else {}
     merged = {**(headers or {}), "topic": topic}
     options = dict(envelope)
-    if options.get("idempotency_key") is not None:
-        options["idempotency_key"] = scoped_key(topic, options["idempotency_key"])
     try:
         # Publishing is sending: the message is checked whole with no subscriber too.
         check(Message(task=topic, payload=body, headers=merged, **options))

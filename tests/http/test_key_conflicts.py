@@ -58,7 +58,7 @@ def test_a_publish_with_a_key_held_by_another_payload_is_a_409_and_stores_nothin
         with App(server.db) as app:
             app.subscribe("orders", "shipping", "ship")  # its queue does not hold the key yet
         # Before: 202 with the old job's id, the new payload silently dropped.
-        assert '"order-7"' in _conflict(c.post("/v1/topics/orders/messages", json={"payload": {"n": 2}}, headers=key))
+        assert "'order-7'" in _conflict(c.post("/v1/topics/orders/messages", json={"payload": {"n": 2}}, headers=key))
         assert _pending(server.db) == 1  # one transaction: nor is the shipping queue's job stored
         both = c.post("/v1/topics/orders/messages", json={"payload": {"n": 1}}, headers=key)
         assert both.status_code == 202 and both.json()["jobs"][0] == first.json()["jobs"][0]
