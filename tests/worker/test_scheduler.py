@@ -120,58 +120,6 @@ def _ticks(app: App) -> list[str]:
     return sorted(json.loads(r.headers)["tick"] for r in _live(app))
 
 
-def test_a_next_tick_stored_by_a_clock_a_day_ahead_is_moved_back_once_clocks_are_right(
-    app: App, caplog: pytest.LogCaptureFixture
-) -> None:
-    """A worker whose clock was a day ahead fired once and stored next_run_at a day away; with the
-    clocks right again the every-minute schedule stayed silent for that day."""
-
-    @app.periodic("* * * * *", name="every-minute")
-    def every_minute() -> None:
-        pass
-
-    start = app.schedules["every-minute"].next_run_at
-    ahead = FixedClock(start + timedelta(days=1, seconds=5))
-    assert asyncio.run(_scheduler(app, ahead).run_once()) == 1
-    assert app.backend.schedules_list()[0].next_run_at == start + timedelta(days=1, minutes=1)
-
-    right = FixedClock(start + timedelta(seconds=20))
-    scheduler = _scheduler(app, right)
-    with caplog.at_level(logging.WARNING, logger="conveyor.worker"):
-        assert asyncio.run(scheduler.run_once()) == 0  # the tick at start fired already
-    assert app.backend.schedules_list()[0].next_run_at == start + timedelta(minutes=1)
-    assert any("is not one the cron allows from now" in r.getMessage() for r in caplog.records)
-    fired = []
-    for minute in (1, 2, 3):
-        right.now = start + timedelta(minutes=minute, seconds=1)
-        fired.append(asyncio.run(scheduler.run_once()))
-    assert fired == [1, 1, 1]
-    assert len(_ticks(app)) == 4
-
-
-def test_a_clock_a_little_behind_fires_no_tick_twice(app: App) -> None:
-    """Moving a next tick back to the first the cron allows from now must not re-fire the tick that a
-    scheduler whose clock runs a few seconds ahead fired already; nor may a stale next tick."""
-
-    @app.periodic("0 0 * * *", name="daily")
-    def daily() -> None:
-        pass
-
-    start = app.schedules["daily"].next_run_at
-    assert asyncio.run(_scheduler(app, FixedClock(start + timedelta(seconds=2))).run_once()) == 1
-    behind = FixedClock(start - timedelta(seconds=3))
-    scheduler = _scheduler(app, behind)
-    assert asyncio.run(scheduler.run_once()) == 0
-    assert app.backend.schedules_list()[0].next_run_at == start + timedelta(days=1)
-    behind.now = start + timedelta(seconds=1)
-    assert asyncio.run(scheduler.run_once()) == 0
-    # An update that lands late writes back the tick already fired: it is moved on, not fired again.
-    assert app.backend.schedules_update(SchedulesUpdateParams("daily", next_run_at=start))
-    assert asyncio.run(scheduler.run_once()) == 0
-    assert app.backend.schedules_list()[0].next_run_at == start + timedelta(days=1)
-    assert _ticks(app) == [start.isoformat()]
-
-
 def test_after_a_day_down_the_latest_missed_tick_fires(app: App) -> None:
     """The one job fired for a day of missed ticks said it was the oldest tick's (24 hours old)."""
 

@@ -5,24 +5,18 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 
 from conveyor._cron import Cron
 from conveyor._errors import ConveyorError
 from conveyor._limits import preview
 from conveyor._message import Message
 from conveyor._producer import Producer
-from conveyor.backends.base import Schedule, ScheduleFireParams, SchedulesUpdateParams, SchedulesUpsertParams
+from conveyor.backends.base import Schedule, ScheduleFireParams, SchedulesUpsertParams
 from conveyor.worker._calls import BackendCalls
 from conveyor.worker._service import Service
 
 log = logging.getLogger("conveyor.worker")
-
-# How far ahead of this scheduler's clock another one's may run: a tick fired up to this much in this
-# scheduler's future was fired by a clock a little ahead (it is not fired again); one fired further
-# ahead was fired by a clock that was wrong (a VM resumed, a step by hours), and is not believed.
-CLOCK_SKEW = timedelta(minutes=5)
-
 
 class Scheduler(Service):
     """Every ``interval`` seconds, fires the schedules whose next tick is due.
@@ -32,10 +26,8 @@ class Scheduler(Service):
     see the same due tick fire it once. After downtime only the latest missed tick fires (once, its
     job's ``tick`` header that tick; the schedule's ``last_run_at`` is still the stored tick the
     compare-and-set was on, which ScheduleFireParams writes there), and the next tick is computed
-    from now, so a backlog of missed ticks is never replayed. A stored next tick later than the
-    cron allows from now (a scheduler whose clock was ahead computed it) is moved back to the next
-    tick from now. The producer builds each tick's job exactly as a send would (task defaults,
-    limits)."""
+    from now, so a backlog of missed ticks is never replayed. The producer builds each tick's job
+    exactly as a send would (task defaults, limits)."""
 
     name = "scheduler"
     run_first = True
@@ -86,7 +78,7 @@ class Scheduler(Service):
         backend = self.calls.backend
         schedules = await self.calls.call(lambda _: backend.schedules_list(), None, what="schedules")
         for schedule in schedules:
-            if schedule.paused:
+            if schedule.paused or schedule.next_run_at > now:
                 continue
             # One schedule that cannot fire (a bad cron, a name or payload past a limit, a statement
             # the database refuses) is logged and skipped: it must not block the schedules after it.
@@ -102,32 +94,6 @@ class Scheduler(Service):
     async def _fire(self, schedule: Schedule, now: datetime) -> int:
         cron = Cron.parse(schedule.cron)
         due = schedule.next_run_at
-        # Ticks up to last_run_at have fired: one a little ahead of this clock was fired by a clock a
-        # little ahead, and is not fired again. One far ahead is not believed (see CLOCK_SKEW).
-        last = schedule.last_run_at
-        fired_up_to = last.astimezone(UTC) if last is not None and now < last <= now + CLOCK_SKEW else now
-        allowed = cron.next_after(fired_up_to)
-        if due > allowed or (last is not None and due <= last <= now + CLOCK_SKEW):
-            # A next tick later than the cron allows was worked out by a clock that was ahead (a worker
-            # whose clock was stepped a day ahead stored one a day away, and the schedule stayed silent
-            # until then); one not after the last fired tick was written back by a stale update.
-            # The update is not a compare-and-set (the backends have none for next_run_at alone).
-            await self.calls.call(
-                self.calls.backend.schedules_update,
-                SchedulesUpdateParams(schedule.name, next_run_at=allowed),
-                what="schedules",
-            )
-            log.warning(
-                "schedule %s: its next tick %s is not one the cron allows from now (%s, last fired %s); moved to %s",
-                preview(schedule.name),
-                due.isoformat(),
-                now.isoformat(),
-                last.isoformat() if last else "never",
-                allowed.isoformat(),
-            )
-            return 0
-        if due > now:
-            return 0
         # After downtime the latest missed tick fires, for all of them; the compare-and-set is still
         # on the stored next tick, so that of several schedulers only one fires.
         tick = cron.latest_between(due, now) or due
