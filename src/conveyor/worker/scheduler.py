@@ -18,6 +18,7 @@ from conveyor.worker._service import Service
 
 log = logging.getLogger("conveyor.worker")
 
+
 class Scheduler(Service):
     """Every ``interval`` seconds, fires the schedules whose next tick is due.
 
