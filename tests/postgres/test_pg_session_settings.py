@@ -4,10 +4,12 @@ hold their own against those that change what it reads back, and honour those it
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 
 import psycopg
@@ -17,6 +19,7 @@ from psycopg import sql
 from conveyor import App, BackendError, BackendUnavailable, Message, Worker, _clock
 from conveyor.backends.base import JobsAcquireParams, LeaseRef, LeasesExtendParams
 from conveyor.backends.postgres import PostgresBackend
+from conveyor.worker.fetcher import Fetcher
 
 
 def _alter(url: str, setting: str, value: str) -> None:
@@ -657,49 +660,89 @@ def test_an_acquire_longer_than_the_statement_timeout_leases_fewer_jobs_a_statem
     assert cut and cut[0].startswith("acquire: the database cancelled an acquire of 200 ("), cut
 
 
+@contextlib.contextmanager
+def _owner_of_public(url: str) -> Iterator[tuple[str, Callable[[bool], None]]]:
+    """A role that owns the public schema (so that it migrates its own tables): its URL, and a switch
+    that grants or revokes its INSERT on the archive."""
+    role = f"conveyor_u_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+        conn.execute(sql.SQL("ALTER SCHEMA public OWNER TO {}").format(sql.Identifier(role)))
+
+    def archive(grant: bool) -> None:
+        with psycopg.connect(url, autocommit=True) as conn:
+            statement = "GRANT INSERT ON archive TO {}" if grant else "REVOKE INSERT ON archive FROM {}"
+            conn.execute(sql.SQL(statement).format(sql.Identifier(role)))
+
+    try:
+        yield url.replace("postgres@", f"{role}@", 1), archive
+    finally:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+            conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
 def test_a_revoked_privilege_is_waited_out_and_no_finished_job_runs_again(
     postgres_database: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     # A grant revoked for a while (an operator's mistake, a migration of the roles): every finish is
     # refused alike. Before, the worker split each refused batch of outcomes down to single jobs, failed
     # to dead-letter them too, dropped their results, and every job finished meanwhile ran again.
-    role = f"conveyor_u_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(postgres_database, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
-        conn.execute(sql.SQL("ALTER SCHEMA public OWNER TO {}").format(sql.Identifier(role)))
-    as_role = postgres_database.replace("postgres@", f"{role}@", 1)
+    with _owner_of_public(postgres_database) as (as_role, archive), App(as_role, migrate=True) as app:
+        runs: dict[int, int] = {}
 
-    def archive(grant: bool) -> None:
-        with psycopg.connect(postgres_database, autocommit=True) as conn:
-            statement = "GRANT INSERT ON archive TO {}" if grant else "REVOKE INSERT ON archive FROM {}"
-            conn.execute(sql.SQL(statement).format(sql.Identifier(role)))
+        @app.task(queue="q")
+        def t(i: int) -> None:
+            runs[i] = runs.get(i, 0) + 1
 
-    try:
-        with App(as_role, migrate=True) as app:
-            runs: dict[int, int] = {}
+        jobs = [t.send({"i": i}) for i in range(20)]
+        archive(False)
+        timer = threading.Timer(1.5, archive, args=(True,))
+        timer.start()
+        try:
+            with caplog.at_level(logging.WARNING, logger="conveyor"):
+                worker = _drain(app)
+        finally:
+            timer.join()
+        assert worker.exit_code == 0
+        said = " ".join(r.getMessage() for r in caplog.records)
+        assert "refused a privilege" in said and "permission denied for table archive" in said, said
+        assert runs == {i: 1 for i in range(20)}
+        assert {app.job(job.id).state for job in jobs} == {"completed"}
 
-            @app.task(queue="q")
-            def t(i: int) -> None:
-                runs[i] = runs.get(i, 0) + 1
 
-            jobs = [t.send({"i": i}) for i in range(20)]
-            archive(grant=False)
-            timer = threading.Timer(1.5, archive, kwargs={"grant": True})
-            timer.start()
-            try:
-                with caplog.at_level(logging.WARNING, logger="conveyor"):
-                    worker = _drain(app)
-            finally:
-                timer.join()
-            assert worker.exit_code == 0
-            said = " ".join(r.getMessage() for r in caplog.records)
-            assert "refused a privilege" in said and "permission denied for table archive" in said, said
-            assert runs == {i: 1 for i in range(20)}
-            assert {app.job(job.id).state for job in jobs} == {"completed"}
-    finally:
-        with psycopg.connect(postgres_database, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
-            conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+def test_a_worker_whose_outcomes_wait_leases_no_more_jobs(
+    postgres_database: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # While the outcomes cannot be written but leases can, a worker ran the whole queue and held every
+    # result in memory; past Fetcher.max_unwritten it now stops leasing until they are written.
+    monkeypatch.setattr(Fetcher, "max_unwritten", 20, raising=False)
+    with _owner_of_public(postgres_database) as (as_role, archive), App(as_role, migrate=True) as app:
+        runs: dict[int, int] = {}
+        ran_when_granted: list[int] = []
+
+        @app.task(queue="q")
+        def t(i: int) -> None:
+            runs[i] = runs.get(i, 0) + 1
+
+        t.delay_many([{"i": i} for i in range(2000)])
+        archive(False)
+
+        def grant() -> None:
+            ran_when_granted.append(sum(runs.values()))
+            archive(True)
+
+        timer = threading.Timer(2.0, grant)
+        timer.start()
+        try:
+            with caplog.at_level(logging.WARNING, logger="conveyor"):
+                worker = _drain(app)
+        finally:
+            timer.join()
+        assert worker.exit_code == 0
+        assert ran_when_granted[0] < 500, ran_when_granted  # not the whole queue
+        assert runs == {i: 1 for i in range(2000)}
+        assert any("leasing no more jobs" in r.getMessage() for r in caplog.records)
 
 
 def test_a_role_never_granted_fails_at_once_not_waited_for(postgres_database: str) -> None:

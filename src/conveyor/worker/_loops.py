@@ -79,6 +79,7 @@ def build_loops(
     buffer = Buffer(config.concurrency)
     completer = Completer(calls, registry, counters, clock, config.flush_interval)
     fetcher = Fetcher(catalogue, calls, registry, counters, buffer, config, queues, clock)
+    fetcher.unwritten = lambda: completer.backlog
     executor = Executor(
         catalogue,
         calls,

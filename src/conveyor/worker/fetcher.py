@@ -48,6 +48,8 @@ class Fetcher(Service):
     observer: Observer = NO_OBSERVER
     #: Leased jobs after which going idle has the jobs table vacuumed (None: never; see _vacuum).
     vacuum_after: int | None = 1_000
+    #: Outcomes waiting to be written past which no more jobs are leased (see ``unwritten``).
+    max_unwritten: int = 10_000
 
     def __init__(
         self,
@@ -87,6 +89,12 @@ class Fetcher(Service):
         self._acquired_at_vacuum = 0  # counters.acquired when this worker last had the table vacuumed
         self._vacuum_next = 0.0
         self._vacuuming: asyncio.Task[None] | None = None
+        #: How many outcomes wait to be written (the completer's backlog). Past ``max_unwritten`` the
+        #: fetcher leases nothing more: a database that takes leases but refuses outcomes (a grant on
+        #: the archive revoked) would otherwise have this worker run the whole queue and hold every
+        #: result in memory.
+        self.unwritten: Callable[[], int] = lambda: 0
+        self._held_back = False
 
     def _vt_for(self, queue: str) -> float:
         """The lease taken at acquire: the longest visibility timeout of the queue's tasks (the
@@ -172,6 +180,9 @@ class Fetcher(Service):
         try:
             while not self.stopping:
                 self._adapt()
+                if self._holding_back():
+                    await self._wait_for(self._stopped, _IDLE_STEP)
+                    continue
                 if self.buffer.arm_low(self.capacity // 2):
                     await self._wait_for(self.buffer.low, None)
                     continue
@@ -199,6 +210,23 @@ class Fetcher(Service):
             if self._listener is not None:
                 self._listener.close()
             self._listen_pool.shutdown(wait=False)
+
+    def _holding_back(self) -> bool:
+        """Whether more than ``max_unwritten`` outcomes wait to be written (said once each way)."""
+        unwritten = self.unwritten()
+        if unwritten > self.max_unwritten:
+            if not self._held_back:
+                self._held_back = True
+                log.warning(
+                    "%d outcomes are not written yet (the database refuses or delays them): leasing no more jobs "
+                    "until they are",
+                    unwritten,
+                )
+            return True
+        if self._held_back:
+            self._held_back = False
+            log.info("outcomes written: leasing jobs again")
+        return False
 
     def _vacuum_when_due(self) -> None:
         """Going idle: have the jobs table vacuumed if this worker leased ``vacuum_after`` jobs since
