@@ -212,18 +212,23 @@ def test_a_forked_child_that_comes_back_into_the_worker_exits_at_once(
         db.close()
 
 
+def _one_among_good_jobs(url: str, task: str) -> tuple[UUID, list[UUID]]:
+    """One job of ``task`` (one attempt), then 20 of ``good``: the id of the one and of the good ones."""
+    producer = App(url, migrate=True)
+    try:
+        one = producer.send(task, {}, queue="q", max_attempts=1).id
+        return one, [producer.send("good", {"i": i}, queue="q").id for i in range(20)]
+    finally:
+        producer.close()
+
+
 def test_a_stop_of_the_event_loop_the_worker_cannot_trace_to_a_handler_is_resumed(
     sqlite_url: str, procs: Procs, tmp_path: Path
 ) -> None:
     # A stop scheduled from a thread the handler started carries no trace of the handler: the worker
     # cannot fail its job, but it runs the loop again. Before: asyncio.run ended ("Event loop stopped
     # before Future completed"), every task cancelled, the worker exited 1 with jobs left to their leases.
-    producer = App(sqlite_url, migrate=True)
-    try:
-        stopper = producer.send("stops_the_loop", {}, queue="q", max_attempts=1).id
-        goods = [producer.send("good", {"i": i}, queue="q").id for i in range(20)]
-    finally:
-        producer.close()
+    stopper, goods = _one_among_good_jobs(sqlite_url, "stops_the_loop")
     log = tmp_path / "runs.log"
 
     assert _worker(sqlite_url, procs, tmp_path, log) == 0
@@ -245,12 +250,7 @@ def test_a_signal_to_a_child_a_handler_forked_is_the_childs_not_the_workers(
     # The child shares its parent loop's signal wake-up socket. Before: the SIGTERM the handler sent
     # its child was read by the worker's loop as its own (it stopped, handing its prefetched jobs
     # back), and the child, with the loop's no-op handler, ignored it.
-    producer = App(sqlite_url, migrate=True)
-    try:
-        terminates = producer.send("terminates_its_child", {}, queue="q", max_attempts=1).id
-        goods = [producer.send("good", {"i": i}, queue="q").id for i in range(20)]
-    finally:
-        producer.close()
+    terminates, goods = _one_among_good_jobs(sqlite_url, "terminates_its_child")
 
     assert _worker(sqlite_url, procs, tmp_path, tmp_path / "runs.log") == 0
 

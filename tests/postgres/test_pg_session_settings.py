@@ -39,6 +39,17 @@ def _drain(app: App) -> Worker:
     return worker
 
 
+def _drain_meanwhile(app: App, after: float, action: Callable[[], None]) -> Worker:
+    """:func:`_drain`, with ``action`` run on a thread ``after`` seconds in (the database made writable again,
+    a grant given back)."""
+    timer = threading.Timer(after, action)
+    timer.start()
+    try:
+        return _drain(app)
+    finally:
+        timer.join()
+
+
 def test_a_database_whose_datestyle_is_not_iso_runs_jobs_and_reads_their_times(postgres_database: str) -> None:
     # Before: psycopg reads times only in ISO style; every acquire took its leases, then failed to read
     # them (NotImplementedError), the worker stopped, and app.job() raised the same.
@@ -149,13 +160,8 @@ def test_a_read_only_database_is_waited_out_on_new_connections(
                     )
                 )
 
-        timer = threading.Timer(1.0, writable_again)
-        timer.start()
-        try:
-            with caplog.at_level(logging.INFO, logger="psycopg.pool"):
-                worker = _drain(app)
-        finally:
-            timer.join()
+        with caplog.at_level(logging.INFO, logger="psycopg.pool"):
+            worker = _drain_meanwhile(app, 1.0, writable_again)
         assert worker.exit_code == 0
         assert {app.job(job_id).state for job_id in ids} == {"completed"}
         # The pool replaces its connections quietly (before: psycopg_pool's WARNING "discarding closed
@@ -661,13 +667,14 @@ def test_an_acquire_longer_than_the_statement_timeout_leases_fewer_jobs_a_statem
 
 
 @contextlib.contextmanager
-def _owner_of_public(url: str) -> Iterator[tuple[str, Callable[[bool], None]]]:
-    """A role that owns the public schema (so that it migrates its own tables): its URL, and a switch
-    that grants or revokes its INSERT on the archive."""
+def _role(url: str, owns_public: bool = True) -> Iterator[tuple[str, Callable[[bool], None]]]:
+    """A role of its own (owning the public schema, so that it migrates its own tables; or granted
+    nothing): its URL, and a switch that grants or revokes its INSERT on the archive."""
     role = f"conveyor_u_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
-        conn.execute(sql.SQL("ALTER SCHEMA public OWNER TO {}").format(sql.Identifier(role)))
+        if owns_public:
+            conn.execute(sql.SQL("ALTER SCHEMA public OWNER TO {}").format(sql.Identifier(role)))
 
     def archive(grant: bool) -> None:
         with psycopg.connect(url, autocommit=True) as conn:
@@ -688,7 +695,7 @@ def test_a_revoked_privilege_is_waited_out_and_no_finished_job_runs_again(
     # A grant revoked for a while (an operator's mistake, a migration of the roles): every finish is
     # refused alike. Before, the worker split each refused batch of outcomes down to single jobs, failed
     # to dead-letter them too, dropped their results, and every job finished meanwhile ran again.
-    with _owner_of_public(postgres_database) as (as_role, archive), App(as_role, migrate=True) as app:
+    with _role(postgres_database) as (as_role, archive), App(as_role, migrate=True) as app:
         runs: dict[int, int] = {}
 
         @app.task(queue="q")
@@ -697,13 +704,8 @@ def test_a_revoked_privilege_is_waited_out_and_no_finished_job_runs_again(
 
         jobs = [t.send({"i": i}) for i in range(20)]
         archive(False)
-        timer = threading.Timer(1.5, archive, args=(True,))
-        timer.start()
-        try:
-            with caplog.at_level(logging.WARNING, logger="conveyor"):
-                worker = _drain(app)
-        finally:
-            timer.join()
+        with caplog.at_level(logging.WARNING, logger="conveyor"):
+            worker = _drain_meanwhile(app, 1.5, lambda: archive(True))
         assert worker.exit_code == 0
         said = " ".join(r.getMessage() for r in caplog.records)
         assert "refused a privilege" in said and "permission denied for table archive" in said, said
@@ -717,7 +719,7 @@ def test_a_worker_whose_outcomes_wait_leases_no_more_jobs(
     # While the outcomes cannot be written but leases can, a worker ran the whole queue and held every
     # result in memory; past Fetcher.max_unwritten it now stops leasing until they are written.
     monkeypatch.setattr(Fetcher, "max_unwritten", 20, raising=False)
-    with _owner_of_public(postgres_database) as (as_role, archive), App(as_role, migrate=True) as app:
+    with _role(postgres_database) as (as_role, archive), App(as_role, migrate=True) as app:
         runs: dict[int, int] = {}
         ran_when_granted: list[int] = []
 
@@ -732,13 +734,8 @@ def test_a_worker_whose_outcomes_wait_leases_no_more_jobs(
             ran_when_granted.append(sum(runs.values()))
             archive(True)
 
-        timer = threading.Timer(2.0, grant)
-        timer.start()
-        try:
-            with caplog.at_level(logging.WARNING, logger="conveyor"):
-                worker = _drain(app)
-        finally:
-            timer.join()
+        with caplog.at_level(logging.WARNING, logger="conveyor"):
+            worker = _drain_meanwhile(app, 2.0, grant)
         assert worker.exit_code == 0
         assert ran_when_granted[0] < 500, ran_when_granted  # not the whole queue
         assert runs == {i: 1 for i in range(2000)}
@@ -750,21 +747,13 @@ def test_a_role_never_granted_fails_at_once_not_waited_for(postgres_database: st
     # fail at once (a `--burst` run with a role never granted must end, not wait for ever).
     with App(postgres_database, migrate=True) as app:
         app.send("t", queue="q")
-    role = f"conveyor_u_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(postgres_database, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
-    try:
-        with App(postgres_database.replace("postgres@", f"{role}@", 1)) as app:
+    with _role(postgres_database, owns_public=False) as (as_role, _), App(as_role) as app:
 
-            @app.task(queue="q")
-            def t() -> None:
-                pass
+        @app.task(queue="q")
+        def t() -> None:
+            pass
 
-            with pytest.raises(BackendError, match=r"refused a privilege .*permission denied") as refused:
-                app.send("t", queue="q")
-            assert not isinstance(refused.value, BackendUnavailable)
-            assert _drain(app).exit_code == 1
-    finally:
-        with psycopg.connect(postgres_database, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
-            conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+        with pytest.raises(BackendError, match=r"refused a privilege .*permission denied") as refused:
+            app.send("t", queue="q")
+        assert not isinstance(refused.value, BackendUnavailable)
+        assert _drain(app).exit_code == 1
