@@ -16,6 +16,13 @@
   one event loop, two ``AsyncConnection`` objects, coroutine slots; threads: 10 slot threads and one plain
   feeder thread. Not a target: it says how much of a body floor a worker of this shape can reach
   on this machine at all (docs/benchmarks.md, session 24).
+- ``queue_split``: ``queue_async`` with its database work in a second process (since session 37): a
+  feeder process acquires and finishes on two blocking psycopg connections and hands the handler
+  process each batch as one pickled list of ``(id, receipt, payload)`` over a pipe; the handler
+  process runs the 10 coroutine slots and sends its acks back every 5 ms; the feeder keeps at most
+  ``3 × --batch`` jobs handed out and not acked. Not a target either: it says how far an execution
+  model that takes the lease and the ack off the handlers' process gets (docs/benchmarks.md,
+  session 37). Its result adds the feeder's CPU per job (``feeder_cpu_us_per_job``).
 - ``pickup``: a producer commits one row + ``NOTIFY`` (one durable transaction), a listener thread
   wakes on the notification and claims the row with one ``UPDATE ... SKIP LOCKED RETURNING``;
   latency from the producer's stamp (taken right before its one statement) to the claim's return.
@@ -251,6 +258,113 @@ def _queue_result(n: int, done: int, batch: int, seconds: float) -> dict[str, An
         "seconds": round(seconds, 4),
         "rate": round(done / seconds, 1),
     }
+
+
+def _split_feeder(db: str, n: int, batch: int, deadline: float, pipe: Any) -> None:
+    """queue_split's feeder process: acquire while at most ``3 × batch`` jobs are handed out and not
+    acked, finish each list of acks the handler process sends; at the end send ``(done, cpu)``."""
+    import pickle
+    import uuid
+
+    import psycopg
+
+    from conveyor.backends._sql import load_queries
+
+    q = load_queries("conveyor.backends.postgres")
+    id_at, payload_at, receipt_at = column("id"), column("payload"), column("receipt")
+    with psycopg.connect(db, autocommit=True) as acquirer, psycopg.connect(db, autocommit=True) as finisher:
+        for conn in (acquirer, finisher):
+            conn.execute(q["session_setup"])
+        pipe.send_bytes(b"ready")
+        pipe.recv_bytes()  # go
+        cpu = time.process_time()
+        handed = done = 0
+        exhausted = False
+        while done < n and time.monotonic() < deadline:
+            if not exhausted and handed <= 2 * batch:
+                rows = acquirer.execute(q["jobs_acquire"], acquire_params(batch, "floor"), prepare=True).fetchall()
+                exhausted = not rows
+                if rows:
+                    pipe.send_bytes(pickle.dumps([(r[id_at].bytes, r[receipt_at], r[payload_at]) for r in rows]))
+                    handed += len(rows)
+                continue
+            if pipe.poll(0.05):
+                acks = [(uuid.UUID(bytes=i), receipt) for i, receipt in pickle.loads(pipe.recv_bytes())]
+                finisher.execute(q["jobs_finish_many"], finish_params(acks), prepare=True)
+                done += len(acks)
+                handed -= len(acks)
+        pipe.send_bytes(pickle.dumps((done, time.process_time() - cpu)))
+
+
+async def _queue_split(db: str, n: int, batch: int, timeout: float) -> tuple[int, float, float]:
+    """Jobs completed, the seconds taken and the feeder's CPU seconds (see the module docs)."""
+    import json
+    import multiprocessing
+    import pickle
+    from collections import deque
+
+    from bench._common import body_async as body
+
+    setup_jobs(db, n)
+    here, there = multiprocessing.Pipe()
+    feeder = multiprocessing.get_context("spawn").Process(
+        target=_split_feeder, args=(db, n, batch, time.monotonic() + timeout, there), daemon=True
+    )
+    feeder.start()
+    loop = asyncio.get_running_loop()
+    await loop.run_in_executor(None, here.recv_bytes)  # its connections are open
+
+    async def handler(sent: float = 0.0, i: int = 0) -> None:
+        record(sent)
+        await body()
+
+    await body()  # connected before timing, as in the body floor
+    ready: deque[Any] = deque()
+    acks: list[tuple[bytes, str]] = []
+    has_rows = asyncio.Event()
+    ended: asyncio.Future[tuple[int, float]] = loop.create_future()
+
+    def received() -> None:
+        message = pickle.loads(here.recv_bytes())
+        if isinstance(message, tuple):
+            loop.remove_reader(here.fileno())
+            ended.set_result(message)
+        else:
+            ready.extend(message)
+        has_rows.set()
+
+    async def slot() -> None:
+        while True:
+            while not ready:
+                if ended.done():
+                    return
+                has_rows.clear()
+                await has_rows.wait()
+            job_id, receipt, payload = ready.popleft()
+            await handler(**json.loads(payload))
+            acks.append((job_id, receipt))
+
+    async def flush() -> None:
+        while not ended.done():
+            await asyncio.sleep(0.005)
+            if acks:
+                here.send_bytes(pickle.dumps(acks))
+                del acks[:]
+
+    loop.add_reader(here.fileno(), received)
+    t0 = time.perf_counter()
+    here.send_bytes(b"go")
+    await asyncio.gather(flush(), *(slot() for _ in range(10)))
+    seconds = time.perf_counter() - t0
+    feeder.join(10)
+    done, feeder_cpu = ended.result()
+    return done, seconds, feeder_cpu
+
+
+def queue_split(db: str, n: int, batch: int, timeout: float) -> dict[str, Any]:
+    os.environ.setdefault("BENCH_BODY", "redis")  # as in queue_async
+    done, seconds, feeder_cpu = asyncio.run(_queue_split(db, n, batch, timeout))
+    return {**_queue_result(n, done, batch, seconds), "feeder_cpu_us_per_job": round(1e6 * feeder_cpu / n, 1)}
 
 
 def queue_threads(db: str, n: int, batch: int, timeout: float) -> dict[str, Any]:
@@ -514,7 +628,7 @@ def usage() -> tuple[int, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    kinds = ["body_async", "body_threads", "queue_async", "queue_threads", "pickup", "pgbench"]
+    kinds = ["body_async", "body_threads", "queue_async", "queue_split", "queue_threads", "pickup", "pgbench"]
     parser.add_argument("kind", choices=kinds)
     parser.add_argument("--n", type=_positive(int), default=20_000)
     parser.add_argument("--db", default="")
@@ -537,6 +651,8 @@ def main() -> None:
             result = body_threads(args.n, not args.bare)
         elif args.kind == "queue_async":
             result = queue_async(args.db, args.n, args.batch, args.timeout)
+        elif args.kind == "queue_split":
+            result = queue_split(args.db, args.n, args.batch, args.timeout)
         elif args.kind == "queue_threads":
             result = queue_threads(args.db, args.n, args.batch, args.timeout)
         elif args.kind == "pickup":

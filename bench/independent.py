@@ -110,7 +110,7 @@ class Harness:
     def floor(self, kind: str, label: str, **extra: Any) -> dict[str, Any] | None:
         argv = [sys.executable, "-m", "bench.floors", kind]
         db_name = None
-        if kind in ("pickup", "pgbench", "queue_async", "queue_threads"):
+        if kind in ("pickup", "pgbench", "queue_async", "queue_split", "queue_threads"):
             db_name = self.r.fresh_db()
             argv += ["--db", self.r.url(db_name)]
         for key, value in extra.items():
@@ -131,6 +131,8 @@ class Harness:
             self.floor("body_async", "floor_body_async", n=a.n_drain)
             self.floor("body_async", "floor_body_async_bare", n=a.n_drain, bare=True)
             self.floor("queue_async", "floor_queue_async", n=a.n_drain)
+            # The same minimal worker with its database work in a second process (session 37).
+            self.floor("queue_split", "floor_queue_split", n=a.n_drain)
             self.conveyor(lambda: self.lib("conveyor", "drain", a.n_drain, "drain_async_io"))
             self.floor("body_threads", "floor_body_threads", n=a.n_drain)
             self.floor("body_threads", "floor_body_threads_bare", n=a.n_drain, bare=True)
@@ -319,6 +321,9 @@ def report(results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         # A minimal worker on the same statements (bench.floors queue_*): how far the shape itself gets.
         target("(minimal async queue vs the body floor)", v, get("floor_queue_async", "floor", "rate"),
                get("floor_body_async", "floor", "rate"), "{a:,.0f} vs {b:,.0f}", lambda r: r >= 0.8)  # fmt: skip
+        target("(minimal queue, database work in a second process, vs the body floor)", v,
+               get("floor_queue_split", "floor", "rate"), get("floor_body_async", "floor", "rate"),
+               "{a:,.0f} vs {b:,.0f}", lambda r: r >= 0.8)  # fmt: skip
         target("(async drain vs the minimal async queue)", v, get("drain_async_io", "conveyor", "rate", v),
                get("floor_queue_async", "floor", "rate"), "{a:,.0f} vs {b:,.0f}", lambda r: r >= 0.8)  # fmt: skip
         target("(minimal threaded queue vs the body floor)", v, get("floor_queue_threads", "floor", "rate"),

@@ -79,7 +79,7 @@ def test_the_pgbench_floor_runs_conveyors_own_acquire_and_finish(postgres_databa
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("kind", ["queue_async", "queue_threads"])
+@pytest.mark.parametrize("kind", ["queue_async", "queue_split", "queue_threads"])
 def test_the_queue_floors_run_every_job_through_conveyors_statements(postgres_database: str, kind: str) -> None:
     # The body is the no-op here (the harness runs the Redis one): what is checked is the plumbing,
     # each job acquired once, handed to a slot and finished by jobs_finish_many.
