@@ -32,10 +32,15 @@ def _by_name(backend: Backend) -> dict[str, Schedule]:
     return {s.name: s for s in backend.schedules_list()}
 
 
-def _fire(backend: Backend, name: str, due_s: float, after_s: float) -> tuple[bool, object]:
+def _fire(
+    backend: Backend, name: str, due_s: float, after_s: float, fired_s: float | None = None
+) -> tuple[bool, object]:
     job = new_job("cron", task="reports.build", run_at=at(due_s))
+    fired_at = None if fired_s is None else at(fired_s)
     fired = backend.schedule_fire(
-        ScheduleFireParams(name=name, due_at=at(due_s), next_run_at_after=at(after_s), job=job, now=at(due_s))
+        ScheduleFireParams(
+            name=name, due_at=at(due_s), next_run_at_after=at(after_s), job=job, now=at(due_s), fired_at=fired_at
+        )
     )
     return fired, job.id
 
@@ -102,6 +107,19 @@ def test_a_tick_fires_once_and_enqueues_its_job(backend: Backend) -> None:
     assert (s.next_run_at, s.last_run_at) == (at(120), at(60))
     assert ids(acquire(backend, queue="cron", now=at(60))) == [job_id]
     assert other_id != job_id
+
+
+def test_last_run_at_is_the_tick_fired_not_the_stored_one(backend: Backend) -> None:
+    """After downtime the scheduler fires the latest missed tick on the compare-and-set of the stored
+    (oldest) one: last_run_at was that stored tick, not the one the job is for."""
+    backend.schedules_upsert(SchedulesUpsertParams([_schedule("s", next_s=60)]))
+
+    fired, _ = _fire(backend, "s", due_s=60, after_s=300, fired_s=240)
+    again, _ = _fire(backend, "s", due_s=60, after_s=300, fired_s=240)
+
+    assert (fired, again) == (True, False)
+    s = _by_name(backend)["s"]
+    assert (s.next_run_at, s.last_run_at) == (at(300), at(240))
 
 
 def test_a_paused_changed_or_missing_schedule_does_not_fire(backend: Backend) -> None:

@@ -25,10 +25,9 @@ class Scheduler(Service):
     Correctness lives in the database, not in leadership: firing is a compare-and-set on the
     schedule's ``next_run_at`` in the same transaction as the job insert, so two schedulers that
     see the same due tick fire it once. After downtime only the latest missed tick fires (once, its
-    job's ``tick`` header that tick; the schedule's ``last_run_at`` is still the stored tick the
-    compare-and-set was on, which ScheduleFireParams writes there), and the next tick is computed
-    from now, so a backlog of missed ticks is never replayed. The producer builds each tick's job
-    exactly as a send would (task defaults, limits)."""
+    job's ``tick`` header and the schedule's ``last_run_at`` that tick), and the next tick is
+    computed from now, so a backlog of missed ticks is never replayed. The producer builds each
+    tick's job exactly as a send would (task defaults, limits)."""
 
     name = "scheduler"
     run_first = True
@@ -106,7 +105,7 @@ class Scheduler(Service):
             headers={"schedule": schedule.name, "tick": tick.isoformat()},
         )
         job = self.producer.new_job(message, now)
-        params = ScheduleFireParams(schedule.name, due, cron.next_after(now), job, now)
+        params = ScheduleFireParams(schedule.name, due, cron.next_after(now), job, now, fired_at=tick)
         if await self.calls.call(self.calls.backend.schedule_fire, params, what="schedule fire"):
             log.info("schedule %s fired tick %s as job %s", schedule.name, tick.isoformat(), job.id)
             return 1

@@ -921,6 +921,7 @@ class PostgresBackend:
                 "name": params.name,
                 "due_at": params.due_at,
                 "next_run_at": params.next_run_at_after,
+                "last_run_at": params.last_run_at,
                 "id": job.id,
                 "queue": job.queue,
                 "task": job.task,

@@ -567,6 +567,7 @@ class SqliteBackend:
             "name": params.name,
             "due_at": cv.to_db_time(params.due_at),
             "next_run_at_after": cv.to_db_time(params.next_run_at_after),
+            "last_run_at": cv.to_db_time(params.last_run_at),
         }
         with self._pool.write() as conn:
             if conn.execute(self._q["schedule_fire"], args).rowcount != 1:

@@ -204,9 +204,10 @@ DELETE FROM schedules WHERE name = %(name)s
 -- Compare-and-set on next_run_at: of several schedulers firing the same tick, the first UPDATE
 -- wins; the others wait for its row lock, re-check `next_run_at = due_at` on the new version and
 -- match nothing, so their INSERT has no row to copy. The job is inserted in the same statement,
--- so a tick is never marked fired without its job (nor the reverse).
+-- so a tick is never marked fired without its job (nor the reverse). last_run_at is the tick the
+-- job is for (after downtime the latest missed one), not the stored due_at the set compared.
 WITH fired AS (
-    UPDATE schedules SET next_run_at = %(next_run_at)s, last_run_at = %(due_at)s
+    UPDATE schedules SET next_run_at = %(next_run_at)s, last_run_at = %(last_run_at)s
     WHERE name = %(name)s AND NOT paused AND next_run_at = %(due_at)s
     RETURNING name
 ),

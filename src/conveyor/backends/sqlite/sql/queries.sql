@@ -494,9 +494,10 @@ DELETE FROM schedules WHERE name = :name
 -- name: schedule_fire
 -- Compare-and-set on next_run_at: of several schedulers that read the same due tick, exactly one
 -- update matches (writes are serialised), and only that caller inserts the tick's job, in the
--- same transaction.
+-- same transaction. last_run_at is the tick the job is for (after downtime the latest missed
+-- one), not the stored due_at the set compared.
 UPDATE schedules
-SET next_run_at = :next_run_at_after, last_run_at = :due_at
+SET next_run_at = :next_run_at_after, last_run_at = :last_run_at
 WHERE name = :name AND paused = 0 AND next_run_at = :due_at
 
 -- name: subscriptions_upsert
