@@ -141,6 +141,103 @@ def test_after_a_day_down_the_latest_missed_tick_fires(app: App) -> None:
     )
 
 
+def _every_minute(app: App) -> datetime:
+    """Declare an every-minute schedule; return its first tick."""
+
+    @app.periodic("* * * * *", name="every-minute")
+    def every_minute() -> None:
+        pass
+
+    return app.schedules["every-minute"].next_run_at
+
+
+def _minutes(start: datetime, first: int, last: int) -> list[str]:
+    return [(start + timedelta(minutes=m)).isoformat() for m in range(first, last + 1)]
+
+
+def test_a_next_tick_stored_by_a_clock_a_day_ahead_is_moved_back_and_fires_within_a_minute(
+    app: App, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A scheduler whose clock was a day ahead stored next_run_at a day away; with its clock right
+    again the every-minute schedule stayed silent for that day."""
+    start = _every_minute(app)
+    ahead = FixedClock(start + timedelta(days=1, seconds=5))
+    assert asyncio.run(_scheduler(app, ahead).run_once()) == 1
+    assert app.backend.schedules_list()[0].next_run_at == start + timedelta(days=1, minutes=1)
+
+    right = FixedClock(start + timedelta(seconds=20))
+    scheduler = _scheduler(app, right)
+    with caplog.at_level(logging.WARNING, logger="conveyor.worker"):
+        assert asyncio.run(scheduler.run_once()) == 0
+        assert asyncio.run(scheduler.run_once()) == 0
+    assert app.backend.schedules_list()[0].next_run_at == start + timedelta(minutes=1)
+    moved = [r.getMessage() for r in caplog.records if "moved back" in r.getMessage()]
+    assert moved == [
+        f"schedule 'every-minute': its next tick {(start + timedelta(days=1, minutes=1)).isoformat()} was stored "
+        f"by a clock more than 60 minutes ahead of this one ({right.now.isoformat()}); "
+        f"moved back to {(start + timedelta(minutes=1)).isoformat()}"
+    ]
+    fired = []
+    for minute in (1, 2, 3):
+        right.now = start + timedelta(minutes=minute, seconds=1)
+        fired.append(asyncio.run(scheduler.run_once()))
+    assert fired == [1, 1, 1]
+    assert _ticks(app) == [*_minutes(start, 1, 3), (start + timedelta(days=1)).isoformat()]
+
+
+@pytest.mark.parametrize("skew", [timedelta(seconds=20), timedelta(seconds=90), timedelta(minutes=50)])
+def test_schedulers_whose_clocks_differ_fire_each_tick_once(app: App, skew: timedelta) -> None:
+    """Moving back a next tick further ahead than the cron allows from now, with no margin (session
+    36), made a scheduler 90 s behind (20 s after downtime) take the tick the other stored for one
+    too far ahead and fire the tick it had fired again. Each clock here is half the skew off."""
+    start = _every_minute(app)
+    real = start + timedelta(minutes=30, seconds=5)  # after 30 ticks of downtime
+    ahead, behind = FixedClock(real + skew / 2), FixedClock(real - skew / 2)
+    schedulers = [_scheduler(app, ahead), _scheduler(app, behind)]
+    for step in range(60):  # 10 minutes, 10 s a step, both schedulers each step in turn
+        ahead.now, behind.now = real + skew / 2, real - skew / 2
+        for scheduler in schedulers if step % 2 else reversed(schedulers):
+            asyncio.run(scheduler.run_once())
+        real += timedelta(seconds=10)
+    ticks = _ticks(app)
+    assert len(ticks) == len(set(ticks))  # each tick once
+    # After the downtime's one fire (by the scheduler behind, a tick the other is past, when it ran
+    # first), none is skipped: the one ahead fires every tick.
+    second = (datetime.fromisoformat(ticks[1]) - start) // timedelta(minutes=1)
+    assert ticks[1:] == _minutes(start, second, second + len(ticks) - 2)
+    assert len(ticks) >= 10
+
+
+def test_a_scheduler_still_a_day_ahead_beside_one_on_time_fires_no_tick_twice(app: App) -> None:
+    """The one on time moves back the next tick the other stored a day away, and the other, still a
+    day ahead, fired its latest tick again each time: a job every second, not every minute."""
+    start = _every_minute(app)
+    real = start + timedelta(seconds=1)
+    right, ahead = FixedClock(real), FixedClock(real + timedelta(days=1))
+    schedulers = [_scheduler(app, right), _scheduler(app, ahead)]
+    for _ in range(36):  # 3 minutes, 5 s a step
+        right.now, ahead.now = real, real + timedelta(days=1)
+        for scheduler in schedulers:
+            asyncio.run(scheduler.run_once())
+        real += timedelta(seconds=5)
+    # Each fires a tick a minute while the one ahead runs on: today's and tomorrow's, each once.
+    assert _ticks(app) == _minutes(start, 0, 2) + _minutes(start + timedelta(days=1), 0, 2)
+
+
+def test_a_tick_fired_by_a_clock_a_little_ahead_is_not_fired_again_once_moved_back(app: App) -> None:
+    """A next tick written back to one that fired (a resume by a clock behind the one that fired)
+    fired it again."""
+    start = _every_minute(app)
+    assert asyncio.run(_scheduler(app, FixedClock(start + timedelta(seconds=20))).run_once()) == 1
+    assert app.backend.schedules_update(SchedulesUpdateParams("every-minute", next_run_at=start))
+    right = FixedClock(start + timedelta(seconds=1))
+    scheduler = _scheduler(app, right)
+    assert asyncio.run(scheduler.run_once()) == 0
+    right.now = start + timedelta(minutes=1, seconds=1)
+    assert asyncio.run(scheduler.run_once()) == 1
+    assert _ticks(app) == _minutes(start, 0, 1)
+
+
 def test_a_stored_schedule_this_app_neither_declares_nor_can_run_is_named_at_start(
     app: App, caplog: pytest.LogCaptureFixture
 ) -> None:
