@@ -93,12 +93,13 @@ class Procs:
 
     def cleanup(self) -> None:
         for proc in self.started:
-            if proc.popen.poll() is None:
-                # The worker's own process group (start_new_session): a prefork supervisor's
-                # children go too. Only groups this fixture created are signalled.
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.popen.pid, signal.SIGKILL)
-                proc.popen.wait(timeout=10)
+            # The process's own group (start_new_session): a prefork supervisor's children and what a
+            # handler forked go too, also once the process itself has exited (they outlive it, and keep
+            # its pid as their group's id, so that no other process can be given it meanwhile). Only
+            # groups this fixture created are signalled.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.popen.pid, signal.SIGKILL)
+            proc.popen.wait(timeout=10)
 
     def outputs(self) -> str:
         return "\n".join(
