@@ -8,6 +8,8 @@ import textwrap
 from pathlib import Path
 from uuid import UUID
 
+import pytest
+
 from conveyor import App
 
 from ._support import Procs, conveyor_argv, iter_lines
@@ -131,6 +133,32 @@ APP = textwrap.dedent(
         return f"child exit {exited(pid)}"
 
 
+    async def cancels_all(ctx):
+        note("run", ctx.job_id, os.getpid())
+        await asyncio.sleep(0.3)  # the job sent before it runs in the other slot meanwhile
+        for task in asyncio.all_tasks():
+            task.cancel()
+        await asyncio.sleep(0.2)
+        return "went on"
+
+
+    @app.task(queue="q", name="cancels_all_tasks", max_attempts=1)
+    async def cancels_all_tasks(ctx: JobContext) -> str:
+        return await cancels_all(ctx)
+
+
+    @app.task(queue="q", name="cancels_all_tasks_timeout", max_attempts=1, timeout=30)
+    async def cancels_all_tasks_timeout(ctx: JobContext) -> str:
+        return await cancels_all(ctx)
+
+
+    @app.task(queue="q", name="slow")
+    async def slow(ctx: JobContext) -> str:
+        note("run", ctx.job_id, os.getpid())
+        await asyncio.sleep(1)
+        return "slept"
+
+
     @app.task(queue="q", name="good")
     async def good(i: int, ctx: JobContext) -> int:
         note("run", ctx.job_id, os.getpid())
@@ -212,12 +240,14 @@ def test_a_forked_child_that_comes_back_into_the_worker_exits_at_once(
         db.close()
 
 
-def _one_among_good_jobs(url: str, task: str) -> tuple[UUID, list[UUID]]:
-    """One job of ``task`` (one attempt), then 20 of ``good``: the id of the one and of the good ones."""
+def _one_among_good_jobs(url: str, task: str, before: str | None = None) -> tuple[UUID, list[UUID]]:
+    """One job of ``task`` (one attempt), then 20 of ``good``: the id of the one and of the good ones
+    (``before``: a job of that task first, among the good ones)."""
     producer = App(url, migrate=True)
     try:
+        first = [producer.send(before, {}, queue="q").id] if before else []
         one = producer.send(task, {}, queue="q", max_attempts=1).id
-        return one, [producer.send("good", {"i": i}, queue="q").id for i in range(20)]
+        return one, first + [producer.send("good", {"i": i}, queue="q").id for i in range(20)]
     finally:
         producer.close()
 
@@ -259,5 +289,35 @@ def test_a_signal_to_a_child_a_handler_forked_is_the_childs_not_the_workers(
     try:
         assert (db.job(terminates).state, db.job(terminates).result) == ("completed", "child exit -15")
         assert [(db.job(g).state, db.job(g).result) for g in goods] == [("completed", i) for i in range(20)]
+    finally:
+        db.close()
+
+
+@pytest.mark.parametrize("task", ["cancels_all_tasks", "cancels_all_tasks_timeout"])
+def test_a_handler_that_cancels_every_task_fails_only_its_own_job(
+    sqlite_url: str, procs: Procs, tmp_path: Path, task: str
+) -> None:
+    # ``for t in asyncio.all_tasks(): t.cancel()``: the worker's own tasks (its loops, the slots that
+    # run the other handlers) are not the handler's to cancel. Before: the worker's loops ended
+    # cancelled and the worker with them (a traceback, exit 1), the job running beside it cut short,
+    # every job it held left to its lease.
+    hostile, (slow, *goods) = _one_among_good_jobs(sqlite_url, task, before="slow")
+
+    assert _worker(sqlite_url, procs, tmp_path, tmp_path / "runs.log") == 0
+
+    assert procs.outputs().count("cancelled tasks of the worker's own") == 1
+    db = App(sqlite_url)
+    try:
+        status = db.job(hostile)
+        assert status.state == "dead"
+        assert status.error is not None
+        assert (status.error.type, status.error.message) == (
+            "RuntimeError",
+            "the handler cancelled tasks of the worker's own (its loops, the other handlers): refused",
+        )
+        assert (db.job(slow).state, db.job(slow).result, db.job(slow).deliveries) == ("completed", "slept", 1)
+        assert [(db.job(g).state, db.job(g).result, db.job(g).deliveries) for g in goods] == [
+            ("completed", i, 1) for i in range(20)
+        ]
     finally:
         db.close()

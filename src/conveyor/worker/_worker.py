@@ -19,6 +19,7 @@ from conveyor.worker._config import WorkerConfig
 from conveyor.worker._loops import Loops, build_loops
 from conveyor.worker._observe import NO_OBSERVER, Observer, Observers
 from conveyor.worker._state import Counters
+from conveyor.worker.executor import guard_tasks
 
 log = logging.getLogger("conveyor.worker")
 
@@ -90,7 +91,10 @@ class Worker:
         """Run until stopped (or drained, with ``burst``). With ``cpu``, every thread of this process
         runs on that CPU meanwhile (see ``conveyor/worker/_cpu.py``).
 
-        A handler's ``loop.stop()`` is refused (it raises in the handler and fails its attempt). A
+        A handler's ``loop.stop()`` is refused (it raises in the handler and fails its attempt), and so
+        is its cancel of a task it did not start (the worker's loops, the slots running other handlers:
+        ``cancel()`` returns False, logged once, and its attempt fails), unless your loop has a task
+        factory of its own; the task that awaits this method is yours, not guarded. A
         stop that cannot be traced to a handler (scheduled from a thread the handler started, or on a
         loop that takes no guard, such as uvloop's) stops the loop: :meth:`run_sync` runs it again,
         but under your own ``asyncio.run`` that ends the run with every task cancelled, as a crash
@@ -100,9 +104,13 @@ class Worker:
         if self._stopping:
             self._stop_requested.set()
         unpin = _cpu.pin(self.config.cpu) if self.config.cpu is not None else None
+        loop = asyncio.get_running_loop()
+        guarded = guard_tasks(loop)
         try:
             await self._run(self._stop_requested)
         finally:
+            if guarded:
+                loop.set_task_factory(None)
             if unpin is not None:
                 unpin()
 
@@ -312,6 +320,8 @@ def _run_to_the_end(main: Coroutine[Any, Any, None]) -> None:
         main.close()
         raise RuntimeError("Worker.run_sync() cannot be called from a running event loop: await Worker.run()")
     with asyncio.Runner() as runner:
+        # From the start: the run's own tasks are the worker's too (a handler cannot cancel them).
+        guard_tasks(runner.get_loop())
         task = runner.get_loop().create_task(main, name="worker")
         while True:
             try:

@@ -5,8 +5,8 @@ A slot takes a leased job from the prefetch buffer, decides whether it may run (
 task), runs it, and hands the outcome to the completer, which counts the start with it. A suspect job
 (its lease once expired) is counted before it runs instead (batched with the other slots' suspects), so
 that a job which kills its workers is counted. Whatever the handler raises or does (an exception of any
-kind, a hang past its timeout, a cancellation of its own task, a stop of the event loop) is that job's
-outcome; the slot itself carries on. A process the handler forked never runs worker code: it exits
+kind, a hang past its timeout, a cancellation of its own task or of the worker's, a stop of the event
+loop) is that job's outcome; the slot itself carries on. A process the handler forked never runs worker code: it exits
 as soon as it comes back into it (see :func:`conveyor.worker._threads.leave_forked_child`)."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from datetime import datetime
 from functools import partial
 from types import CoroutineType
@@ -236,15 +236,15 @@ class Executor(Service):
                 return None
             token = self.observer.before_run(delivery, self.clock())
             began = time.perf_counter()
-            running = _Running()
+            running = _Running(slot if slot is not None else asyncio.current_task())
             reset = _running.set(running)
             try:
                 if task.is_async:
                     outcome = await self._run_async(task, delivery, slot)
                 else:
                     outcome = await self._run_sync(task, delivery)
-                if running.stopped_loop is not None:
-                    outcome = on_failure(delivery, task.options, running.stopped_loop, self.clock())
+                if running.refused is not None:
+                    outcome = on_failure(delivery, task.options, running.refused, self.clock())
             finally:
                 _running.reset(reset)
                 self.observer.after_run(delivery, outcome, time.perf_counter() - began, token)
@@ -273,14 +273,14 @@ class Executor(Service):
                 slot.deadline = None if timeout is None else time.monotonic() + timeout
             token = self.observer.before_run(delivery, self.clock())
             began = time.perf_counter()
-            running = _Running()
+            running = _Running(None)
             reset = _running.set(running)
             try:
                 outcome = self._call(task, delivery)
             finally:
                 _running.reset(reset)
-            if running.stopped_loop is not None:
-                outcome = on_failure(delivery, task.options, running.stopped_loop, self.clock())
+            if running.refused is not None:
+                outcome = on_failure(delivery, task.options, running.refused, self.clock())
             with slot.lock:
                 slot.job = slot.deadline = None
                 abandoned = slot.abandoned
@@ -564,11 +564,14 @@ class Executor(Service):
 class _Running:
     """One run of a handler, as the code it runs or schedules sees it (:data:`_running`)."""
 
-    __slots__ = ("stopped_loop",)
+    __slots__ = ("refused", "task")
 
-    def __init__(self) -> None:
-        #: The error a refused ``loop.stop()`` raised in the handler: its attempt's failure.
-        self.stopped_loop: BaseException | None = None
+    def __init__(self, task: asyncio.Task[Any] | None) -> None:
+        #: The error of what the worker refused the handler (a ``loop.stop()``, a cancel of a task
+        #: that is not its own): its attempt's failure.
+        self.refused: BaseException | None = None
+        #: The task the handler runs in (None: a thread), its own to cancel.
+        self.task = task
 
 
 #: The handler run this code belongs to: set around each handler, so that it is seen in the
@@ -593,8 +596,8 @@ def _guard_stop(loop: asyncio.AbstractEventLoop) -> Callable[[], None] | None:
             stop()
             return
         error = RuntimeError("the handler stopped the event loop (loop.stop()) that the worker runs on: refused")
-        if running.stopped_loop is None:
-            running.stopped_loop = error
+        if running.refused is None:
+            running.refused = error
         raise error
 
     try:
@@ -602,6 +605,52 @@ def _guard_stop(loop: asyncio.AbstractEventLoop) -> Callable[[], None] | None:
     except AttributeError:  # a loop without instance attributes (uvloop's): run_sync still resumes it
         return None
     return guarded
+
+
+class _Task(asyncio.Task[Any]):
+    """A task on the worker's event loop that knows which handler run started it (None: the worker).
+
+    A handler may cancel the task it runs in and the tasks that it (or what it scheduled) started. Its
+    cancel of any other, the worker's loops and the slots that run the other handlers, is refused
+    (``cancel()`` returns False), logged once, and fails its attempt: ``for t in asyncio.all_tasks():
+    t.cancel()`` in a handler ended the worker's loops, and the worker with them."""
+
+    def __init__(
+        self,
+        coro: Coroutine[Any, Any, Any],
+        *,
+        loop: asyncio.AbstractEventLoop,
+        context: contextvars.Context | None = None,
+    ) -> None:
+        super().__init__(coro, loop=loop, context=context)
+        self.started_by = _running.get() if context is None else context.get(_running)
+
+    def cancel(self, msg: Any = None) -> bool:
+        running = _running.get()
+        if running is None or running is self.started_by or running.task is self:
+            return super().cancel(msg)
+        if running.refused is None:
+            log.error(
+                "a handler cancelled tasks of the worker's own (first %r): refused; its attempt fails", self.get_name()
+            )
+            running.refused = RuntimeError(
+                "the handler cancelled tasks of the worker's own (its loops, the other handlers): refused"
+            )
+        return False
+
+
+def guard_tasks(loop: asyncio.AbstractEventLoop) -> bool:
+    """Make the tasks created on ``loop`` from now on refuse a handler's cancel of what is not its own
+    (see :class:`_Task`); False if the loop has a task factory already (the worker's, or one of your
+    own: then left as it is)."""
+    if loop.get_task_factory() is not None:
+        return False
+    loop.set_task_factory(_new_task)
+    return True
+
+
+def _new_task(loop: asyncio.AbstractEventLoop, coro: Any, /, context: contextvars.Context | None = None) -> _Task:
+    return _Task(coro, loop=loop, context=context)
 
 
 def _unguard_stop(loop: asyncio.AbstractEventLoop, guarded: Callable[[], None]) -> None:
