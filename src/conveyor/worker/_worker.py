@@ -79,6 +79,10 @@ class Worker:
         self._metrics, self.observer = _observers(config, observer)
         self._stop_requested: asyncio.Event | None = None
         self._stopping = False
+        #: The pid of the prefork supervisor that started this process (set by it; None: none). A
+        #: SIGTERM that finds it gone is the notice of its death (see supervisor._follow), not an
+        #: operator's: it stops gracefully, and a graceful stop under way goes on.
+        self.supervisor: int | None = None
         self.exit_code = 0
 
     def stop(self) -> None:
@@ -299,6 +303,13 @@ class Worker:
         self.stop()
 
     def _on_signal(self, sig: signal.Signals) -> None:
+        if self.supervisor is not None and os.getppid() != self.supervisor:
+            # Once only: a SIGTERM after this one is an operator's again (a second one exits at once).
+            then = "the graceful stop goes on" if self._stopping else "stopping gracefully"
+            log.warning("the worker supervisor (pid %d) is gone: %s", self.supervisor, then)
+            self.supervisor = None
+            self.stop()
+            return
         if self._stopping:
             log.warning("second %s: exiting at once", sig.name)
             os._exit(1)

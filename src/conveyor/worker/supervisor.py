@@ -88,10 +88,12 @@ def run_worker(
     app_path: str,
     database_url: str | None,
     config: WorkerConfig,
-    child: bool = False,
+    supervisor: int | None = None,
     observer: Observer | None = None,
 ) -> int:
-    """Load the app and run one Worker in this process until it stops; return its exit code."""
+    """Load the app and run one Worker in this process until it stops; return its exit code.
+    ``supervisor``: the pid of the prefork supervisor whose child this process is (None: alone)."""
+    child = supervisor is not None
     if child:
         # The supervisor owns SIGINT (a terminal's Ctrl-C reaches the whole process group); a child
         # stops on the SIGTERM the supervisor forwards, so one Ctrl-C is one graceful stop.
@@ -100,6 +102,7 @@ def run_worker(
     if database_url:
         app.database_url = database_url
     worker = Worker(app, config=config, observer=observer)
+    worker.supervisor = supervisor
     try:
         return worker.run_sync(signals=(signal.SIGTERM,) if child else (signal.SIGTERM, signal.SIGINT))
     finally:
@@ -142,7 +145,7 @@ def _child_main(
     logging.basicConfig(level=level, format=fmt or logging.BASIC_FORMAT)
     _follow(supervisor)
     try:
-        code = run_worker(app_path, database_url, config, child=True, observer=_Up(up, index))
+        code = run_worker(app_path, database_url, config, supervisor=supervisor, observer=_Up(up, index))
     except ConveyorError as exc:
         # Before its loops started (the schema check, its metrics port): one line, as the CLI prints it.
         # Its own options that cannot work, or a damaged database: a restart would fail the same way.
@@ -179,7 +182,6 @@ def _set_parent_death_signal(sig: signal.Signals) -> bool:
 def _poll_parent(supervisor: int, interval: float = 1.0) -> None:
     while os.getppid() == supervisor:
         time.sleep(interval)
-    log.warning("the worker supervisor (pid %d) is gone; stopping", supervisor)
     os.kill(os.getpid(), signal.SIGTERM)
 
 
