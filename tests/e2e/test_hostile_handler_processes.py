@@ -111,6 +111,34 @@ APP = textwrap.dedent(
         return await forks(how, ctx)
 
 
+    TICKING = [True]
+
+
+    @app.task(queue="q", name="ticks")
+    async def ticks(ctx: JobContext) -> str:
+        """Runs a step at every turn of the loop until fork_yields is done; notes a step run elsewhere."""
+        note("run", ctx.job_id, os.getpid())
+        me = os.getpid()
+        while TICKING[0]:
+            if os.getpid() != me:
+                note("tick-in-child", ctx.job_id, os.getpid())
+            await asyncio.sleep(0)
+        return "ticked"
+
+
+    @app.task(queue="q", name="fork_yields", max_attempts=1)
+    async def fork_yields(ctx: JobContext) -> str:
+        note("run", ctx.job_id, os.getpid())
+        await asyncio.sleep(0.2)  # the ticks job runs meanwhile, in the other slot
+        pid = os.fork()
+        if pid == 0:
+            await asyncio.sleep(0)  # one turn of the loop, in the child
+            return in_child("return", ctx)
+        note("exit", ctx.job_id, exited(pid))
+        TICKING[0] = False
+        return "parent"
+
+
     @app.task(queue="q", name="stops_the_loop", max_attempts=1)
     async def stops_the_loop(ctx: JobContext) -> str:
         note("run", ctx.job_id, os.getpid())
@@ -319,5 +347,32 @@ def test_a_handler_that_cancels_every_task_fails_only_its_own_job(
         assert [(db.job(g).state, db.job(g).result, db.job(g).deliveries) for g in goods] == [
             ("completed", i, 1) for i in range(20)
         ]
+    finally:
+        db.close()
+
+
+def test_a_forked_child_whose_handler_yields_runs_no_callback_of_the_worker_or_other_handlers(
+    sqlite_url: str, procs: Procs, tmp_path: Path
+) -> None:
+    # The child's loop is a copy of the worker's, with its ready callbacks. Before: a child whose
+    # handler yielded (``await asyncio.sleep(0)``) ran them, the worker's loops and the other handlers'
+    # steps (here the ticks job noted a step in the child), until one reached the database.
+    forks, (ticks, *goods) = _one_among_good_jobs(sqlite_url, "fork_yields", before="ticks")
+    log = tmp_path / "runs.log"
+
+    assert _worker(sqlite_url, procs, tmp_path, log) == 0
+
+    lines = list(iter_lines(log))
+    assert [line for line in lines if line[0] == "tick-in-child"] == []
+    # The first callback in the child's loop is the ticks job's: the child leaves there, exit 1.
+    assert [line[2] for line in lines if line[0] == "exit"] == ["1"]
+    assert "its loop came to a callback of the worker's or another handler's" in procs.outputs()
+    db = App(sqlite_url)
+    try:
+        assert [(db.job(j).state, db.job(j).result) for j in (forks, ticks)] == [
+            ("completed", "parent"),
+            ("completed", "ticked"),
+        ]
+        assert [(db.job(g).state, db.job(g).result) for g in goods] == [("completed", i) for i in range(20)]
     finally:
         db.close()

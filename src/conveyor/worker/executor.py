@@ -6,8 +6,9 @@ task), runs it, and hands the outcome to the completer, which counts the start w
 (its lease once expired) is counted before it runs instead (batched with the other slots' suspects), so
 that a job which kills its workers is counted. Whatever the handler raises or does (an exception of any
 kind, a hang past its timeout, a cancellation of its own task or of the worker's, a stop of the event
-loop) is that job's outcome; the slot itself carries on. A process the handler forked never runs worker code: it exits
-as soon as it comes back into it (see :func:`conveyor.worker._threads.leave_forked_child`)."""
+loop) is that job's outcome; the slot itself carries on. A process the handler forked never runs worker
+code: it exits as soon as it comes back into it (see :func:`conveyor.worker._threads.leave_forked_child`)
+or its loop comes to a callback that is not its handler's (see ``_after_fork_in_child``)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import contextlib
 import contextvars
 import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine
@@ -578,6 +580,30 @@ class _Running:
 #: handler, in a task of its own, in what it schedules on the loop (callbacks copy the context) and
 #: in the thread of a ``def`` handler.
 _running: contextvars.ContextVar[_Running | None] = contextvars.ContextVar("conveyor_running", default=None)
+
+
+def _after_fork_in_child() -> None:
+    """In a process a handler forked (a fork from its context): from now on the event loop it inherited
+    runs only that handler's callbacks (its own task, what it awaits, the tasks it started); at the
+    first of anyone else's (the worker's loops, the other handlers') the process leaves.
+
+    Before, a child whose handler yielded (``await asyncio.sleep(0)``) ran the worker's loops and the
+    other handlers' steps, on its copy of the parent's state, until one reached the database (where
+    ``BackendCalls.once`` ended it)."""
+    forked_by = _running.get()
+    if forked_by is None:
+        return
+    run = asyncio.events.Handle._run
+
+    def run_the_handlers_only(handle: asyncio.Handle) -> None:
+        if getattr(handle, "_context").get(_running) is not forked_by:  # noqa: B009 - no public accessor in 3.11
+            leave_forked_child("a handler (its loop came to a callback of the worker's or another handler's)", 1)
+        run(handle)
+
+    setattr(asyncio.events.Handle, "_run", run_the_handlers_only)  # noqa: B010 - mypy refuses an assignment to a method
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _guard_stop(loop: asyncio.AbstractEventLoop) -> Callable[[], None] | None:
