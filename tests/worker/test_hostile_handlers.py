@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import os
+import signal
 import sqlite3
 import threading
 import time
@@ -716,3 +718,22 @@ def test_a_worker_cancelled_past_its_graceful_timeout_still_cancels_a_running_ha
     assert time.monotonic() - began < 15
     assert cancelled == [True]
     assert job.status().state == "processing"  # not finished: its lease runs out, rescue returns it
+
+
+def test_a_ctrl_c_that_lands_in_an_async_handler_still_interrupts_run_sync(app: App) -> None:
+    # Without the worker's signal handlers (run_sync(install_signals=False)) Ctrl-C is asyncio.Runner's:
+    # it cancels the run's task from the signal handler, in the context of the code the signal
+    # interrupted. In a handler's, the worker's tasks took that cancel for the handler's and refused it:
+    # the worker ran on (here, to the end of its burst) and the job failed as if it had cancelled them.
+    @app.task(queue="q")
+    async def interrupted() -> str:
+        os.kill(os.getpid(), signal.SIGINT)  # taken in this handler, as a Ctrl-C during a busy one
+        time.sleep(0.2)
+        await asyncio.sleep(0)
+        return "done"
+
+    job = interrupted.delay()
+    worker = Worker(app, concurrency=1, poll_interval=0.02, burst=True)
+    with pytest.raises(KeyboardInterrupt):
+        worker.run_sync(install_signals=False)
+    assert job.status().state == "processing"  # cut short, as a Ctrl-C does: its lease runs out

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import os
 import signal
+import threading
 from collections.abc import Callable, Coroutine, Sequence
 from datetime import datetime
 from functools import partial
@@ -330,19 +332,58 @@ def _run_to_the_end(main: Coroutine[Any, Any, None]) -> None:
     else:  # as asyncio.run says (and not a resume without end: runner.run would refuse each time)
         main.close()
         raise RuntimeError("Worker.run_sync() cannot be called from a running event loop: await Worker.run()")
-    with asyncio.Runner() as runner:
+    with asyncio.Runner() as runner, _Interrupts(runner.get_loop()) as interrupts:
         # From the start: the run's own tasks are the worker's too (a handler cannot cancel them).
         guard_tasks(runner.get_loop())
-        task = runner.get_loop().create_task(main, name="worker")
+        task = interrupts.task = runner.get_loop().create_task(main, name="worker")
         while True:
             try:
                 runner.run(_awaited(task))
                 return
+            except asyncio.CancelledError:
+                if interrupts.count:
+                    raise KeyboardInterrupt from None
+                raise
             except RuntimeError:
                 if task.done():
                     raise
             # Not done and not running: the loop was stopped under it (run_until_complete's error).
             log.error("the event loop was stopped (loop.stop()) while the worker ran; running it again")
+
+
+class _Interrupts:
+    """Ctrl-C as ``asyncio.Runner`` takes it (the first cancels the run's ``task``, which then ends in
+    KeyboardInterrupt; the next raises KeyboardInterrupt at once), while no SIGINT handler of the
+    worker's or yours is in place (``run_sync(install_signals=False)``).
+
+    The Runner's own cancel ran in the context of whatever code the signal interrupted: in a handler's,
+    the worker's tasks refused it as that handler's (see ``executor.guard_tasks``), and the worker ran
+    on. This one runs in an empty context."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.task: asyncio.Task[None] | None = None
+        self.count = 0
+        self._installed = False
+
+    def __enter__(self) -> _Interrupts:
+        if threading.current_thread() is threading.main_thread() and (
+            signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        ):
+            signal.signal(signal.SIGINT, self._on_sigint)
+            self._installed = True
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._installed and signal.getsignal(signal.SIGINT) == self._on_sigint:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    def _on_sigint(self, signum: int, frame: object) -> None:
+        self.count += 1
+        if self.count == 1 and self.task is not None and not self.task.done():
+            self.loop.call_soon_threadsafe(self.task.cancel, context=contextvars.Context())
+            return
+        raise KeyboardInterrupt
 
 
 async def _awaited(task: asyncio.Task[None]) -> None:
