@@ -737,3 +737,60 @@ def test_a_ctrl_c_that_lands_in_an_async_handler_still_interrupts_run_sync(app: 
     with pytest.raises(KeyboardInterrupt):
         worker.run_sync(install_signals=False)
     assert job.status().state == "processing"  # cut short, as a Ctrl-C does: its lease runs out
+
+
+@pytest.mark.parametrize("timeout", [None, 5.0])
+def test_a_handler_may_cancel_a_task_another_handler_started_but_not_the_task_another_handler_runs_in(
+    app: App, timeout: float | None
+) -> None:
+    # A library's shared background task (started lazily in whichever handler used it first) may be
+    # cancelled from another handler; the task another handler runs in (its slot, or its timeout's
+    # task) may not: that cancel is refused and fails the canceller's attempt only.
+    shared: dict[str, asyncio.Task[Any]] = {}
+
+    async def until(name: str) -> asyncio.Task[Any]:
+        while name not in shared:
+            await asyncio.sleep(0.005)
+        return shared[name]
+
+    @app.task(queue="q", name="starts")
+    async def starts() -> str:
+        shared["background"] = asyncio.get_running_loop().create_task(asyncio.sleep(3600))
+        return "started"
+
+    @app.task(queue="q", name="stops")
+    async def stops() -> bool:
+        background = await until("background")
+        accepted = background.cancel()
+        await asyncio.sleep(0.01)
+        return accepted and background.cancelled()
+
+    @app.task(queue="q", name="slow", timeout=timeout)
+    async def slow() -> str:
+        task = asyncio.current_task()
+        assert task is not None
+        shared["slow"] = task
+        await asyncio.sleep(0.5)
+        return "slept"
+
+    @app.task(queue="q", name="cuts", max_attempts=1)
+    async def cuts() -> bool:
+        return (await until("slow")).cancel()
+
+    jobs = [app.send(name, {}) for name in ("starts", "slow", "stops", "cuts")]
+
+    worker = run(app, timeout=30, concurrency=4)
+
+    assert worker.exit_code == 0
+    assert [(j.status().state, j.status().result) for j in jobs[:3]] == [
+        ("completed", "started"),
+        ("completed", "slept"),
+        ("completed", True),
+    ]
+    status = jobs[3].status()
+    assert status.state == "dead"
+    assert status.error is not None
+    assert (status.error.type, status.error.message) == (
+        "RuntimeError",
+        "the handler cancelled tasks of the worker's own (its loops, the other handlers): refused",
+    )

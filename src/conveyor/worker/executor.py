@@ -386,6 +386,9 @@ class Executor(Service):
         # Not asyncio.wait_for: it waits for the cancelled handler to finish, and a handler that
         # swallows the cancellation would then hold this slot for ever.
         running = asyncio.ensure_future(_carried(call, self.pid, name))
+        run = _running.get()
+        if run is not None:
+            run.task = running  # the task the handler runs in: its own to cancel, no other handler's
         try:
             done, _ = await asyncio.wait({running}, timeout=timeout)
         except asyncio.CancelledError:
@@ -572,7 +575,8 @@ class _Running:
         #: The error of what the worker refused the handler (a ``loop.stop()``, a cancel of a task
         #: that is not its own): its attempt's failure.
         self.refused: BaseException | None = None
-        #: The task the handler runs in (None: a thread), its own to cancel.
+        #: The task the handler runs in (its slot, or the task of its timeout; None: a thread): its own
+        #: to cancel, and no other handler's.
         self.task = task
 
 
@@ -636,8 +640,9 @@ def _guard_stop(loop: asyncio.AbstractEventLoop) -> Callable[[], None] | None:
 class _Task(asyncio.Task[Any]):
     """A task on the worker's event loop that knows which handler run started it (None: the worker).
 
-    A handler may cancel the task it runs in and the tasks that it (or what it scheduled) started. Its
-    cancel of any other, the worker's loops and the slots that run the other handlers, is refused
+    A handler may cancel the task it runs in and any task a handler started (its own, or one a library
+    started in another handler and shares: a client's background task, say). Its cancel of the
+    worker's own tasks (its loops, the slots) and of the task another handler runs in is refused
     (``cancel()`` returns False), logged once, and fails its attempt: ``for t in asyncio.all_tasks():
     t.cancel()`` in a handler ended the worker's loops, and the worker with them."""
 
@@ -653,7 +658,8 @@ class _Task(asyncio.Task[Any]):
 
     def cancel(self, msg: Any = None) -> bool:
         running = _running.get()
-        if running is None or running is self.started_by or running.task is self:
+        started_by = self.started_by
+        if running is None or running.task is self or (started_by is not None and started_by.task is not self):
             return super().cancel(msg)
         if running.refused is None:
             log.error(
