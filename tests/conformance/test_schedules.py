@@ -45,13 +45,6 @@ def _fire(
     return fired, job.id
 
 
-def _move(backend: Backend, name: str, due_s: float, after_s: float) -> bool:
-    """A fire with no job: the stored next tick moved from ``due_s`` to ``after_s``, nothing enqueued."""
-    return backend.schedule_fire(
-        ScheduleFireParams(name=name, due_at=at(due_s), next_run_at_after=at(after_s), job=None, now=at(0))
-    )
-
-
 def test_upsert_creates_and_list_returns_schedules_by_name(backend: Backend) -> None:
     backend.schedules_upsert(SchedulesUpsertParams([_schedule("b"), _schedule("a", priority=5)]))
 
@@ -129,23 +122,6 @@ def test_last_run_at_is_the_tick_fired_not_the_stored_one(backend: Backend) -> N
     assert (s.next_run_at, s.last_run_at) == (at(300), at(240))
 
 
-def test_a_fire_with_no_job_moves_the_next_tick_back_on_the_same_compare_and_set(backend: Backend) -> None:
-    backend.schedules_upsert(SchedulesUpsertParams([_schedule("s", next_s=60), _schedule("paused", next_s=86_400)]))
-    backend.schedules_update(SchedulesUpdateParams(name="paused", paused=True))
-    assert _fire(backend, "s", due_s=60, after_s=86_400)[0] is True  # a clock a day ahead stored tomorrow's
-
-    assert _move(backend, "s", due_s=86_400, after_s=120) is True
-    assert _move(backend, "s", due_s=86_400, after_s=180) is False  # moved already
-    assert _fire(backend, "s", due_s=86_400, after_s=86_460)[0] is False  # nor fired once moved
-    assert _move(backend, "paused", due_s=86_400, after_s=120) is False
-    assert _move(backend, "missing", due_s=60, after_s=120) is False
-
-    stored = _by_name(backend)
-    assert (stored["s"].next_run_at, stored["s"].last_run_at) == (at(120), at(60))  # last_run_at left as it was
-    assert stored["paused"].next_run_at == at(86_400)
-    assert len(acquire(backend, queue="cron", now=at(100_000))) == 1  # the one fire's job, none from the moves
-
-
 def test_a_paused_changed_or_missing_schedule_does_not_fire(backend: Backend) -> None:
     backend.schedules_upsert(SchedulesUpsertParams([_schedule("paused", next_s=60), _schedule("moved", next_s=60)]))
     backend.schedules_update(SchedulesUpdateParams(name="paused", paused=True))
@@ -177,28 +153,3 @@ def test_concurrent_schedulers_fire_each_tick_once(backend: Backend) -> None:
 
     assert sorted(results) == [False] * 5 + [True]
     assert len(acquire(backend, queue="cron", now=at(60))) == 1
-
-
-def test_of_schedulers_moving_and_firing_one_stored_tick_exactly_one_changes_it(backend: Backend) -> None:
-    backend.schedules_upsert(SchedulesUpsertParams([_schedule("s", next_s=60)]))
-    barrier = threading.Barrier(6)
-    results: list[tuple[str, bool]] = []
-    lock = threading.Lock()
-
-    def scheduler(kind: str) -> None:
-        barrier.wait(timeout=30)
-        changed = _fire(backend, "s", due_s=60, after_s=120)[0] if kind == "fire" else _move(backend, "s", 60, 30)
-        with lock:
-            results.append((kind, changed))
-
-    threads = [threading.Thread(target=scheduler, args=(kind,)) for kind in ["fire", "move"] * 3]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
-
-    winners = [kind for kind, changed in results if changed]
-    assert len(results) == 6 and len(winners) == 1
-    s = _by_name(backend)["s"]
-    assert s.next_run_at == (at(120) if winners == ["fire"] else at(30))
-    assert len(acquire(backend, queue="cron", now=at(60))) == (1 if winners == ["fire"] else 0)

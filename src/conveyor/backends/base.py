@@ -666,23 +666,20 @@ class ScheduleFireParams:
     """Fire one tick: in one transaction, if the schedule is not paused and its ``next_run_at``
     still equals ``due_at`` (the compare-and-set), set ``next_run_at = next_run_at_after`` and
     ``last_run_at = fired_at`` and insert ``job``. ``fired_at`` is the tick the job is for: after
-    downtime the latest missed one, not the stored ``due_at`` (None: ``due_at``).
-
-    With no ``job``, only ``next_run_at`` is set, on the same compare-and-set: a next tick that a
-    scheduler whose clock was ahead stored is moved back; ``last_run_at`` and the jobs are left as
-    they are. Returns True if this call fired (or moved) the tick, False if another scheduler did
-    (or the schedule was paused, changed or deleted meanwhile)."""
+    downtime the latest missed one, not the stored ``due_at`` (None: ``due_at``). Returns True if
+    this call fired the tick, False if another scheduler did (or the schedule was paused, changed or
+    deleted meanwhile)."""
 
     name: str
     due_at: datetime
     next_run_at_after: datetime
-    job: NewJob | None
+    job: NewJob
     now: datetime
     fired_at: datetime | None = None
 
     @property
     def last_run_at(self) -> datetime:
-        """The tick stored as the schedule's ``last_run_at`` when ``job`` is fired."""
+        """The tick stored as the schedule's ``last_run_at``."""
         return self.due_at if self.fired_at is None else self.fired_at
 
 

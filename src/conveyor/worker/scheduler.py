@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from conveyor._cron import Cron
 from conveyor._errors import ConveyorError
@@ -18,16 +18,6 @@ from conveyor.worker._service import Service
 
 log = logging.getLogger("conveyor.worker")
 
-# How far ahead of this scheduler's clock the clock that stored a schedule's ticks may have been and
-# still be believed. A stored next tick is the first after its writer's now, so one later than the
-# first tick after now + this limit was stored by a clock more than this far ahead: a wrong one (a VM
-# resumed, a clock stepped a day), and it is moved back; a last_run_at further ahead than this is
-# not taken as fired. Clocks that differ less (a fleet's skew: seconds, the tens of seconds a review
-# tried) are believed, so no scheduler moves back a tick another one fired: with no margin, one
-# 90 s behind took an every-minute schedule's next tick for one too far ahead and fired its tick
-# again (session 36). A clock stepped ahead by less than this can leave a schedule silent as long.
-CLOCK_AHEAD_LIMIT = timedelta(hours=1)
-
 
 class Scheduler(Service):
     """Every ``interval`` seconds, fires the schedules whose next tick is due.
@@ -36,10 +26,8 @@ class Scheduler(Service):
     schedule's ``next_run_at`` in the same transaction as the job insert, so two schedulers that
     see the same due tick fire it once. After downtime only the latest missed tick fires (once, its
     job's ``tick`` header and the schedule's ``last_run_at`` that tick), and the next tick is
-    computed from now, so a backlog of missed ticks is never replayed. A stored next tick that only
-    a clock more than :data:`CLOCK_AHEAD_LIMIT` ahead of this one could have stored is moved back
-    to the next tick from now, by the same compare-and-set. The producer builds each tick's job
-    exactly as a send would (task defaults, limits)."""
+    computed from now, so a backlog of missed ticks is never replayed. The producer builds each
+    tick's job exactly as a send would (task defaults, limits)."""
 
     name = "scheduler"
     run_first = True
@@ -90,8 +78,7 @@ class Scheduler(Service):
         backend = self.calls.backend
         schedules = await self.calls.call(lambda _: backend.schedules_list(), None, what="schedules")
         for schedule in schedules:
-            # Subtracted, not now + CLOCK_AHEAD_LIMIT, which overflows in the last hour of year 9999.
-            if schedule.paused or timedelta(0) < schedule.next_run_at - now <= CLOCK_AHEAD_LIMIT:
+            if schedule.paused or schedule.next_run_at > now:
                 continue
             # One schedule that cannot fire (a bad cron, a name or payload past a limit, a statement
             # the database refuses) is logged and skipped: it must not block the schedules after it.
@@ -107,18 +94,9 @@ class Scheduler(Service):
     async def _fire(self, schedule: Schedule, now: datetime) -> int:
         cron = Cron.parse(schedule.cron)
         due = schedule.next_run_at
-        if due > now:
-            await self._move_back(schedule, cron, now)
-            return 0
         # After downtime the latest missed tick fires, for all of them; the compare-and-set is still
         # on the stored next tick, so that of several schedulers only one fires.
         tick = cron.latest_between(due, now) or due
-        last = schedule.last_run_at
-        if last is not None and tick <= last and last - now <= CLOCK_AHEAD_LIMIT:
-            # This tick fired already, and its next tick was moved back since. Without this, a
-            # scheduler whose clock still runs a day ahead would fire again each time one on the
-            # right time moved its next tick back: a job a second, not a minute.
-            return 0
         message = Message(
             task=schedule.task,
             payload=json.loads(schedule.payload),
@@ -132,24 +110,3 @@ class Scheduler(Service):
             log.info("schedule %s fired tick %s as job %s", schedule.name, tick.isoformat(), job.id)
             return 1
         return 0
-
-    async def _move_back(self, schedule: Schedule, cron: Cron, now: datetime) -> None:
-        """Move back a next tick that no clock within CLOCK_AHEAD_LIMIT of this one could have
-        stored (one a day ahead stored tomorrow's: the schedule was silent until then)."""
-        due = schedule.next_run_at
-        if due <= cron.next_after(now + CLOCK_AHEAD_LIMIT):
-            return
-        allowed = cron.next_after(now)
-        # A compare-and-set like a fire's, on the same stored tick: of schedulers moving it and firing
-        # it, one wins, so a tick is neither fired after it was moved nor moved after it fired.
-        params = ScheduleFireParams(schedule.name, due, allowed, None, now)
-        if await self.calls.call(self.calls.backend.schedule_fire, params, what="schedule fire"):
-            log.warning(
-                "schedule %s: its next tick %s was stored by a clock more than %d minutes ahead of this one (%s); "
-                "moved back to %s",
-                preview(schedule.name),
-                due.isoformat(),
-                CLOCK_AHEAD_LIMIT // timedelta(minutes=1),
-                now.isoformat(),
-                allowed.isoformat(),
-            )

@@ -913,16 +913,8 @@ class PostgresBackend:
         """Fire one tick and insert its job, in one statement; True if this call fired it.
 
         The job is inserted as given; its idempotency key (if any) is not checked against the
-        dedup window, because the tick itself already fires once. With no job the next tick is
-        moved only."""
+        dedup window, because the tick itself already fires once."""
         job = params.job
-        if job is None:
-            with self._connection("schedule_move") as conn:
-                moved = conn.execute(
-                    self._q["schedule_move"],
-                    {"name": params.name, "due_at": params.due_at, "next_run_at": params.next_run_at_after},
-                )
-                return moved.rowcount == 1
         row = self._fetchone(
             "schedule_fire",
             {

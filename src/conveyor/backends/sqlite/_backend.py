@@ -562,16 +562,14 @@ class SqliteBackend:
             return conn.execute(self._q["schedules_delete"], {"name": params.name}).rowcount > 0
 
     def schedule_fire(self, params: base.ScheduleFireParams) -> bool:
-        """Fire one tick once, however many schedulers try, or with no job move it (see ScheduleFireParams)."""
+        """Fire one tick once, however many schedulers try (see ScheduleFireParams)."""
         args = {
             "name": params.name,
             "due_at": cv.to_db_time(params.due_at),
             "next_run_at_after": cv.to_db_time(params.next_run_at_after),
+            "last_run_at": cv.to_db_time(params.last_run_at),
         }
         with self._pool.write() as conn:
-            if params.job is None:
-                return conn.execute(self._q["schedule_move"], args).rowcount == 1
-            args["last_run_at"] = cv.to_db_time(params.last_run_at)
             if conn.execute(self._q["schedule_fire"], args).rowcount != 1:
                 return False
             self._insert_rows(conn, [params.job], params.now)
