@@ -103,13 +103,14 @@ def test_a_result_whose_keys_collide_as_json_is_kept_as_its_repr_not_silently_cu
     ]
 
 
-def _refuse_results_containing(app: App, database_url: str, marker: str) -> None:
-    """Make the real database refuse to archive a result containing ``marker`` (a trigger)."""
+def _refuse_archiving(app: App, database_url: str, when: str) -> None:
+    """Make the real database refuse to archive a row for which the SQL condition ``when`` holds (a
+    trigger; ``NEW`` is the archive row)."""
     app.backend.migrate()
     if database_url.startswith("sqlite"):
         with sqlite3.connect(database_url.removeprefix("sqlite:///")) as conn:
             conn.execute(
-                f"CREATE TRIGGER refuse BEFORE INSERT ON archive WHEN NEW.result LIKE '%{marker}%' "
+                f"CREATE TRIGGER refuse BEFORE INSERT ON archive WHEN {when} "
                 "BEGIN SELECT RAISE(ABORT, 'this result is refused'); END"
             )
         return
@@ -117,7 +118,7 @@ def _refuse_results_containing(app: App, database_url: str, marker: str) -> None
         conn.execute(
             f"""CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$
             BEGIN
-                IF NEW.result::text LIKE '%{marker}%' THEN RAISE EXCEPTION 'this result is refused'; END IF;
+                IF {when} THEN RAISE EXCEPTION 'this result is refused'; END IF;
                 RETURN NEW;
             END $$"""
         )
@@ -125,7 +126,7 @@ def _refuse_results_containing(app: App, database_url: str, marker: str) -> None
 
 
 def test_an_outcome_the_database_refuses_dead_letters_only_its_own_job(app: App, database_url: str) -> None:
-    _refuse_results_containing(app, database_url, "REFUSE-ME")
+    _refuse_archiving(app, database_url, "CAST(NEW.result AS text) LIKE '%REFUSE-ME%'")
 
     @app.task(queue="q")
     def echo(text: str) -> str:
@@ -144,6 +145,28 @@ def test_an_outcome_the_database_refuses_dead_letters_only_its_own_job(app: App,
     assert (status.state, status.reason, status.attempts, status.deliveries) == ("dead", "outcome_refused", 1, 1)
     assert status.error is not None and status.error.type == "OutcomeRefused"
     assert "this result is refused" in status.error.message
+
+
+def test_an_outcome_dropped_as_unwritable_still_counts_its_start(app: App, database_url: str) -> None:
+    # The database refuses the job's first delivery both as a row and as a dead letter (outcome_refused):
+    # the outcome is dropped and the job runs again once its lease expires. Its start was to be counted
+    # with that outcome, so it was lost too: the archive said deliveries=1 for a job that ran twice, and
+    # the pipeline's duplicate-delivery check (deliveries > attempts) could not see it.
+    _refuse_archiving(app, database_url, "CAST(NEW.payload AS text) LIKE '%DROP-ME%' AND NEW.rescues = 0")
+    runs: list[str] = []
+
+    @app.task(queue="q", visibility_timeout=1)
+    def echo(text: str) -> str:
+        runs.append(text)
+        return text
+
+    job = echo.delay(text="DROP-ME")
+    worker = run(app, rescue_interval=0.1)
+
+    assert worker.exit_code == 0
+    assert runs == ["DROP-ME", "DROP-ME"]
+    status = job.status()
+    assert (status.state, status.rescues, status.attempts, status.deliveries) == ("completed", 1, 1, 2)
 
 
 @pytest.mark.parametrize("exc", [SystemExit(3), KeyboardInterrupt(), GeneratorExit()])

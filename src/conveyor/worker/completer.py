@@ -6,7 +6,9 @@ throughput lever of a SQL queue (River's batch completer took it from ~10k to ~4
 An outcome also counts its job's start as a delivery, unless that start was counted already. The
 heartbeat has the starts of jobs running long counted early (so that a worker dying under them leaves
 them counted); those marks go through this loop too, written before the outcomes of the same flush and
-dropped when the job's outcome is in that flush, so a start is never counted twice."""
+dropped when the job's outcome is in that flush, so a start is never counted twice. An outcome the
+database refuses to store, even as a dead letter, is dropped (the job runs again once its lease
+expires), but its start is still counted on its own."""
 
 from __future__ import annotations
 
@@ -271,10 +273,26 @@ class Completer(Service):
         except BackendError as again:
             # Nothing more can be written for this job: its lease will expire and it runs again.
             log.error("could not dead-letter job %s either (%s); its lease will expire", outcome.id, again)
+            await self._count_dropped_start(dead)
             return 1
         self._count([dead])
         self._observe([dead], applied)
         return applied
+
+    async def _count_dropped_start(self, dropped: Finish) -> None:
+        """Count the start of a run whose outcome could not be written at all: it was to be counted with
+        that outcome, and without it the archive would show one delivery fewer than the job's runs
+        (``deliveries > attempts`` is how a lost outcome shows)."""
+        if dropped.counted or not dropped.ran:
+            return
+        start = JobsStartParams([LeaseRef(dropped.id, dropped.receipt)], self.clock())
+        try:
+            backend, give_up = self.calls.backend, self._should_give_up
+            await self.calls.call(backend.jobs_start_many, start, give_up=give_up, what="count starts", refused=True)
+        except DATABASE_WIDE:  # the worker retries it, or stops on damage
+            raise
+        except BackendError as exc:
+            log.error("could not count the start of job %s either (%s)", dropped.id, exc)
 
     def _count(self, items: Sequence[Outcome]) -> None:
         for item in items:
