@@ -418,6 +418,31 @@ def test_jobs_sent_over_http_continue_the_callers_trace(server: Server) -> None:
         assert twice.status_code == 202, twice.text
 
 
+def test_publish_filters_see_the_requests_traceparent_as_app_publish_sees_a_header(server: Server) -> None:
+    # The request's traceparent is one of the published message's headers, as App.publish(headers=...)
+    # gives it (the body's own win): a filter on it routed the message over Python but not over HTTP.
+    own = "00-11111111111111111111111111111111-2222222222222222-01"
+    with App(server.db) as app:
+        app.subscribe("orders", "billing", "billing.charge")
+        app.subscribe("orders", "traced", "trace.follow", filter={"traceparent": TRACE})
+        assert [j.status().queue for j in app.publish("orders", {}, headers={"traceparent": TRACE})] == [
+            "billing",
+            "traced",
+        ]
+    with server.client("producer") as c:
+
+        def queues(response: httpx.Response) -> list[str]:
+            assert response.status_code == 202, response.text
+            return [c.get(f"/v1/jobs/{i}").json()["queue"] for i in response.json()["jobs"]]
+
+        given = {"traceparent": TRACE}
+        traced = c.post("/v1/topics/orders/messages", json={"payload": {}}, headers=given)
+        assert queues(traced) == ["billing", "traced"]
+        mine = c.post("/v1/topics/orders/messages", json={"headers": {"traceparent": own}}, headers=given)
+        assert queues(mine) == ["billing"]
+        assert queues(c.post("/v1/topics/orders/messages", json={"payload": {}})) == ["billing"]
+
+
 def test_openapi_and_health(server: Server) -> None:
     with httpx.Client(base_url=server.url) as c:
         doc = c.get("/openapi.json").json()

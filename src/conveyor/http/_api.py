@@ -50,7 +50,7 @@ from conveyor._errors import (
 from conveyor._idempotency import same_json
 from conveyor._job import JobStatus
 from conveyor._limits import check_name, check_seconds
-from conveyor._message import Message, new_traceparent
+from conveyor._message import TRACEPARENT, Message, new_traceparent
 from conveyor._otel import first_task, send_span, valid_traceparent
 from conveyor._topics import published
 from conveyor.admin import QueueStats, Schedule, Token, WorkerInfo
@@ -439,6 +439,12 @@ class Service:
         )
         payload = envelope.pop("payload", {})
         headers = envelope.pop("headers", None)
+        parent = valid_traceparent(request.headers.get("traceparent"))
+        if parent is not None:
+            # The caller's trace context is a header of the message, as if given in its headers (whose own
+            # traceparent wins): subscription filters see it as they see App.publish(headers=...)'s, and
+            # the jobs carry it.
+            headers = {TRACEPARENT: parent, **(headers or {})}
         subscriptions, prepare = self.app.admin.subscriptions, self.app.producer.prepare
         messages = await self.run(published, topic, payload, headers, envelope, subscriptions, prepare)
         if not messages:
@@ -446,7 +452,6 @@ class Service:
         # Sent as a batch is (App.publish's messages, one transaction), with strict_keys: an idempotency
         # key held by another payload is a 409 with nothing stored, as for a send (before, the holder's
         # id was answered with 202 and the new payload dropped).
-        parent = valid_traceparent(request.headers.get("traceparent"))
         queues = {m.queue for m in messages}
         queue = next(iter(queues)) if len(queues) == 1 else None
         with send_span(first_task([m.task for m in messages]), queue, len(messages), parent) as traceparent:
