@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
 import os
 import signal
 import sqlite3
@@ -15,8 +16,11 @@ from typing import Any
 
 import psycopg
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from conveyor import App, BackendUnavailable, JobContext, Retry, Worker
+from conveyor._outcomes import _keys_collide
 from conveyor.backends.base import JobsListParams
 
 
@@ -101,6 +105,31 @@ def test_a_result_whose_keys_collide_as_json_is_kept_as_its_repr_not_silently_cu
         {"a": [{"true": 1, "null": 2, "3.5": 3}]},
         [1, "1", [2]],
     ]
+
+
+# Few keys, so that a dict often holds a key and its JSON text ({1: .., "1": ..}).
+_KEYS = st.sampled_from(["1", "true", "null", "1.5", "a", 1, True, None, 1.5, 2])
+_RESULTS = st.recursive(
+    st.one_of(st.integers(0, 2), st.text(max_size=2), st.none()),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4), st.lists(inner, max_size=3).map(tuple), st.dictionaries(_KEYS, inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+
+
+def _collides(value: Any) -> bool:
+    """The plain rule _keys_collide has to keep: some dict has two keys json.dumps writes as one text."""
+    if isinstance(value, dict):
+        texts = {k if isinstance(k, str) else json.dumps(k) for k in value}
+        return len(texts) != len(value) or any(_collides(v) for v in value.values())
+    return isinstance(value, (list, tuple)) and any(_collides(v) for v in value)
+
+
+@settings(max_examples=300)
+@given(_RESULTS)
+def test_the_collision_check_finds_every_dict_whose_keys_collide_as_json(result: Any) -> None:
+    assert _keys_collide(result) == _collides(result)
 
 
 def _refuse_archiving(app: App, database_url: str, when: str) -> None:
