@@ -16,7 +16,7 @@ from pyspark.sql import SparkSession
 from conveyor import App, Message
 from conveyor.backends import open_backend
 from conveyor.backends.base import Finish, JobsAcquireParams, JobsFinishParams, JobsListParams
-from conveyor.pipeline import PipelineError, reconcile
+from conveyor.pipeline import PipelineError, read_watermark, reconcile
 
 from .history import at, job_row
 
@@ -370,3 +370,43 @@ def test_the_command_checks_its_csv_and_columns_before_spark_starts(tmp_path: Pa
         cli = CliRunner().invoke(main, [*args, "--export-dir", str(export_dir), *extra], env={"COLUMNS": "250"})
         assert cli.exit_code == 1 and message in cli.output, cli.output
         assert "starting Spark" not in cli.output and "Traceback" not in cli.output, cli.output
+
+
+def test_a_job_that_finished_far_in_the_future_is_reconciled_with_a_warning(
+    spark: SparkSession, database_url: str, tmp_path: Path
+) -> None:
+    # Before: reconcile exported first, and the export refuses an archived job that finished more than a
+    # day ahead, so reconcile stopped on it. Its finish time does not matter to "does this key have a
+    # job": it is now reconciled as any other job, and the result (and the command) warns about it.
+    from click.testing import CliRunner
+
+    from conveyor.pipeline import export
+    from conveyor.pipeline.cli import main
+
+    with App(database_url, migrate=True) as app:
+        app.send_many([Message(task="fulfil", payload={}, queue="orders", idempotency_key=k) for k in ("f1", "p1")])
+    backend = open_backend(database_url)
+    try:
+        late = datetime(2999, 1, 1, tzinfo=UTC)
+        (d,) = backend.jobs_acquire(
+            JobsAcquireParams(queue="orders", limit=1, visibility_timeout=60, worker_id="w", now=datetime.now(UTC))
+        )
+        backend.jobs_finish_many(JobsFinishParams(items=[Finish(d.id, d.receipt, "completed")], now=late))
+    finally:
+        backend.close()
+    biz = write_csv(tmp_path / "orders.csv", [("f1", "pending"), ("p1", "pending"), ("x1", "pending")])
+    export_dir = tmp_path / "export"
+    result = reconcile(biz, "order_id", "status", database_url, export_dir=export_dir, spark=spark)
+    assert result.counts == {"ok": 1, "lost": 1, "stuck": 0, "dead": 0, "done_not_recorded": 1}
+    (warning,) = result.warnings
+    assert f"1 archived jobs finished more than a day after now (the first: job {d.id}" in warning
+    assert "`conveyor export` refuses them" in warning
+    # The export directory reconcile refreshed holds the other job, not the far-future one, which the
+    # export still refuses by name.
+    assert read_watermark(export_dir).live_rows == 1 and read_watermark(export_dir).archive_rows == 0
+    with pytest.raises(PipelineError, match="1 archived jobs finished more than a day after now"):
+        export(database_url, export_dir)
+    args = ["reconcile", "--business", str(biz), "--key-column", "order_id", "--status-column", "status"]
+    cli = CliRunner().invoke(main, [*args, "--db", database_url], env={"COLUMNS": "250"})
+    assert cli.exit_code == 0, cli.output
+    assert "warning: 1 archived jobs finished more than a day after now" in cli.output and "lost: x1" in cli.output

@@ -436,6 +436,8 @@ def reconcile(
         table.add_row(name, f"{count:,}")
     out.print(table)
     out.print(f"queue state as of {result.snapshot_at.isoformat()}")
+    for warning in result.warnings:
+        console.print(f"warning: {shown(warning)}")
     if result.no_key:
         out.print(
             f"no key: {result.no_key:,} records have no usable {shown(key_column)} (null, NaN or empty): "

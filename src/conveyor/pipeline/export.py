@@ -133,6 +133,7 @@ def export(
     spark: SparkSession | None = None,
     master: str | None = None,
     jdbc_partitions: int | None = None,
+    refuse_far_future: bool = True,
 ) -> ExportResult:
     """Export the archive (and, with ``include_live``, a snapshot of live jobs) to Parquet.
 
@@ -159,7 +160,12 @@ def export(
     export deletes the files of runs that never committed, so it refuses a directory holding
     anything else. Every number is checked (:class:`PipelineError`: NaN, infinity, out of range),
     and a database that cannot be reached is a one-line :class:`PipelineError` without the
-    URL's password."""
+    URL's password.
+
+    An archived job that finished more than :data:`FUTURE_LIMIT` after ``now`` refuses the export
+    (:class:`PipelineError` naming it). With ``refuse_far_future=False`` such jobs are left after the
+    watermark, unexported, as a row inside the settle window is (reconcile reads them with
+    :func:`read_archive_tail`; :func:`far_future` tells the caller about them)."""
     _check_int("page_size", page_size, 1, MAX_PAGE_SIZE)
     _check_int("chunk_rows", chunk_rows, 1, MAX_CHUNK_ROWS)
     if jdbc_partitions is not None:
@@ -185,7 +191,7 @@ def export(
             # migrated by `conveyor migrate`, never by a read-only job.
             if own and backend.engine == "sqlite":
                 backend.migrate()
-            exporter = _Exporter(backend, out, page_size, chunk_rows, progress)
+            exporter = _Exporter(backend, out, page_size, chunk_rows, progress, refuse_far_future)
             if via == "jdbc" and backend.engine != "postgres":
                 raise PipelineError(f"--via jdbc reads PostgreSQL only; this database is {backend.engine}")
             if via != "seam" and backend.engine == "postgres":
@@ -328,6 +334,44 @@ def _opened(fn: Callable[..., _T], *args: Any, url: str | None = None) -> _T:
         raise PipelineError(redact(f"cannot read the database: {first_line(exc)}", where)) from None
 
 
+@dataclass(frozen=True, slots=True)
+class FarFuture:
+    """Archived jobs that finished more than :data:`FUTURE_LIMIT` after "now": how many (counted up to
+    ``_FUTURE_SHOWN``) and the first of them in ``(finished_at, id)`` order."""
+
+    count: int
+    first: JobRecord
+
+    def __str__(self) -> str:
+        count = f"{self.count:,}" if self.count < _FUTURE_SHOWN else f"{_FUTURE_SHOWN:,} or more"
+        assert self.first.finished_at is not None
+        return (
+            f"{count} archived jobs finished more than a day after now (the first: job {self.first.id} of queue "
+            f"{self.first.queue!r}, finished_at {self.first.finished_at.isoformat()})"
+        )
+
+
+def far_future(backend: Backend, now: datetime) -> FarFuture | None:
+    """The archived jobs that finished more than :data:`FUTURE_LIMIT` after ``now`` (a worker's clock
+    years ahead, or raw SQL), or None: one seam read of at most ``_FUTURE_SHOWN`` rows."""
+    last = UUID(int=(1 << 128) - 1)  # after (limit, the greatest id): finished_at > limit
+    future = backend.archive_read(ArchiveReadParams(after=(now + FUTURE_LIMIT, last), limit=_FUTURE_SHOWN))
+    return FarFuture(len(future), future[0]) if future else None
+
+
+def _refuse_far_future(backend: Backend, now: datetime) -> None:
+    """Raise :class:`PipelineError` if an archived job finished more than :data:`FUTURE_LIMIT` after
+    ``now``. Read in ``(finished_at, id)`` order behind a watermark, such a row would be left for a later
+    run until that time, and every run would end without a word about it; exported now, the watermark
+    would pass every real row after it."""
+    found = far_future(backend, now)
+    if found is not None:
+        raise PipelineError(
+            f"{found}; the export, in finished_at order, cannot place them, so nothing was exported: correct "
+            "their finished_at in the archive and run it again"
+        )
+
+
 def read_archive_tail(backend: Backend, after: tuple[datetime, UUID] | None, page_size: int = 10_000) -> Any:
     """All archive rows after ``after`` as one Arrow table (export schema plus ``date``, ``queue``).
 
@@ -425,16 +469,19 @@ class _Exporter:
         page_size: int,
         chunk_rows: int,
         progress: Callable[[int], None] | None,
+        refuse_far_future: bool = True,
     ) -> None:
         self.backend = backend
         self.out = out
         self.page_size = page_size
         self.chunk_rows = chunk_rows
         self.progress = progress
+        self.refuse_far_future = refuse_far_future
         self.via = "seam"
 
     def run(self, include_live: bool, now: datetime, settle_seconds: float) -> ExportResult:
-        self._refuse_far_future(now)
+        if self.refuse_far_future:
+            _refuse_far_future(self.backend, now)
         committed = read_watermark(self.out)
         run = committed.run + 1
         self._discard_uncommitted(committed.run)
@@ -469,24 +516,6 @@ class _Exporter:
         _write_json_atomic(self.out / WATERMARK_FILE, watermark.to_json())
         shutil.rmtree(self.out / _STAGING_DIR, ignore_errors=True)
         return ExportResult(self.out, run, read, live_rows, files, watermark, self.via)
-
-    def _refuse_far_future(self, now: datetime) -> None:
-        """Raise :class:`PipelineError` if an archived job finished more than :data:`FUTURE_LIMIT` after
-        ``now`` (a worker's clock years ahead, or raw SQL). Read in ``(finished_at, id)`` order behind a
-        watermark, such a row would be left for a later run until that time, and every run would end
-        without a word about it; exported now, the watermark would pass every real row after it."""
-        last = UUID(int=(1 << 128) - 1)  # after (limit, the greatest id): finished_at > limit
-        future = self.backend.archive_read(ArchiveReadParams(after=(now + FUTURE_LIMIT, last), limit=_FUTURE_SHOWN))
-        if not future:
-            return
-        first = future[0]
-        assert first.finished_at is not None
-        count = f"{len(future):,}" if len(future) < _FUTURE_SHOWN else f"{_FUTURE_SHOWN:,} or more"
-        raise PipelineError(
-            f"{count} archived jobs finished more than a day after now (the first: job {first.id} of queue "
-            f"{first.queue!r}, finished_at {first.finished_at.isoformat()}); the export, in finished_at order, "
-            "cannot place them, so nothing was exported: correct their finished_at in the archive and run it again"
-        )
 
     def _read_archive(
         self, target: Path, run: int, after: tuple[datetime, UUID] | None, cutoff: datetime, now: datetime
@@ -589,7 +618,7 @@ class _JdbcExporter(_Exporter):
         partitions: int | None,
         least: int = 0,
     ) -> None:
-        super().__init__(base.backend, base.out, base.page_size, base.chunk_rows, base.progress)
+        super().__init__(base.backend, base.out, base.page_size, base.chunk_rows, base.progress, base.refuse_far_future)
         self.database_url = database_url
         self.spark = spark
         self.master = master

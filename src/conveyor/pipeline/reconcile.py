@@ -38,7 +38,7 @@ from conveyor.pipeline._keys import col, key_column_text
 from conveyor.pipeline._sla import DEFAULT_SLA_SECONDS, SlaValue, parse_sla, sla_micros
 from conveyor.pipeline.enqueue import jsonable
 from conveyor.pipeline.errors import PipelineError
-from conveyor.pipeline.export import export, read_archive_tail, read_watermark
+from conveyor.pipeline.export import export, far_future, read_archive_tail, read_watermark
 from conveyor.pipeline.report import load_jobs
 
 if TYPE_CHECKING:
@@ -51,13 +51,19 @@ CLASSES: tuple[str, ...] = ("ok", "lost", "stuck", "dead", "done_not_recorded")
 NO_KEY = "no_key"
 KeyKind = Literal["idempotency_key", "job_id"]
 _REQUEUE_BATCH = 500
+#: What the warning about archived jobs that finished far in the future adds.
+_FAR_FUTURE_NOTE = (
+    "reconciled as any other job, but `conveyor export` refuses them until their finished_at is corrected "
+    "in the archive"
+)
 
 
 @dataclass(frozen=True, slots=True)
 class ReconcileResult:
     """Counts per class (every class present, zero if none), the snapshot time used for "stuck",
     and what a requeue did (``requeued`` new jobs, ``already_queued`` keys the queue already held).
-    ``no_key`` counts the records without a usable key (null, NaN, empty): in no class, never requeued."""
+    ``no_key`` counts the records without a usable key (null, NaN, empty): in no class, never requeued.
+    ``warnings`` are what the caller should be told (archived jobs that finished far in the future)."""
 
     counts: dict[str, int]
     snapshot_at: datetime
@@ -66,6 +72,7 @@ class ReconcileResult:
     already_queued: int = 0
     lost_keys: list[str] = field(default_factory=list)  # at most 1000, for display
     no_key: int = 0
+    warnings: list[str] = field(default_factory=list)
 
 
 def load_business(
@@ -162,7 +169,7 @@ def reconcile(
     _check_columns(biz.columns, key_column, status_column, payload_columns)
 
     with tempfile.TemporaryDirectory(prefix="conveyor-reconcile-") as tmp:
-        jobs, snapshot_at = _queue_state(spark, database_url, export_dir, Path(tmp))
+        jobs, snapshot_at, warnings = _queue_state(spark, database_url, export_dir, Path(tmp))
         if queue is not None:
             jobs = jobs.where(F.col("queue") == queue)
         classified = _classify(
@@ -188,7 +195,7 @@ def reconcile(
                 requeued, already = _requeue(lost, database_url, queue, task, key_column, payload_columns)
         finally:
             classified.unpersist()
-    return ReconcileResult(counts, snapshot_at, out, requeued, already, lost_keys, no_key)
+    return ReconcileResult(counts, snapshot_at, out, requeued, already, lost_keys, no_key, warnings)
 
 
 def check_business(
@@ -213,14 +220,19 @@ def _check_columns(columns: Sequence[str], key_column: str, status_column: str, 
 
 def _queue_state(
     spark: SparkSession, database_url: str | None, export_dir: str | os.PathLike[str] | None, tmp: Path
-) -> tuple[DataFrame, datetime]:
-    """All known jobs (live snapshot, archive, and the archive rows an export left for later)."""
+) -> tuple[DataFrame, datetime, list[str]]:
+    """All known jobs (live snapshot, archive, and the archive rows an export left for later), the
+    snapshot time, and warnings.
+
+    An archived job that finished far in the future refuses an export, but it still answers "does this
+    key have a job", which is all reconcile asks of it: the export leaves it after the watermark, it is
+    read with the rest of the tail, and a warning names it."""
     if database_url is None:
         assert export_dir is not None
         mark = read_watermark(export_dir)
         if mark.live_snapshot_at is None:
             raise PipelineError(f"{export_dir} has no live snapshot: export it with --include-live, or pass --db")
-        return load_jobs(spark, export_dir, allow_empty=True), mark.live_snapshot_at
+        return load_jobs(spark, export_dir, allow_empty=True), mark.live_snapshot_at, []
     from conveyor.backends import open_backend
 
     try:
@@ -233,8 +245,17 @@ def _queue_state(
         # A throwaway export needs no settling time: no later run resumes from its watermark.
         settle = 5.0 if export_dir is not None else 0.0
         result = export(
-            database_url, target, include_live=True, backend=backend, now=now, settle_seconds=settle, via="seam"
+            database_url,
+            target,
+            include_live=True,
+            backend=backend,
+            now=now,
+            settle_seconds=settle,
+            via="seam",
+            refuse_far_future=False,
         )
+        future = far_future(backend, now)
+        warnings = [] if future is None else [f"{future}: {_FAR_FUTURE_NOTE}"]
         jobs = load_jobs(spark, target, allow_empty=True)
         tail = read_archive_tail(backend, result.watermark.after)
         if tail.num_rows:
@@ -247,7 +268,7 @@ def _queue_state(
             jobs = jobs.unionByName(spark.read.schema(spark_ddl()).parquet(str(tail_path)))
     finally:
         backend.close()
-    return jobs, now
+    return jobs, now, warnings
 
 
 def _classify(
