@@ -366,3 +366,36 @@ def test_the_empty_queue_name_is_exported_and_reported(spark: SparkSession, sqli
     result = report(out, tmp_path / "report", spark=spark)
     assert result.summary["queues"][""]["jobs"] == 2 and result.summary["queues"]["q"]["jobs"] == 1
     assert '<td class="t">(empty)</td>' in (tmp_path / "report" / "report.html").read_text()
+
+
+def test_the_empty_queue_and_a_queue_named_like_its_label_are_reported_apart(
+    spark: SparkSession, sqlite_url: str, tmp_path: Path
+) -> None:
+    # Before: the queue named '' was shown as "(empty)", and so was a real queue named "(empty)": their
+    # table rows looked alike and the charts, keyed by label, kept one series of the two.
+    import re
+
+    from conveyor.pipeline import report
+    from conveyor.pipeline._html import queue_label
+
+    names = {"": 2, "(empty)": 1, "\\(empty)": 3}
+    backend = open_backend(sqlite_url)
+    backend.migrate()
+    try:
+        for name, n in names.items():
+            insert(backend, name, n, DAY1)
+            finish(backend, name, n, DAY1 + timedelta(seconds=1))
+    finally:
+        backend.close()
+    out = tmp_path / "export"
+    assert export(sqlite_url, out, now=DAY2).archive_rows == 6
+    result = report(out, tmp_path / "report", spark=spark)
+    assert {q: s["jobs"] for q, s in result.summary["queues"].items()} == names
+    html = (tmp_path / "report" / "report.html").read_text()
+    labels = {"": "(empty)", "(empty)": "\\(empty)", "\\(empty)": "\\\\(empty)"}
+    for label in labels.values():
+        assert f'<td class="t">{label}</td>' in html
+    # Each chart of enqueued jobs per minute has one series per queue: three legend entries.
+    legend = re.findall(r'font-size="11">([^<]*)</text>', html.split("Enqueued per minute", 1)[1].split("</svg>", 1)[0])
+    assert sorted(legend) == sorted(labels.values())
+    assert {q: queue_label(q) for q in names} == labels

@@ -53,9 +53,18 @@ def table_html(
 
 
 def queue_label(queue: Any) -> Any:
-    """A queue name for display: the empty name (only raw SQL can store it) as :data:`EMPTY_QUEUE_LABEL`,
-    which would otherwise be a blank cell, a blank chart label and a blank row in the command's table."""
-    return EMPTY_QUEUE_LABEL if queue == "" else queue
+    """A queue name for display, one label per name: the empty name (only raw SQL can store it) as
+    :data:`EMPTY_QUEUE_LABEL`, which would otherwise be a blank cell, a blank chart label and a blank
+    row in the command's table.
+
+    ``(empty)`` is a valid queue name too, so a name that reads as the label after any number of
+    backslashes (``(empty)``, ``\\(empty)``, ...) is shown with one backslash more: the two queues
+    get two rows and two chart series (one label for both merged their series into one)."""
+    if queue == "":
+        return EMPTY_QUEUE_LABEL
+    if isinstance(queue, str) and queue.lstrip("\\") == EMPTY_QUEUE_LABEL:
+        return "\\" + queue
+    return queue
 
 
 #: How the queue named '' is shown.
