@@ -421,3 +421,42 @@ def test_csv_input_without_a_header_row_is_one_line(sqlite_url: str, tmp_path: P
     (tmp_path / "empty.csv").write_bytes(b"")
     code, output = enqueue_command(sqlite_url, tmp_path / "empty.csv")
     assert code == 1 and "no CSV file has a header row" in output and "Traceback" not in output, output
+
+
+def test_strings_that_are_not_utf8_or_hold_nul_are_refused_naming_column_and_row(
+    spark: SparkSession, sqlite_url: str
+) -> None:
+    # Before: a DataFrame string that is not UTF-8 (here cast from bytes; Spark checks neither that nor
+    # Parquet's strings) reached Python with U+FFFD for each bad byte, so the keys 'k\xff' and 'k\xfe'
+    # became one job and the other row was counted as a duplicate: 3 rows, 2 jobs, no error.
+    from pyspark.sql import functions as F
+
+    from conveyor.pipeline.enqueue import BadRows
+
+    rows = [(b"ok", b"fine", "a"), (b"k\xff", b"fine", "b"), (b"k\xfe", b"fine", "c"), (b"k2", b"n\xe9e", "d")]
+    raw = spark.createDataFrame(
+        [(bytearray(k), bytearray(note), v) for k, note, v in rows], "k BINARY, note BINARY, v STRING"
+    ).coalesce(1)
+    df = raw.select(*[F.col(c).cast("string").alias(c) for c in ("k", "note", "v")])
+    with pytest.raises(BadRows) as caught:
+        enqueue_dataframe(df, sqlite_url, "q", "t", key_column="k")
+    assert (caught.value.count, caught.value.rows) == (3, 4)
+    assert [(n, why) for n, _, why in caught.value.examples] == [
+        (2, "column 'k' holds a string that is not UTF-8"),
+        (3, "column 'k' holds a string that is not UTF-8"),
+        (4, "column 'note' holds a string that is not UTF-8"),
+    ]
+    # Nested strings too, and without a key column (the whole row makes the key).
+    nested = df.where("k = 'k2'").select(F.struct("note", "v").alias("s"))
+    with pytest.raises(BadRows, match=r"row 1: column 's' holds a string that is not UTF-8"):
+        enqueue_dataframe(nested, sqlite_url, "q", "t")
+    # A NUL is named by its column (the payload check said only "payload").
+    nul = spark.createDataFrame([("k1", "a\x00b")], "k STRING, v STRING")
+    with pytest.raises(BadRows, match=r"row 1 \(key 'k1'\): column 'v' holds a NUL character"):
+        enqueue_dataframe(nul, sqlite_url, "q", "t", key_column="k")
+    assert not Path(sqlite_url.removeprefix("sqlite:///")).exists() or live_jobs(sqlite_url) == []
+    # A column that is neither the key nor in the payload is not sent, so its bytes do not matter.
+    sent = enqueue_dataframe(
+        df.where("k = 'k2' OR k = 'ok'"), sqlite_url, "q", "t", key_column="k", payload_columns=["v"]
+    )
+    assert (sent.rows, sent.enqueued) == (2, 2)

@@ -19,6 +19,7 @@ import csv
 import gzip
 import io
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, cast
@@ -246,36 +247,8 @@ def check_parquet_utf8(df: DataFrame) -> None:
     Parquet stores strings as bytes and Spark does not check them: Python receives each bad byte as
     U+FFFD, so keys that differ only there became one job, and the rest were lost as duplicates."""
     from pyspark.sql import functions as F
-    from pyspark.sql.types import ArrayType, DataType, MapType, StringType, StructType
 
-    from conveyor.pipeline._keys import col
-
-    def has_strings(kind: DataType) -> bool:
-        if isinstance(kind, StructType):
-            return any(has_strings(f.dataType) for f in kind.fields)
-        if isinstance(kind, ArrayType):
-            return has_strings(kind.elementType)
-        if isinstance(kind, MapType):
-            return has_strings(kind.keyType) or has_strings(kind.valueType)
-        return isinstance(kind, StringType)
-
-    def bad(column: Any, kind: DataType) -> Any:
-        """An expression true when ``column`` (of a type that has strings) holds one that is not UTF-8."""
-        if isinstance(kind, StringType):
-            return ~F.is_valid_utf8(column)
-        if isinstance(kind, StructType):
-            return _any([bad(column[f.name], f.dataType) for f in kind.fields if has_strings(f.dataType)])
-        if isinstance(kind, ArrayType):
-            return F.exists(column, lambda x: bad(x, kind.elementType))
-        assert isinstance(kind, MapType)
-        parts = []
-        if has_strings(kind.keyType):
-            parts.append(F.exists(F.map_keys(column), lambda x: bad(x, kind.keyType)))
-        if has_strings(kind.valueType):
-            parts.append(F.exists(F.map_values(column), lambda x: bad(x, kind.valueType)))
-        return _any(parts)
-
-    checks = [(f.name, bad(col(f.name), f.dataType)) for f in df.schema.fields if has_strings(f.dataType)]
+    checks = string_checks(df, lambda s: ~F.is_valid_utf8(s))
     if not checks:
         return
     # A null test (a null string is no bad string) keeps the expressions three-valued-logic safe.
@@ -302,6 +275,48 @@ def check_parquet_utf8(df: DataFrame) -> None:
             f"{where}: {found['n']:,} rows hold strings that are not UTF-8 (the first: {row}column "
             f"{first['column']!r}); nothing was read. Write them as UTF-8, or as binary columns"
         )
+
+
+def string_checks(
+    df: DataFrame, is_bad: Callable[[Any], Any], columns: Sequence[str] | None = None
+) -> list[tuple[str, Any]]:
+    """For each column of ``df`` (or of ``columns``) that holds strings, nested ones too (structs,
+    arrays, maps), its name and an expression true when one of its strings is ``is_bad`` (a function
+    of a string column to a boolean column); null where the value is null."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import ArrayType, DataType, MapType, StringType, StructType
+
+    from conveyor.pipeline._keys import col
+
+    def has_strings(kind: DataType) -> bool:
+        if isinstance(kind, StructType):
+            return any(has_strings(f.dataType) for f in kind.fields)
+        if isinstance(kind, ArrayType):
+            return has_strings(kind.elementType)
+        if isinstance(kind, MapType):
+            return has_strings(kind.keyType) or has_strings(kind.valueType)
+        return isinstance(kind, StringType)
+
+    def bad(column: Any, kind: DataType) -> Any:
+        """An expression true when ``column`` (of a type that has strings) holds a bad one."""
+        if isinstance(kind, StringType):
+            return is_bad(column)
+        if isinstance(kind, StructType):
+            return _any([bad(column[f.name], f.dataType) for f in kind.fields if has_strings(f.dataType)])
+        if isinstance(kind, ArrayType):
+            return F.exists(column, lambda x: bad(x, kind.elementType))
+        assert isinstance(kind, MapType)
+        parts = []
+        if has_strings(kind.keyType):
+            parts.append(F.exists(F.map_keys(column), lambda x: bad(x, kind.keyType)))
+        if has_strings(kind.valueType):
+            parts.append(F.exists(F.map_values(column), lambda x: bad(x, kind.valueType)))
+        return _any(parts)
+
+    wanted = set(df.columns if columns is None else columns)
+    return [
+        (f.name, bad(col(f.name), f.dataType)) for f in df.schema.fields if f.name in wanted and has_strings(f.dataType)
+    ]
 
 
 def _any(parts: list[Any]) -> Any:

@@ -130,7 +130,9 @@ def enqueue_dataframe(
         # Every row is checked before any is sent: a bad row (NaN, a NUL, a payload or key over its
         # limit, a time Python cannot hold) would otherwise stop the run part way, some jobs sent and
         # the rest not. Reads the input once more.
-        rows, bad, examples = _check_rows(df, database_url, key_column, message_of)
+        # The columns a job is made of: without a key column, the whole row is hashed into the key.
+        used = None if key_column is None else [*payload_cols, key_column]
+        rows, bad, examples = _check_rows(df, database_url, key_column, message_of, used)
         if bad:
             raise BadRows(bad, rows, examples)
         return _send(df, database_url, batch_size, message_of, after_batch, rows)
@@ -156,6 +158,8 @@ class BadRows(PipelineError):
 _EXAMPLES = 3
 #: A column the row check adds (the time columns out of Python's range); a name no input would use.
 _BAD_TIME = "__conveyor_time_out_of_range__"
+#: A column the row check adds (why a string column of the row cannot be sent); a name no input would use.
+_BAD_TEXT = "__conveyor_bad_text__"
 
 
 def check_target(database_url: str, queue: str, task: str) -> None:
@@ -190,12 +194,19 @@ def check_columns(columns: Sequence[str], key_column: str | None, payload_column
 
 
 def _check_rows(
-    df: DataFrame, database_url: str, key_column: str | None, message_of: Callable[[dict[str, Any]], Any]
+    df: DataFrame,
+    database_url: str,
+    key_column: str | None,
+    message_of: Callable[[dict[str, Any]], Any],
+    used: Sequence[str] | None = None,
 ) -> tuple[int, int, list[tuple[int, str | None, str]]]:
     """(rows, bad rows, the first few bad rows) of ``df``, each row built into its job and checked
-    as ``send_many`` would check it (no connection is opened)."""
+    as ``send_many`` would check it (no connection is opened). The strings of the ``used`` columns
+    (default: all) are checked in Spark to be UTF-8 and free of NUL, naming the column."""
     from pyspark.sql import functions as F
     from pyspark.sql.types import DateType, TimestampNTZType, TimestampType
+
+    from conveyor.pipeline._input import string_checks
 
     # A date or time outside years 1-9999 fails the conversion of its whole partition into Python
     # rows, so it is found (and nulled) in Spark, and the row is reported instead.
@@ -204,9 +215,23 @@ def _check_rows(
     def in_range(name: str) -> Any:
         return F.year(col(name)).between(1, 9999)
 
+    # Spark hands Python each byte of a string that is not UTF-8 as U+FFFD, so two keys (or rows) that
+    # differ only there became one job and the others were counted as duplicates: found here, by column.
+    # A NUL is found here too, to name its column (the payload check would only say "payload").
+    texts = [
+        (f"column {name!r} holds a string that is not UTF-8", bad)
+        for name, bad in string_checks(df, lambda s: ~F.is_valid_utf8(s), used)
+    ] + [
+        (f"column {name!r} holds a NUL character (\\x00), which PostgreSQL cannot store", bad)
+        for name, bad in string_checks(df, lambda s: s.contains("\x00"), used)
+    ]
+
     checked = df.select(
         *[F.when(in_range(c), col(c)).alias(c) if c in times else col(c) for c in df.columns],
         F.concat_ws(", ", *[F.when(~in_range(c), F.lit(c)) for c in times]).alias(_BAD_TIME),
+        F.coalesce(*[F.when(F.coalesce(bad, F.lit(False)), F.lit(why)) for why, bad in texts], F.lit(None))
+        .cast("string")
+        .alias(_BAD_TEXT),
     )
 
     def check(
@@ -225,10 +250,13 @@ def _check_rows(
                 rows += 1
                 data = row.asDict(recursive=True)
                 out_of_range = data.pop(_BAD_TIME)
+                bad_text = data.pop(_BAD_TEXT)
                 key = key_text(data[key_column]) if key_column is not None else None
                 try:
                     if out_of_range:
                         raise ValueError(f"{out_of_range}: a date or time outside the years 1 to 9999")
+                    if bad_text:
+                        raise ValueError(bad_text)
                     app.producer.prepare(message_of(data), now)
                 except Exception as exc:
                     bad += 1
