@@ -460,3 +460,33 @@ def test_strings_that_are_not_utf8_or_hold_nul_are_refused_naming_column_and_row
         df.where("k = 'k2' OR k = 'ok'"), sqlite_url, "q", "t", key_column="k", payload_columns=["v"]
     )
     assert (sent.rows, sent.enqueued) == (2, 2)
+
+
+def test_files_spelling_a_column_in_another_case_are_refused(
+    spark: SparkSession, sqlite_url: str, tmp_path: Path
+) -> None:
+    # Before: file a has 'Key', file b 'key'; Spark compares names in any case and read them as one
+    # column 'Key' (CSV and Parquet alike): b's values went into a's column without a word, and
+    # --key-column key was not found once Spark had started.
+    from conveyor.pipeline import reconcile
+    from conveyor.pipeline._input import list_input, read_input
+
+    for fmt in ("csv", "parquet"):
+        src = tmp_path / fmt
+        src.mkdir()
+        if fmt == "csv":
+            (src / "a.csv").write_text("Key,status\na1,pending\n")
+            (src / "b.csv").write_text("status,key\npending,b1\n")
+        else:
+            pq.write_table(pa.table({"Key": ["a1"], "status": ["pending"]}), src / "a.parquet")
+            pq.write_table(pa.table({"key": ["b1"], "status": ["pending"]}), src / "b.parquet")
+        both = f"column 'Key' ({src / f'a.{fmt}'}) and column 'key' ({src / f'b.{fmt}'}) differ only in case"
+        code, output = enqueue_command(sqlite_url, src, "--key-column", "key")
+        assert code == 1 and "Traceback" not in output and "starting Spark" not in output, output
+        assert both in output.replace("\n", ""), output
+        # The Python API reads files through read_input as well: reconcile of the directory.
+        with pytest.raises(PipelineError, match="differ only in case"):
+            read_input(spark, list_input(src))
+        with pytest.raises(PipelineError, match="differ only in case"):
+            reconcile(src, "key", "status", export_dir=tmp_path, spark=spark)
+    assert not Path(sqlite_url.removeprefix("sqlite:///")).exists() or payloads(sqlite_url) == {}

@@ -6,9 +6,10 @@ doubled quotes (``""``) doubled; it applies the first file's header to every fil
 values of a file whose columns are in another order land in the wrong columns; it reads every file of a
 directory as CSV (a README's lines become rows); it turns bytes that are not UTF-8 into U+FFFD, so
 distinct keys can collide (in Parquet strings too); and it renames a header's repeated column (``v,v``
-becomes ``v1,v2``). Hence: RFC 4180 options, files grouped by their own header and joined by column
-name, only files of the input's format, a UTF-8 and header check of CSV before Spark reads anything,
-and a UTF-8 check of Parquet's strings in Spark.
+becomes ``v1,v2``), and it reads columns that two files spell in another case (``Key``, ``key``) as one.
+Hence: RFC 4180 options, files grouped by their own header and joined by column name, only files of the
+input's format, a UTF-8 and header check of CSV and a check of column spellings before Spark reads
+anything, and a UTF-8 check of Parquet's strings in Spark.
 """
 
 from __future__ import annotations
@@ -151,39 +152,38 @@ def _check_header(file: Path, header: list[str]) -> None:
         seen[folded] = name
 
 
-def csv_columns(headers: dict[tuple[str, ...], list[Path]]) -> list[str]:
-    """The columns Spark will read from CSV files of these ``headers`` (an empty name is ``_c<i>``,
-    as Spark names it), in first-seen order, without starting Spark."""
-    columns: dict[str, None] = {}
-    for header in headers:
-        for i, name in enumerate(header):
-            columns.setdefault(name or f"_c{i}", None)
-    return list(columns)
-
-
 def known_columns(files: InputFiles, headers: dict[tuple[str, ...], list[Path]] | None) -> list[str]:
     """The columns of the input as far as they can be told without Spark: CSV headers (:func:`csv_headers`)
-    or Parquet schemas (each file's footer), plus the ``key=value`` directories Spark reads as columns."""
+    or Parquet schemas (each file's footer), plus the ``key=value`` directories Spark reads as columns.
+
+    Raises :class:`PipelineError` when two files spell a column differently only in case (``Key`` and
+    ``key``): Spark compares names in any case and reads them as one column, so the values of two columns
+    would be mixed without a word, and a column named in one spelling is not found in the other."""
+    named: list[tuple[str, Path]] = []  # each column with a file that names it
     if headers is not None:
-        columns = csv_columns(headers)
+        named = [(name or f"_c{i}", group[0]) for header, group in headers.items() for i, name in enumerate(header)]
     else:
         import pyarrow.parquet as pq
 
-        found: dict[str, None] = {}
         for file in files.files:
             try:
                 names = pq.read_schema(file).names
             except Exception as exc:
                 raise PipelineError(f"{file}: not a Parquet file Spark could read: {exc}") from None
             _check_header(file, names)  # Spark refuses them too, but after starting and naming no file
-            found.update(dict.fromkeys(names))
-        columns = list(found)
+            named += [(name, file) for name in names]
     if files.path.is_dir():
         for file in files.files:
-            for part in file.relative_to(files.path).parts[:-1]:
-                if "=" in part:
-                    columns.append(part.split("=", 1)[0])
-    return list(dict.fromkeys(columns))
+            named += [(part.split("=", 1)[0], file) for part in file.relative_to(files.path).parts[:-1] if "=" in part]
+    spelled: dict[str, tuple[str, Path]] = {}
+    for name, file in named:
+        first, where = spelled.setdefault(name.lower(), (name, file))
+        if first != name:
+            raise PipelineError(
+                f"input {files.path}: column {first!r} ({where}) and column {name!r} ({file}) differ only in case; "
+                "Spark compares names in any case and would read them as one column: give them one spelling"
+            )
+    return list(dict.fromkeys(name for name, _ in named))
 
 
 def _check_utf8(file: Path) -> None:
@@ -218,13 +218,16 @@ def read_input(
     cannot merge are Spark's error). CSV files are read with RFC 4180 options, one read per distinct
     header (``headers``: :func:`csv_headers`, computed here when not given), joined by column name; a
     column some files lack is null in their rows. Parquet strings (nested ones too) are checked to be
-    UTF-8 (:func:`check_parquet_utf8`, one Spark pass over the string columns)."""
+    UTF-8 (:func:`check_parquet_utf8`, one Spark pass over the string columns). Columns that files spell
+    differently only in case are refused (:func:`known_columns`)."""
     from functools import reduce
 
     # The files are named one by one, as list_input found them (subdirectories included): given the
     # directory, Spark reads only its own files and key=value partition directories, so a file in a
     # plain subdirectory was read or not depending on the other files' headers (a sweep found it).
     root = str(files.path.absolute())
+    groups = (headers if headers is not None else csv_headers(files)) if files.format == "csv" else None
+    known_columns(files, groups)  # two spellings of one column in any case are refused before Spark reads
     if files.format == "parquet":
         reader = spark.read.option("mergeSchema", "true")
         if files.path.is_dir():
@@ -232,7 +235,7 @@ def read_input(
         df = reader.parquet(*[str(p.absolute()) for p in files.files])
         check_parquet_utf8(df)
         return df
-    groups = headers if headers is not None else csv_headers(files)
+    assert groups is not None
     reader = spark.read.options(**CSV_OPTIONS)
     if files.path.is_dir():
         reader = reader.option("basePath", root)
