@@ -185,8 +185,8 @@ class BackendCalls:
                 log.warning("%s: the database cancelled %s of %d (%s); trying %d", what, one, limit, exc, limit // 2)
                 limit //= 2
 
-    def shutdown(self) -> None:
-        """Close the loop's connections, then wait for the database threads' calls to end."""
+    def shutdown(self, wait: bool = True) -> None:
+        """Close the loop's connections, then (``wait``) wait for the database threads' calls to end."""
         if self._statements is not None:
             self._statements.close()
-        self._pool.shutdown(wait=True)
+        self._pool.shutdown(wait=wait)

@@ -146,24 +146,33 @@ class Worker:
             backend.engine,
         )
         tasks = {loop: asyncio.create_task(loop.run(), name=loop.name) for loop in loops.all()}
-        watch = asyncio.create_task(self._watch(loops), name="watch")
-        stop_wait = asyncio.create_task(stop_requested.wait())
-        done, _ = await asyncio.wait({stop_wait, *tasks.values()}, return_when=asyncio.FIRST_COMPLETED)
-        for task in done:
-            if task is stop_wait:
-                continue
-            # A loop ended on its own: the worker cannot go on without it. Stop the way that loses
-            # nothing (what is buffered goes back, running handlers finish, outcomes are flushed) and
-            # exit non-zero, so that a supervisor restarts the process (unless the database is damaged).
-            error = task.exception()
-            if error is not None:
-                self._failed(f"worker loop {task.get_name()} failed", error, "stopping")
-            else:
-                self.exit_code = max(self.exit_code, 1)
-                log.error("worker loop %s ended unexpectedly; stopping", task.get_name())
-        watch.cancel()
-        stop_wait.cancel()
-        await self._shut_down(loops, tasks)
+        try:
+            watch = asyncio.create_task(self._watch(loops), name="watch")
+            stop_wait = asyncio.create_task(stop_requested.wait())
+            done, _ = await asyncio.wait({stop_wait, *tasks.values()}, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                if task is stop_wait:
+                    continue
+                # A loop ended on its own: the worker cannot go on without it. Stop the way that loses
+                # nothing (what is buffered goes back, running handlers finish, outcomes are flushed) and
+                # exit non-zero, so that a supervisor restarts the process (unless the database is damaged).
+                error = task.exception()
+                if error is not None:
+                    self._failed(f"worker loop {task.get_name()} failed", error, "stopping")
+                else:
+                    self.exit_code = max(self.exit_code, 1)
+                    log.error("worker loop %s ended unexpectedly; stopping", task.get_name())
+            watch.cancel()
+            stop_wait.cancel()
+            await self._shut_down(loops, tasks)
+        except asyncio.CancelledError:
+            # Cut short (a Ctrl-C under run_sync(install_signals=False), your cancel of Worker.run): as a
+            # crash, what runs and what is unwritten is left to its lease; but the loop's connections
+            # are closed now, not left open to the garbage collector.
+            for task in tasks.values():
+                task.cancel()
+            loops.calls.shutdown(wait=False)
+            raise
         log.info("worker %s stopped: %s", self.worker_id, self.counters.as_dict())
 
     async def _shut_down(self, loops: Loops, tasks: dict[Any, asyncio.Task[None]]) -> None:
