@@ -846,3 +846,53 @@ def test_a_handler_may_cancel_a_task_another_handler_started_but_not_the_task_an
         "RuntimeError",
         "the handler cancelled tasks of the worker's own (its loops, the other handlers): refused",
     )
+
+
+def _sum_in_a_new_loop(results: Any) -> None:
+    async def go() -> int:
+        loop = asyncio.get_running_loop()
+        total = await loop.run_in_executor(None, sum, [1, 2, 3])  # its callback comes from a thread
+        await loop.getaddrinfo("localhost", 80)
+        return int(total)
+
+    results.put(asyncio.run(go()))
+
+
+def test_well_behaved_handlers_are_not_refused_by_the_guards(app: App) -> None:
+    # A task created from a thread of the handler's own (run_coroutine_threadsafe: the sync/async bridge)
+    # is not the worker's: the handler may cancel it (the first cut of the guard refused it and failed
+    # the job). A multiprocessing child forked from a handler may run an event loop of its own: only the
+    # loop it inherited is policed (the first cut ended the child at its executor's first callback).
+    import multiprocessing
+
+    @app.task(queue="q", name="bridge", max_attempts=1)
+    async def bridge() -> str:
+        loop = asyncio.get_running_loop()
+        box: dict[str, Any] = {}
+
+        def start() -> None:
+            box["future"] = asyncio.run_coroutine_threadsafe(asyncio.sleep(5), loop)
+
+        thread = threading.Thread(target=start)
+        thread.start()
+        thread.join()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.wrap_future(box["future"]), 0.05)
+        return "timed out"
+
+    @app.task(queue="q", name="spawns", max_attempts=1)
+    async def spawns() -> list[int | None]:
+        context = multiprocessing.get_context("fork")
+        results = context.Queue()
+        child = context.Process(target=_sum_in_a_new_loop, args=(results,))
+        child.start()
+        got = await asyncio.get_running_loop().run_in_executor(None, results.get, True, 20)
+        await asyncio.get_running_loop().run_in_executor(None, child.join, 20)
+        return [got, child.exitcode]
+
+    jobs = [app.send("bridge", {}), app.send("spawns", {})]
+
+    worker = run(app, timeout=60, concurrency=2)
+
+    assert worker.exit_code == 0
+    assert [(j.status().state, j.status().result) for j in jobs] == [("completed", "timed out"), ("completed", [6, 0])]

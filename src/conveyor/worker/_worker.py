@@ -21,7 +21,7 @@ from conveyor.worker._config import WorkerConfig
 from conveyor.worker._loops import Loops, build_loops
 from conveyor.worker._observe import NO_OBSERVER, Observer, Observers
 from conveyor.worker._state import Counters
-from conveyor.worker.executor import guard_tasks
+from conveyor.worker.executor import guard_tasks, worker_tasks
 
 log = logging.getLogger("conveyor.worker")
 
@@ -112,9 +112,11 @@ class Worker:
         unpin = _cpu.pin(self.config.cpu) if self.config.cpu is not None else None
         loop = asyncio.get_running_loop()
         guarded = guard_tasks(loop)
+        own = worker_tasks.set(True)
         try:
             await self._run(self._stop_requested)
         finally:
+            worker_tasks.reset(own)
             if guarded:
                 loop.set_task_factory(None)
             if unpin is not None:
@@ -344,10 +346,12 @@ def _run_to_the_end(main: Coroutine[Any, Any, None]) -> None:
     with asyncio.Runner() as runner, _Interrupts(runner.get_loop()) as interrupts:
         # From the start: the run's own tasks are the worker's too (a handler cannot cancel them).
         guard_tasks(runner.get_loop())
-        task = interrupts.task = runner.get_loop().create_task(main, name="worker")
+        context = contextvars.copy_context()
+        context.run(worker_tasks.set, True)
+        task = interrupts.task = runner.get_loop().create_task(main, name="worker", context=context)
         while True:
             try:
-                runner.run(_awaited(task))
+                runner.run(_awaited(task), context=context)
                 return
             except asyncio.CancelledError:
                 if interrupts.count:

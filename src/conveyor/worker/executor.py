@@ -585,6 +585,11 @@ class _Running:
 #: in the thread of a ``def`` handler.
 _running: contextvars.ContextVar[_Running | None] = contextvars.ContextVar("conveyor_running", default=None)
 
+#: True in the worker's own context (set by ``Worker.run`` and ``run_sync``'s task): a task created there
+#: outside any handler is the worker's. One created from a thread of yours (``run_coroutine_threadsafe``),
+#: whose context is not the worker's, is not.
+worker_tasks: contextvars.ContextVar[bool] = contextvars.ContextVar("conveyor_worker_tasks", default=False)
+
 
 def _after_fork_in_child() -> None:
     """In a process a handler forked (a fork from its context): from now on the event loop it inherited
@@ -595,12 +600,15 @@ def _after_fork_in_child() -> None:
     other handlers' steps, on its copy of the parent's state, until one reached the database (where
     ``BackendCalls.once`` ended it)."""
     forked_by = _running.get()
-    if forked_by is None:
+    if forked_by is None or forked_by.task is None:  # not a handler's fork, or a thread's (no loop runs there)
         return
+    inherited = forked_by.task.get_loop()  # (asyncio's running loop is None in a child: it checks the pid)
     run = asyncio.events.Handle._run
 
     def run_the_handlers_only(handle: asyncio.Handle) -> None:
-        if getattr(handle, "_context").get(_running) is not forked_by:  # noqa: B009 - no public accessor in 3.11
+        # Only the inherited loop is policed: a loop the child starts (asyncio.run in a multiprocessing
+        # child) runs callbacks from threads whose context is empty (run_in_executor, getaddrinfo).
+        if getattr(handle, "_loop") is inherited and getattr(handle, "_context").get(_running) is not forked_by:  # noqa: B009
             leave_forked_child("a handler (its loop came to a callback of the worker's or another handler's)", 1)
         run(handle)
 
@@ -654,12 +662,18 @@ class _Task(asyncio.Task[Any]):
         context: contextvars.Context | None = None,
     ) -> None:
         super().__init__(coro, loop=loop, context=context)
-        self.started_by = _running.get() if context is None else context.get(_running)
+        if context is None:
+            self.started_by, workers = _running.get(), worker_tasks.get()
+        else:
+            self.started_by, workers = context.get(_running), context.get(worker_tasks, False)
+        #: One of the worker's own tasks (its loops, slots, their helpers): created in its context, by no handler.
+        self.workers = self.started_by is None and workers
 
     def cancel(self, msg: Any = None) -> bool:
         running = _running.get()
         started_by = self.started_by
-        if running is None or running.task is self or (started_by is not None and started_by.task is not self):
+        theirs = self.workers or (started_by is not None and started_by.task is self)
+        if running is None or running.task is self or not theirs:
             return super().cancel(msg)
         if running.refused is None:
             log.error(
