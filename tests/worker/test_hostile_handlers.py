@@ -854,6 +854,60 @@ def test_a_handler_may_cancel_a_task_another_handler_started_but_not_the_task_an
     )
 
 
+def test_two_workers_on_one_loop_keep_the_guards_until_the_last_one_ends(app: App) -> None:
+    # The first worker to end took the task factory off the loop: the other's tasks created after that
+    # (here the task its handler with a timeout runs in) were plain tasks, and another handler's cancel
+    # of them went through: the slow job failed, cancelled, though it was not the canceller's.
+    shared: dict[str, asyncio.Task[Any]] = {}
+
+    @app.task(queue="first")
+    async def quick() -> str:
+        return "quick"
+
+    @app.task(queue="second", name="slow", timeout=10)
+    async def slow() -> str:
+        task = asyncio.current_task()
+        assert task is not None
+        shared["slow"] = task
+        await asyncio.sleep(0.5)
+        return "slept"
+
+    @app.task(queue="second", name="cuts", max_attempts=1)
+    async def cuts() -> bool:
+        while "slow" not in shared:
+            await asyncio.sleep(0.005)
+        return shared["slow"].cancel()
+
+    quick.delay()
+    first = Worker(app, ["first"], burst=True, poll_interval=0.02)
+    second = Worker(app, ["second"], concurrency=2, poll_interval=0.02)
+
+    async def main() -> list[Any]:
+        first_run = asyncio.create_task(first.run())
+        await asyncio.sleep(0)  # the first worker guards the loop; the second joins it
+        second_run = asyncio.create_task(second.run())
+        await asyncio.wait_for(first_run, timeout=30)
+        jobs = [app.send("slow", {}), app.send("cuts", {})]
+        for _ in range(1000):
+            if all(j.status().state in ("completed", "dead") for j in jobs):
+                break
+            await asyncio.sleep(0.02)
+        second.stop()
+        await asyncio.wait_for(second_run, timeout=30)
+        return jobs
+
+    slow_job, cuts_job = asyncio.run(main())
+
+    assert (first.exit_code, second.exit_code) == (0, 0)
+    done = slow_job.status()
+    assert (done.state, done.result, done.deliveries) == ("completed", "slept", 1)
+    status = cuts_job.status()
+    assert status.state == "dead" and status.error is not None
+    assert status.error.message == (
+        "the handler cancelled tasks of the worker's own (its loops, the other handlers): refused"
+    )
+
+
 def _sum_in_a_new_loop(results: Any) -> None:
     async def go() -> int:
         loop = asyncio.get_running_loop()

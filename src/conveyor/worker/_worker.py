@@ -21,7 +21,7 @@ from conveyor.worker._config import WorkerConfig
 from conveyor.worker._loops import Loops, build_loops
 from conveyor.worker._observe import NO_OBSERVER, Observer, Observers
 from conveyor.worker._state import Counters
-from conveyor.worker.executor import guard_tasks, worker_tasks
+from conveyor.worker.executor import guard_tasks, unguard_tasks, worker_tasks
 
 log = logging.getLogger("conveyor.worker")
 
@@ -118,7 +118,7 @@ class Worker:
         finally:
             worker_tasks.reset(own)
             if guarded:
-                loop.set_task_factory(None)
+                unguard_tasks(loop)
             if unpin is not None:
                 unpin()
 

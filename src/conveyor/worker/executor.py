@@ -20,6 +20,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Coroutine
 from datetime import datetime
 from functools import partial
@@ -685,14 +686,30 @@ class _Task(asyncio.Task[Any]):
         return False
 
 
+#: How many runs of a worker guard each loop's tasks: the factory stays until the last of them ends.
+_guarding: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, int] = weakref.WeakKeyDictionary()
+
+
 def guard_tasks(loop: asyncio.AbstractEventLoop) -> bool:
     """Make the tasks created on ``loop`` from now on refuse a handler's cancel of what is not its own
-    (see :class:`_Task`); False if the loop has a task factory already (the worker's, or one of your
-    own: then left as it is)."""
-    if loop.get_task_factory() is not None:
+    (see :class:`_Task`), until as many :func:`unguard_tasks` as calls that returned True; False if the
+    loop has a task factory of your own (then left as it is)."""
+    factory = loop.get_task_factory()
+    if factory is not None and factory is not _new_task:
         return False
     loop.set_task_factory(_new_task)
+    _guarding[loop] = _guarding.get(loop, 0) + 1
     return True
+
+
+def unguard_tasks(loop: asyncio.AbstractEventLoop) -> None:
+    """One run that guarded ``loop`` ends: the task factory goes with the last one (before, the first
+    of two workers on one loop to end took it from the other, whose later tasks were not guarded)."""
+    left = _guarding.pop(loop, 1) - 1
+    if left > 0:
+        _guarding[loop] = left
+    elif loop.get_task_factory() is _new_task:
+        loop.set_task_factory(None)
 
 
 def _new_task(loop: asyncio.AbstractEventLoop, coro: Any, /, context: contextvars.Context | None = None) -> _Task:
