@@ -118,6 +118,7 @@ from conveyor.backends.base import (
     RetryItem,
     Schedule,
     ScheduleFireParams,
+    ScheduleMoveParams,
     SchedulesDeleteParams,
     SchedulesUpdateParams,
     SchedulesUpsertParams,
@@ -843,7 +844,7 @@ class SeamMachine(RuleBasedStateMachine):
 
     # ------------------------------------------------------------------------------ schedules
 
-    @rule(data=st.data(), op=st.sampled_from(("upsert", "update", "delete", "fire", "fire")))
+    @rule(data=st.data(), op=st.sampled_from(("upsert", "update", "delete", "fire", "fire", "move")))
     def schedules(self, data: st.DataObject, op: str) -> None:
         """One schedule operation (one rule for all of them, so that they do not crowd out the job
         lifecycle when Hypothesis picks a rule)."""
@@ -852,6 +853,7 @@ class SeamMachine(RuleBasedStateMachine):
             "update": self.schedules_update,
             "delete": self.schedules_delete,
             "fire": self.schedule_fire,
+            "move": self.schedule_move,
         }
         calls[op](data)
 
@@ -921,6 +923,21 @@ class SeamMachine(RuleBasedStateMachine):
             self.check_new_record(job)
             fired = next(x for x in after.schedules if x["name"] == name)
             assert (fired["next_run_at"], fired["last_run_at"]) == (due + _s(60), due)
+
+    def schedule_move(self, data: st.DataObject) -> None:
+        """Move a schedule's stored tick (or another one) back; nothing is enqueued."""
+        schedules = {s["name"]: s for s in self.snap.schedules}
+        name = data.draw(st.sampled_from(sorted({*schedules, "s3"})), label="schedule")
+        s = schedules.get(name)
+        due = s["next_run_at"] if s is not None and data.draw(st.booleans(), label="stored tick") else self.now
+        moves = s is not None and not s["paused"] and s["next_run_at"] == due
+        params = ScheduleMoveParams(name, due, self.now - _s(60))
+        assert self.same("schedule_move", lambda b, _: b.schedule_move(params)) == moves
+        after = self.settle(changed=set())
+        if moves:
+            moved = next(x for x in after.schedules if x["name"] == name)
+            assert moved["next_run_at"] == params.next_run_at
+            assert moved["last_run_at"] == s["last_run_at"]
 
     # -------------------------------------------------------------------------- subscriptions
 

@@ -10,6 +10,7 @@ from conveyor.backends.base import (
     Backend,
     Schedule,
     ScheduleFireParams,
+    ScheduleMoveParams,
     SchedulesDeleteParams,
     SchedulesUpdateParams,
     SchedulesUpsertParams,
@@ -153,3 +154,55 @@ def test_concurrent_schedulers_fire_each_tick_once(backend: Backend) -> None:
 
     assert sorted(results) == [False] * 5 + [True]
     assert len(acquire(backend, queue="cron", now=at(60))) == 1
+
+
+def test_a_move_sets_the_next_tick_back_on_the_same_compare_and_set_as_a_fire(backend: Backend) -> None:
+    backend.schedules_upsert(
+        SchedulesUpsertParams([_schedule("s", next_s=86_400), _schedule("paused", next_s=86_400), _schedule("other")])
+    )
+    backend.schedules_update(SchedulesUpdateParams(name="paused", paused=True))
+
+    assert backend.schedule_move(ScheduleMoveParams("s", at(86_400), at(120))) is True
+    assert backend.schedule_move(ScheduleMoveParams("s", at(86_400), at(60))) is False  # that tick is gone
+    assert backend.schedule_move(ScheduleMoveParams("paused", at(86_400), at(120))) is False
+    assert backend.schedule_move(ScheduleMoveParams("missing", at(86_400), at(120))) is False
+
+    stored = _by_name(backend)
+    assert (stored["s"].next_run_at, stored["s"].last_run_at) == (at(120), None)  # moved, nothing fired
+    assert stored["paused"].next_run_at == at(86_400)
+    assert stored["other"].next_run_at == at(60)
+    assert acquire(backend, queue="cron", now=at(100_000)) == []
+    # The moved tick fires as any other; a fire or move of the tick it replaced matches nothing.
+    assert _fire(backend, "s", due_s=86_400, after_s=86_460)[0] is False
+    assert _fire(backend, "s", due_s=120, after_s=180)[0] is True
+
+
+def test_concurrent_moves_and_fires_of_one_tick_change_it_once(backend: Backend) -> None:
+    backend.schedules_upsert(SchedulesUpsertParams([_schedule("s", next_s=60)]))
+    barrier = threading.Barrier(6)
+    results: list[tuple[str, bool]] = []
+    lock = threading.Lock()
+
+    def scheduler(i: int) -> None:
+        barrier.wait(timeout=30)
+        if i % 2:
+            done = ("fire", _fire(backend, "s", due_s=60, after_s=120)[0])
+        else:
+            done = ("move", backend.schedule_move(ScheduleMoveParams("s", at(60), at(30))))
+        with lock:
+            results.append(done)
+
+    threads = [threading.Thread(target=scheduler, args=(i,)) for i in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+
+    assert [ok for _, ok in results].count(True) == 1
+    winner = next(kind for kind, ok in results if ok)
+    stored = _by_name(backend)["s"]
+    jobs = acquire(backend, queue="cron", now=at(60))
+    if winner == "fire":
+        assert (stored.next_run_at, len(jobs)) == (at(120), 1)
+    else:
+        assert (stored.next_run_at, stored.last_run_at, jobs) == (at(30), None, [])

@@ -14,6 +14,7 @@ import pytest
 from _clock import FixedClock
 
 from conveyor import App
+from conveyor._cron import Cron
 from conveyor.backends.base import (
     Schedule,
     SchedulesUpdateParams,
@@ -171,3 +172,130 @@ def test_a_stored_schedule_this_app_neither_declares_nor_can_run_is_named_at_sta
         "`conveyor schedules remove NAME` (app.admin.remove_schedule), or it keeps enqueueing jobs on every tick"
     ]
     assert {s.name for s in app.admin.schedules()} == {"kept", "removed", "added-live"}
+
+
+def test_a_clock_stepped_ahead_and_back_leaves_no_schedule_silent(app: App, caplog: pytest.LogCaptureFixture) -> None:
+    """The clock stepped a day ahead fired that day's tick and stored the next after it; once the clock
+    was back, the schedule stayed silent for the day (until that stored tick)."""
+
+    @app.periodic("*/5 * * * *", name="five")
+    def five() -> None:
+        pass
+
+    start = app.schedules["five"].next_run_at
+    clock = FixedClock(start + timedelta(days=1, seconds=1))  # stepped a day ahead
+    scheduler = _scheduler(app, clock)
+    assert asyncio.run(scheduler.run_once()) == 1
+    clock.now = start + timedelta(seconds=30)  # and back
+    with caplog.at_level(logging.WARNING, logger="conveyor.worker"):
+        assert asyncio.run(scheduler.run_once()) == 0
+    assert (app.backend.schedules_list()[0].next_run_at) == start + timedelta(minutes=5)
+    assert [r.getMessage() for r in caplog.records if "moved back" in r.getMessage()] == [
+        f"schedule 'five': its next tick {(start + timedelta(days=1, minutes=5)).isoformat()} was stored by a clock "
+        f"ahead of this one ({clock.now.isoformat()}); moved back to {(start + timedelta(minutes=5)).isoformat()}"
+    ]
+    clock.now = start + timedelta(minutes=5, seconds=1)
+    assert asyncio.run(scheduler.run_once()) == 1
+    assert _ticks(app) == [(start + timedelta(minutes=5)).isoformat(), (start + timedelta(days=1)).isoformat()]
+
+
+def test_a_next_tick_stored_by_a_host_clock_ahead_is_moved_back_and_fires_on_time(app: App) -> None:
+    # A schedule declared (or added) on a host whose clock is 3 hours ahead stores its first tick 3 hours late.
+    now = datetime(2030, 5, 1, 12, 0, 30, tzinfo=UTC)
+    ahead = Schedule("hourly", "0 * * * *", "t", "q", "{}", datetime(2030, 5, 1, 16, 0, tzinfo=UTC))
+    app.backend.schedules_upsert(SchedulesUpsertParams([ahead]))
+    clock = FixedClock(now)
+    scheduler = _scheduler(app, clock)
+    assert asyncio.run(scheduler.run_once()) == 0
+    assert app.backend.schedules_list()[0].next_run_at == datetime(2030, 5, 1, 13, 0, tzinfo=UTC)
+    clock.now = datetime(2030, 5, 1, 13, 0, 5, tzinfo=UTC)
+    assert asyncio.run(scheduler.run_once()) == 1
+    assert _ticks(app) == ["2030-05-01T13:00:00+00:00"]
+
+
+def test_a_clock_a_little_behind_neither_moves_nor_fires_a_tick_again(app: App) -> None:
+    # A last tick fired less than CLOCK_STEP_LIMIT ahead is believed: an NTP step back of a minute, or
+    # a scheduler whose clock is behind the one that fired, does not fire that tick again.
+    @app.periodic("* * * * *", name="minute")
+    def minute() -> None:
+        pass
+
+    start = app.schedules["minute"].next_run_at
+    fast = FixedClock(start + timedelta(seconds=50))
+    assert asyncio.run(_scheduler(app, fast).run_once()) == 1
+    stored = app.backend.schedules_list()[0]
+    slow = FixedClock(start - timedelta(seconds=40))
+    for clock in (slow, FixedClock(start - timedelta(minutes=50))):
+        assert asyncio.run(_scheduler(app, clock).run_once()) == 0
+        assert app.backend.schedules_list()[0] == stored
+    assert _ticks(app) == [start.isoformat()]
+
+
+def test_the_check_for_ticks_stored_ahead_is_worked_out_once_per_stored_tick(
+    app: App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A pass over many schedules whose next tick is far (daily ones, say) must stay cheap on the event
+    # loop: each stored tick is checked against the clock once, not at every pass.
+    start = datetime(2030, 5, 1, 12, 0, 30, tzinfo=UTC)
+    app.backend.schedules_upsert(
+        SchedulesUpsertParams(
+            [
+                Schedule(f"daily-{i}", "0 3 * * *", "t", "q", "{}", datetime(2030, 5, 2, 3, tzinfo=UTC))
+                for i in range(50)
+            ]
+        )
+    )
+    calls: list[datetime] = []
+    next_after = Cron.next_after
+
+    def counted(cron: Cron, after: datetime) -> datetime:
+        calls.append(after)
+        return next_after(cron, after)
+
+    monkeypatch.setattr(Cron, "next_after", counted)
+    clock = FixedClock(start)
+    scheduler = _scheduler(app, clock)
+    assert asyncio.run(scheduler.run_once()) == 0
+    assert len(calls) == 50
+    for minutes in (1, 2, 3):
+        clock.now = start + timedelta(minutes=minutes)
+        assert asyncio.run(scheduler.run_once()) == 0
+    assert len(calls) == 50
+    clock.now = start - timedelta(minutes=5)  # the clock went back: checked again
+    assert asyncio.run(scheduler.run_once()) == 0
+    assert len(calls) == 100
+
+
+def test_schedulers_on_the_database_clock_fire_each_tick_once_whatever_their_hosts_clocks(
+    postgres_database: str,
+) -> None:
+    # Three workers whose host clocks form a chain hours apart: on the database's clock they agree on
+    # every tick. (On their own clocks the move-back above would have them fire each other's ticks.)
+    app = App(postgres_database, migrate=True)
+    try:
+        now = app.backend.database_now()
+        assert now is not None
+        due = now.replace(second=0, microsecond=0)
+        app.backend.schedules_upsert(SchedulesUpsertParams([Schedule("minute", "* * * * *", "t", "q", "{}", due)]))
+        schedulers = [
+            Scheduler(
+                app.producer,
+                BackendCalls(app.backend, Counters()),
+                FixedClock(now + timedelta(hours=h)),
+                database_time=True,
+            )
+            for h in (-2, 0, 2)
+        ]
+
+        async def passes() -> int:
+            fired = 0
+            for _ in range(3):
+                fired += sum(await asyncio.gather(*(s.run_once() for s in schedulers)))
+            return fired
+
+        assert asyncio.run(passes()) == 1
+        stored = app.backend.schedules_list()[0]
+        assert stored.next_run_at == due + timedelta(minutes=1)
+        assert _ticks(app) == [due.isoformat()]
+    finally:
+        app.close()

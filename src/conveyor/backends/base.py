@@ -684,6 +684,18 @@ class ScheduleFireParams:
 
 
 @dataclass(frozen=True, slots=True)
+class ScheduleMoveParams:
+    """Move a schedule's next tick back without firing: if the schedule is not paused and its
+    ``next_run_at`` still equals ``due_at`` (the same compare-and-set as a fire), set it to
+    ``next_run_at``. Returns True if this call moved it, False if a scheduler fired or moved that
+    tick first (or the schedule was paused, changed or deleted meanwhile)."""
+
+    name: str
+    due_at: datetime
+    next_run_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
 class Subscription:
     """Binds a queue to a topic: each published message whose headers match ``filter`` is copied to
     ``queue`` as a job for ``task``. ``filter`` is JSON text: an object whose keys are header names and
@@ -1016,6 +1028,8 @@ class Backend(Protocol):
     def schedules_delete(self, params: SchedulesDeleteParams) -> bool: ...
 
     def schedule_fire(self, params: ScheduleFireParams) -> bool: ...
+
+    def schedule_move(self, params: ScheduleMoveParams) -> bool: ...
 
     def subscriptions_upsert(self, params: SubscriptionsUpsertParams) -> None: ...
 

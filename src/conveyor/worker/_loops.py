@@ -70,9 +70,11 @@ def build_loops(
     db_threads: int = 4,
     on_stuck: Callable[[int], None] = lambda stuck: None,
     observer: Observer = NO_OBSERVER,
+    database_time: bool = False,
 ) -> Loops:
     """The loops of one worker process on ``backend``, draining ``queues`` (lanes, in order);
-    ``observer`` hears what they do (metrics, tracing)."""
+    ``observer`` hears what they do (metrics, tracing); with ``database_time`` the scheduler judges
+    ticks by the database's clock, read at each pass (a worker that keeps the database's time)."""
     counters = counters if counters is not None else Counters()
     registry = Registry()
     calls = BackendCalls(backend, counters, threads=db_threads)
@@ -104,7 +106,7 @@ def build_loops(
         # After a database outage longer than a lease, this worker's own finished jobs have expired
         # leases too: rescue waits until their acks are written, or it would run them again.
         rescuer=Rescuer(calls, counters, clock, config.rescue_interval, ready=lambda: completer.backlog == 0),
-        scheduler=Scheduler(producer, calls, clock, config.schedule_interval),
+        scheduler=Scheduler(producer, calls, clock, config.schedule_interval, database_time=database_time),
         pruner=Pruner(catalogue, calls, clock, config.prune_interval),
         presence=Presence(calls, config.identity, queues, config.concurrency, clock, config.presence_interval),
     )

@@ -136,6 +136,7 @@ class Worker:
             counters=self.counters,
             on_stuck=self._on_stuck,
             observer=self.observer,
+            database_time=self._keeps_database_time,
         )
         if self._metrics is not None:
             held = loops.registry

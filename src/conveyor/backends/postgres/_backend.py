@@ -72,6 +72,7 @@ from conveyor.backends.base import (
     QueueStats,
     Schedule,
     ScheduleFireParams,
+    ScheduleMoveParams,
     SchedulesDeleteParams,
     SchedulesUpdateParams,
     SchedulesUpsertParams,
@@ -939,6 +940,12 @@ class PostgresBackend:
             },
         )
         return bool(row and row[0])
+
+    def schedule_move(self, params: ScheduleMoveParams) -> bool:
+        """Move a stored next tick back, firing nothing (see ScheduleMoveParams)."""
+        with self._connection("schedule_move") as conn:
+            args = {"name": params.name, "due_at": params.due_at, "next_run_at": params.next_run_at}
+            return conn.execute(self._q["schedule_move"], args, prepare=True).rowcount == 1
 
     def subscriptions_upsert(self, params: SubscriptionsUpsertParams) -> None:
         """Create subscriptions or replace the task and filter of existing (topic, queue) pairs."""

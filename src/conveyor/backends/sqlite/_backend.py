@@ -575,6 +575,16 @@ class SqliteBackend:
             self._insert_rows(conn, [params.job], params.now)
         return True
 
+    def schedule_move(self, params: base.ScheduleMoveParams) -> bool:
+        """Move a stored next tick back, firing nothing (see ScheduleMoveParams)."""
+        args = {
+            "name": params.name,
+            "due_at": cv.to_db_time(params.due_at),
+            "next_run_at": cv.to_db_time(params.next_run_at),
+        }
+        with self._pool.write() as conn:
+            return conn.execute(self._q["schedule_move"], args).rowcount == 1
+
     # ------------------------------------------------------------------ topics
 
     def subscriptions_upsert(self, params: base.SubscriptionsUpsertParams) -> None:

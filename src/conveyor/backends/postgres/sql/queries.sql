@@ -229,6 +229,14 @@ notified AS (
 )
 SELECT (SELECT count(*) FROM fired), (SELECT count(*) FROM notified)
 
+-- name: schedule_move
+-- The same compare-and-set on next_run_at, firing nothing: a next tick stored by a clock that was
+-- ahead of the scheduler's referee (see worker/scheduler.py) is moved back. It races the fires and
+-- moves of the same stored tick on the row lock as schedule_fire does, so of them all exactly one
+-- changes it: a tick is never both moved and fired, nor moved twice.
+UPDATE schedules SET next_run_at = %(next_run_at)s
+WHERE name = %(name)s AND NOT paused AND next_run_at = %(due_at)s
+
 -- name: subscriptions_upsert
 INSERT INTO subscriptions AS s (topic, queue, task, filter)
 SELECT * FROM unnest(%(topics)b::text[], %(queues)b::text[], %(tasks)b::text[], %(filters)b::jsonb[])

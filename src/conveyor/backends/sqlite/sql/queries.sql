@@ -500,6 +500,14 @@ UPDATE schedules
 SET next_run_at = :next_run_at_after, last_run_at = :last_run_at
 WHERE name = :name AND paused = 0 AND next_run_at = :due_at
 
+-- name: schedule_move
+-- The same compare-and-set on next_run_at, firing nothing: a next tick stored by a clock that was
+-- ahead is moved back. Writes are serialised, so of the fires and moves of one stored tick exactly
+-- one matches: a tick is never both moved and fired, nor moved twice.
+UPDATE schedules
+SET next_run_at = :next_run_at
+WHERE name = :name AND paused = 0 AND next_run_at = :due_at
+
 -- name: subscriptions_upsert
 INSERT INTO subscriptions (topic, queue, task, filter)
 VALUES (:topic, :queue, :task, :filter)
