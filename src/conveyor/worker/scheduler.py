@@ -125,6 +125,7 @@ class Scheduler(Service):
             now = await self.calls.call(lambda _: backend.database_now(), None, what="database clock")
             if now is not None:
                 return now
+            self.database_time = False  # an engine without a clock of its own (SQLite): the host's is it
         return self.clock()
 
     async def _check_ahead(self, schedule: Schedule, now: datetime) -> None:
