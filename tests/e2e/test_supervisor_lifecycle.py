@@ -7,6 +7,9 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from uuid import UUID
 
@@ -16,7 +19,7 @@ from conveyor import App, Message
 from conveyor.worker import supervisor
 
 from . import e2e_app
-from ._support import REPO, Db, Procs, at_least, iter_lines, pids_logging, wait_until, worker_argv
+from ._support import REPO, Db, Proc, Procs, at_least, iter_lines, pids_logging, wait_until, worker_argv
 
 
 def _running(pid: int) -> bool:
@@ -28,37 +31,43 @@ def _running(pid: int) -> bool:
     return stat.rpartition(")")[2].split()[0] != "Z"
 
 
-def test_worker_processes_stop_gracefully_when_the_supervisor_is_killed(
-    database_url: str, procs: Procs, tmp_path: Path
-) -> None:
-    """SIGKILL of the supervisor: each worker process stops as on SIGTERM (its running job finishes,
-    its buffered one goes back to pending) instead of leasing jobs for ever with no one to stop it."""
-    producer = App(database_url, migrate=True)
+@dataclass
+class _Prefork:
+    """A prefork worker (2 processes, 1 slot and 1 prefetched job each) on queue ``slow``, with a job
+    running in each process: the supervisor's process tree, the ids sent, the run log and the database."""
+
+    tree: Proc
+    ids: set[UUID]
+    pids: list[int]
+    run_log: Path
+    db: Db
+
+    def starts(self) -> set[UUID]:
+        return {UUID(f[1]) for f in iter_lines(self.run_log) if f[0] == "start"}
+
+    def ends(self) -> set[UUID]:
+        return {UUID(f[1]) for f in iter_lines(self.run_log) if f[0] == "end"}
+
+    def wait_for_orphans(self) -> None:
+        self.tree.wait(timeout=10)
+        wait_until(lambda: not any(_running(p) for p in self.pids), 30, "the orphaned worker processes to stop")
+
+
+@contextmanager
+def _prefork(url: str, procs: Procs, tmp_path: Path, *, jobs: int, seconds: float) -> Iterator[_Prefork]:
+    producer = App(url, migrate=True)
     e2e_app.register(producer)
     run_log = tmp_path / "runs.log"
-    db = Db(database_url)
+    db = Db(url)
     try:
-        jobs = producer.send_many([Message(task=e2e_app.SLOW, payload={"seconds": 2.0}) for _ in range(10)])
-        ids = {j.id for j in jobs}
+        sent = producer.send_many([Message(task=e2e_app.SLOW, payload={"seconds": seconds}) for _ in range(jobs)])
         tree = procs.start(
             "prefork",
-            worker_argv(database_url, "--queues", "slow", "--processes", "2", "--concurrency", "1", "--prefetch", "1"),
+            worker_argv(url, "--queues", "slow", "--processes", "2", "--concurrency", "1", "--prefetch", "1"),
             env={"E2E_RUN_LOG": str(run_log), "E2E_VISIBILITY_TIMEOUT": "30"},
         )
         pids = wait_until(lambda: at_least(pids_logging(run_log, "start"), 2), 60, "a job running in each")
-        tree.signal(signal.SIGKILL)
-        tree.wait(timeout=10)
-        wait_until(lambda: not any(_running(p) for p in pids), 30, "the orphaned worker processes to stop")
-        assert tree.output().count(") is gone: stopping gracefully") == 2, tree.output()
-
-        starts = {UUID(f[1]) for f in iter_lines(run_log) if f[0] == "start"}
-        assert {UUID(f[1]) for f in iter_lines(run_log) if f[0] == "end"} == starts
-        archived = db.archived()
-        assert {r.id for r in archived} == starts
-        assert {(r.state, r.attempts) for r in archived} == {("completed", 1)}
-        live = db.live()
-        assert {r.id for r in live} == ids - starts
-        assert {(r.state, r.lease_expires_at) for r in live} == {("pending", None)}
+        yield _Prefork(tree, {j.id for j in sent}, pids, run_log, db)
     finally:
         # Orphans this test left (when it fails): the process-group kill at teardown only covers a
         # supervisor still running.
@@ -69,43 +78,44 @@ def test_worker_processes_stop_gracefully_when_the_supervisor_is_killed(
         producer.close()
 
 
+def test_worker_processes_stop_gracefully_when_the_supervisor_is_killed(
+    database_url: str, procs: Procs, tmp_path: Path
+) -> None:
+    """SIGKILL of the supervisor: each worker process stops as on SIGTERM (its running job finishes,
+    its buffered one goes back to pending) instead of leasing jobs for ever with no one to stop it."""
+    with _prefork(database_url, procs, tmp_path, jobs=10, seconds=2.0) as run:
+        run.tree.signal(signal.SIGKILL)
+        run.wait_for_orphans()
+        assert run.tree.output().count(") is gone: stopping gracefully") == 2, run.tree.output()
+
+        starts = run.starts()
+        assert run.ends() == starts
+        archived = run.db.archived()
+        assert {r.id for r in archived} == starts
+        assert {(r.state, r.attempts) for r in archived} == {("completed", 1)}
+        live = run.db.live()
+        assert {r.id for r in live} == run.ids - starts
+        assert {(r.state, r.lease_expires_at) for r in live} == {("pending", None)}
+
+
 def test_a_supervisor_killed_during_a_graceful_stop_lets_its_worker_processes_finish_it(
     sqlite_url: str, procs: Procs, tmp_path: Path
 ) -> None:
     """SIGTERM, then SIGKILL of the supervisor while its worker processes stop gracefully: its death
     (PR_SET_PDEATHSIG, a SIGTERM) is no second signal. Before: each process took it for one and exited at
     once ("second SIGTERM: exiting at once"), its running job cut short and left to its lease."""
-    producer = App(sqlite_url, migrate=True)
-    e2e_app.register(producer)
-    run_log = tmp_path / "runs.log"
-    db = Db(sqlite_url)
-    try:
-        producer.send_many([Message(task=e2e_app.SLOW, payload={"seconds": 3.0}) for _ in range(6)])
-        tree = procs.start(
-            "prefork",
-            worker_argv(sqlite_url, "--queues", "slow", "--processes", "2", "--concurrency", "1", "--prefetch", "1"),
-            env={"E2E_RUN_LOG": str(run_log), "E2E_VISIBILITY_TIMEOUT": "30"},
-        )
-        pids = wait_until(lambda: at_least(pids_logging(run_log, "start"), 2), 60, "a job running in each")
-        tree.signal(signal.SIGTERM)
-        wait_until(lambda: tree.output().count("SIGTERM: stopping gracefully") == 2, 10, "both to stop gracefully")
-        tree.signal(signal.SIGKILL)
-        tree.wait(timeout=10)
-        wait_until(lambda: not any(_running(p) for p in pids), 30, "the orphaned worker processes to stop")
-
-        assert "exiting at once" not in tree.output()
-        starts = {UUID(f[1]) for f in iter_lines(run_log) if f[0] == "start"}
+    with _prefork(sqlite_url, procs, tmp_path, jobs=6, seconds=3.0) as run:
+        run.tree.signal(signal.SIGTERM)
+        wait_until(lambda: run.tree.output().count("SIGTERM: stopping gracefully") == 2, 10, "both to stop gracefully")
+        run.tree.signal(signal.SIGKILL)
+        run.wait_for_orphans()
+        assert "exiting at once" not in run.tree.output()
+        starts = run.starts()
         assert len(starts) == 2
-        assert {UUID(f[1]) for f in iter_lines(run_log) if f[0] == "end"} == starts
-        archived = db.archived()
+        assert run.ends() == starts
+        archived = run.db.archived()
         assert {(r.id, r.state, r.attempts) for r in archived} == {(i, "completed", 1) for i in starts}
-        assert {(r.state, r.lease_expires_at) for r in db.live()} == {("pending", None)}
-    finally:
-        for pid in pids_logging(run_log, "start"):
-            if _running(pid):
-                os.kill(pid, signal.SIGKILL)
-        db.close()
-        producer.close()
+        assert {(r.state, r.lease_expires_at) for r in run.db.live()} == {("pending", None)}
 
 
 _ORPHAN = """
