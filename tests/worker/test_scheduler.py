@@ -299,3 +299,19 @@ def test_schedulers_on_the_database_clock_fire_each_tick_once_whatever_their_hos
         assert _ticks(app) == [due.isoformat()]
     finally:
         app.close()
+
+
+def test_the_warning_of_undeclared_schedules_names_ten_at_most(app: App, caplog: pytest.LogCaptureFixture) -> None:
+    # A database holding 1,000 schedules another app declares: the warning was one line naming all 1,000.
+    later = datetime(2100, 1, 1, tzinfo=UTC)
+    app.backend.schedules_upsert(
+        SchedulesUpsertParams([Schedule(f"s{i:04}", "0 3 * * *", "gone", "q", "{}", later) for i in range(1000)])
+    )
+    with caplog.at_level(logging.WARNING, logger="conveyor.worker"):
+        asyncio.run(_scheduler(app, FixedClock(later - timedelta(days=1))).declare())
+    (line,) = [r.getMessage() for r in caplog.records if "not declared by this app" in r.getMessage()]
+    named = ", ".join(f"'s{i:04}' (task 'gone')" for i in range(10))
+    assert line.startswith(
+        "1000 stored schedule(s) are not declared by this app, and their tasks are not registered in it: "
+        f"{named} and 990 more (`conveyor schedules list`); "
+    )

@@ -23,6 +23,9 @@ log = logging.getLogger("conveyor.worker")
 # the schedule's next tick can be moved back from where that clock put it. Nearer ones are believed.
 CLOCK_STEP_LIMIT = timedelta(hours=1)
 
+# How many stored schedules the start-up warning names (a database may hold thousands: one line, not a page).
+_NAMED_AT_MOST = 10
+
 
 class Scheduler(Service):
     """Every ``interval`` seconds, fires the schedules whose next tick is due.
@@ -81,14 +84,18 @@ class Scheduler(Service):
         stored = await self.calls.call(lambda _: backend.schedules_list(), None, what="schedules")
         strangers = [s for s in stored if s.name not in declared and s.task not in catalogue.tasks]
         if strangers:
+            named = ", ".join(
+                f"{preview(s.name)} (task {preview(s.task)}{', paused' if s.paused else ''})"
+                for s in strangers[:_NAMED_AT_MOST]
+            )
+            if len(strangers) > _NAMED_AT_MOST:
+                named += f" and {len(strangers) - _NAMED_AT_MOST} more (`conveyor schedules list`)"
             log.warning(
                 "%d stored schedule(s) are not declared by this app, and their tasks are not registered in it: %s; "
                 "if no app declares one any more, remove it with `conveyor schedules remove NAME` "
                 "(app.admin.remove_schedule), or it keeps enqueueing jobs on every tick",
                 len(strangers),
-                ", ".join(
-                    f"{preview(s.name)} (task {preview(s.task)}{', paused' if s.paused else ''})" for s in strangers
-                ),
+                named,
             )
 
     async def run_once(self) -> int:
