@@ -242,8 +242,9 @@ def _keys_collide(value: Any) -> bool:
     if isinstance(value, dict):
         for key in value:
             if type(key) is not str:
-                # A non-str key is written as json.dumps writes it as a value ("true", "null", "1.5").
-                if len({k if isinstance(k, str) else _json(k) for k in value}) != len(value):
+                # A non-str key is written as json.dumps writes it as a value ("true", "null", "1.5"), a
+                # str subclass's as its text (compared as a plain str: its own __eq__/__hash__ may hide twins).
+                if len({str.__str__(k) if isinstance(k, str) else _json(k) for k in value}) != len(value):
                     return True
                 break
         items: Any = value.values()
