@@ -48,11 +48,12 @@ def _cpus_by_pid(run_log: Path) -> dict[int, set[str]]:
 
 def test_prefork_children_each_run_on_a_cpu_of_their_own(sqlite_url: str, procs: Procs, tmp_path: Path) -> None:
     run_log = tmp_path / "runs.log"
-    ids = _send(sqlite_url, 300)
+    # Enough work (~4 s for one child alone) that a child started late under load still finds jobs.
+    ids = _send(sqlite_url, 400)
     supervisor = procs.start(
         "pinned",
         worker_argv(sqlite_url, "--processes", "2", "--concurrency", "4", "--burst", "--pin"),
-        env={"E2E_RUN_LOG": str(run_log), "E2E_WORK_SLEEP": "0.005"},
+        env={"E2E_RUN_LOG": str(run_log), "E2E_WORK_SLEEP": "0.04"},
     )
     assert supervisor.wait(timeout=120) == 0, supervisor.output()
     assert {f[1] for f in iter_lines(run_log)} == {str(i) for i in ids}
