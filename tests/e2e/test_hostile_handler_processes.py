@@ -4,6 +4,7 @@ thread of its own. Each harms only its own job (or none); the worker goes on and
 
 from __future__ import annotations
 
+import signal
 import textwrap
 from pathlib import Path
 from uuid import UUID
@@ -12,7 +13,7 @@ import pytest
 
 from conveyor import App
 
-from ._support import Procs, conveyor_argv, iter_lines
+from ._support import Procs, conveyor_argv, iter_lines, wait_until
 
 #: The app the worker runs, written to the test's directory (importable through PYTHONPATH).
 APP = textwrap.dedent(
@@ -180,6 +181,13 @@ APP = textwrap.dedent(
         return await cancels_all(ctx)
 
 
+    @app.task(queue="q", name="ignores_sigterm", max_attempts=1)
+    async def ignores_sigterm(how: str, ctx: JobContext) -> str:
+        note("run", ctx.job_id, os.getpid())
+        signal.signal(signal.SIGTERM, signal.SIG_IGN if how == "ignore" else signal.SIG_DFL)
+        return "went on"
+
+
     @app.task(queue="q", name="slow")
     async def slow(ctx: JobContext) -> str:
         note("run", ctx.job_id, os.getpid())
@@ -268,13 +276,15 @@ def test_a_forked_child_that_comes_back_into_the_worker_exits_at_once(
         db.close()
 
 
-def _one_among_good_jobs(url: str, task: str, before: str | None = None) -> tuple[UUID, list[UUID]]:
-    """One job of ``task`` (one attempt), then 20 of ``good``: the id of the one and of the good ones
-    (``before``: a job of that task first, among the good ones)."""
+def _one_among_good_jobs(
+    url: str, task: str, before: str | None = None, payload: dict[str, str] | None = None
+) -> tuple[UUID, list[UUID]]:
+    """One job of ``task`` (one attempt, ``payload``), then 20 of ``good``: the id of the one and of the
+    good ones (``before``: a job of that task first, among the good ones)."""
     producer = App(url, migrate=True)
     try:
         first = [producer.send(before, {}, queue="q").id] if before else []
-        one = producer.send(task, {}, queue="q", max_attempts=1).id
+        one = producer.send(task, payload or {}, queue="q", max_attempts=1).id
         return one, first + [producer.send("good", {"i": i}, queue="q").id for i in range(20)]
     finally:
         producer.close()
@@ -373,6 +383,35 @@ def test_a_forked_child_whose_handler_yields_runs_no_callback_of_the_worker_or_o
             ("completed", "parent"),
             ("completed", "ticked"),
         ]
+        assert [(db.job(g).state, db.job(g).result) for g in goods] == [("completed", i) for i in range(20)]
+    finally:
+        db.close()
+
+
+@pytest.mark.parametrize("how", ["ignore", "default"])
+def test_a_handler_that_replaces_the_workers_sigterm_handler_fails_and_the_worker_still_stops_gracefully(
+    sqlite_url: str, procs: Procs, tmp_path: Path, how: str
+) -> None:
+    # ``signal.signal(SIGTERM, SIG_IGN)`` in an ``async def`` handler (the loop's thread, where it works).
+    # Before: the job completed and the worker ignored every SIGTERM after it (only SIGKILL stopped it);
+    # with SIG_DFL the next SIGTERM killed it (-15) with its running job left to its lease.
+    replaces, goods = _one_among_good_jobs(sqlite_url, "ignores_sigterm", payload={"how": how})
+    (tmp_path / "hostile_app.py").write_text(APP)
+    log = tmp_path / "runs.log"
+    worker = procs.start(
+        "worker",
+        conveyor_argv(sqlite_url, "-v", "worker", "hostile_app:app", "--concurrency", "1"),
+        env={"HOSTILE_RUN_LOG": str(log), "PYTHONPATH": str(tmp_path)},
+    )
+    db = App(sqlite_url)
+    try:
+        wait_until(lambda: db.job(goods[-1]).state == "completed", 15, "the jobs after it to run")
+        worker.signal(signal.SIGTERM)
+        assert worker.wait(timeout=10) == 0, procs.outputs()
+        assert "replaced the worker's SIGTERM handler: put back" in procs.outputs()
+        status = db.job(replaces)
+        assert status.state == "dead" and status.error is not None, status
+        assert status.error.type == "RuntimeError" and "(signal.signal)" in status.error.message, status
         assert [(db.job(g).state, db.job(g).result) for g in goods] == [("completed", i) for i in range(20)]
     finally:
         db.close()

@@ -40,6 +40,32 @@ _pid = os.getpid()
 
 #: The signals a worker's event loop handles in this process now (set by Worker.run_sync).
 worker_signals: tuple[signal.Signals, ...] = ()
+#: What each of ``worker_signals`` is handled by (the loop's handler), to put back when a handler changed it.
+_dispositions: dict[signal.Signals, object] = {}
+
+
+def keep_worker_signals(signals: tuple[signal.Signals, ...]) -> None:
+    """Note the worker's signals and their handlers now (call once the loop handles them), or none (``()``)."""
+    global worker_signals
+    worker_signals = signals
+    _dispositions.clear()
+    for sig in signals:
+        _dispositions[sig] = signal.getsignal(sig)
+
+
+def restore_worker_signals() -> list[str]:
+    """Put back the worker's handler of each of its signals that code on the loop's thread changed (an
+    ``async def`` handler's ``signal.signal(SIGTERM, SIG_IGN)``); the names of those it put back.
+
+    A SIGTERM ignored that way left the worker unable to stop but by SIGKILL; SIG_DFL made the next
+    SIGTERM kill it with its jobs in flight instead of stopping it gracefully."""
+    changed = []
+    for sig, handler in _dispositions.items():
+        if signal.getsignal(sig) is not handler:
+            with contextlib.suppress(ValueError, OSError, TypeError):
+                signal.signal(sig, handler)  # type: ignore[arg-type]
+            changed.append(sig.name)
+    return changed
 
 
 def _after_fork_in_child() -> None:
@@ -56,6 +82,7 @@ def _after_fork_in_child() -> None:
             with contextlib.suppress(ValueError, OSError):
                 signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
         worker_signals = ()
+        _dispositions.clear()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

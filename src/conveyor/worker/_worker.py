@@ -298,11 +298,11 @@ class Worker:
                 loop = asyncio.get_running_loop()
                 for sig in signals:
                     loop.add_signal_handler(sig, self._on_signal, sig)
-                _threads.worker_signals = tuple(signals)
+                _threads.keep_worker_signals(tuple(signals))
             try:
                 await self.run()
             finally:
-                _threads.worker_signals = ()
+                _threads.keep_worker_signals(())
 
         _run_to_the_end(main())
         return self.exit_code

@@ -38,7 +38,7 @@ from conveyor.worker._calls import BackendCalls
 from conveyor.worker._observe import NO_OBSERVER, Observer
 from conveyor.worker._service import Service
 from conveyor.worker._state import Counters, Held, Registry
-from conveyor.worker._threads import exit_code_of, leave_forked_child, process_id
+from conveyor.worker._threads import exit_code_of, leave_forked_child, process_id, restore_worker_signals
 from conveyor.worker.completer import Completer
 
 log = logging.getLogger("conveyor.worker")
@@ -244,6 +244,7 @@ class Executor(Service):
             try:
                 if task.is_async:
                     outcome = await self._run_async(task, delivery, slot)
+                    _signals_kept(running, task.name)
                 else:
                     outcome = await self._run_sync(task, delivery)
                 if running.refused is not None:
@@ -617,6 +618,19 @@ def _after_fork_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _signals_kept(running: _Running, name: str) -> None:
+    """Put back the worker's handlers of its signals that an ``async def`` handler (on the loop's thread,
+    where ``signal.signal`` works) replaced, and fail its attempt. A ``def`` handler's ``signal.signal``
+    already raises ValueError (not the main thread)."""
+    changed = restore_worker_signals()
+    if not changed:
+        return
+    what = ", ".join(changed)
+    log.error("the handler of %s replaced the worker's %s handler: put back", name, what)
+    if running.refused is None:
+        running.refused = RuntimeError(f"the handler replaced the worker's {what} handler (signal.signal): put back")
 
 
 def _guard_stop(loop: asyncio.AbstractEventLoop) -> Callable[[], None] | None:
