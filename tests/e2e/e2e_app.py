@@ -145,6 +145,8 @@ def register(app: App) -> None:
             return
         if how == "os._exit":
             os._exit(1)
+        if how == "os._exit(0)":
+            os._exit(0)
         raise SystemExit(3)
 
 

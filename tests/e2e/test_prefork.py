@@ -212,3 +212,31 @@ def test_prefork_sigterm_stops_a_stopped_worker_process_too(sqlite_url: str, pro
         assert supervisor.wait(timeout=30) == 0, supervisor.output()
     finally:
         producer.close()
+
+
+def test_a_burst_does_not_end_on_a_worker_process_a_handler_exited_with_0(
+    sqlite_url: str, procs: Procs, tmp_path: Path
+) -> None:
+    """``os._exit(0)`` in a handler, under ``--processes 2 --burst``: the supervisor restarts that process as
+    any other that died. Before: it took the exit 0 for a drained burst; once the job had ended both
+    processes so, the supervisor exited 0 with jobs still leased (state ``processing``) and nobody to run them."""
+    producer = App(sqlite_url)
+    e2e_app.register(producer)
+    db = Db(sqlite_url)
+    try:
+        exits = producer.send_many([Message(task=e2e_app.EXIT, payload={"how": "os._exit(0)"})])[0].id
+        oks = {j.id for j in producer.send_many([Message(task=e2e_app.EXIT, payload={"how": "ok"}) for _ in range(4)])}
+        supervisor = procs.start(
+            "prefork",
+            worker_argv(sqlite_url, "--queues", "crash", "--processes", "2", "--concurrency", "1", "--burst"),
+            env={"E2E_WORK_SLEEP": "0.2"},
+        )
+        assert supervisor.wait(timeout=60) == 0, supervisor.output()
+        assert "exited with 0; restarting it" in supervisor.output()
+        assert db.live() == [], db.live()
+        archived = {r.id: r for r in db.archived()}
+        assert (archived[exits].state, archived[exits].reason) == ("dead", "max_deliveries_exceeded")
+        assert {archived[i].state for i in oks} == {"completed"}
+    finally:
+        db.close()
+        producer.close()

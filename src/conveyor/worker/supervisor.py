@@ -44,6 +44,10 @@ RAN_A_WHILE = 10.0
 #: dead-letters that job) never counts, however soon it died.
 FAILED_STARTS_LIMIT = 5
 
+#: A worker process's flag (see _Up) once its worker stopped by itself (a burst drained, a signal), set just
+#: before it exits: an exit 0 without it is a handler's ``os._exit(0)``, with the process's jobs in flight.
+_STOPPED = 2
+
 # prctl(2): the signal a process gets when the thread that created it exits.
 _PR_SET_PDEATHSIG = 1
 
@@ -146,6 +150,7 @@ def _child_main(
     _follow(supervisor)
     try:
         code = run_worker(app_path, database_url, config, supervisor=supervisor, observer=_Up(up, index))
+        up[index] = _STOPPED  # its worker stopped: an exit 0 without this is a handler's os._exit(0)
     except ConveyorError as exc:
         # Before its loops started (the schema check, its metrics port): one line, as the CLI prints it.
         # Its own options that cannot work, or a damaged database: a restart would fail the same way.
@@ -333,7 +338,7 @@ def run_processes(
                     continue
                 slot.stopped = False
                 code = p.exitcode
-                if stopping[0] or (burst and code == 0):
+                if stopping[0] or (burst and code == 0 and up[slot.index] == _STOPPED):
                     failed = failed or not _stopped_cleanly(code, bool(stopping[0]))
                     continue
                 if code in (EXIT_CONFIG, EXIT_DAMAGED):
