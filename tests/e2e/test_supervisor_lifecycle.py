@@ -267,3 +267,22 @@ def test_burst_reports_a_stopped_worker_process(sqlite_url: str, procs: Procs, t
         assert {producer.job(j).state for j in ids} == {"completed"}
     finally:
         producer.close()
+
+
+def test_a_sigterm_to_one_worker_process_stops_it_gracefully_and_the_supervisor_replaces_it(
+    sqlite_url: str, procs: Procs, tmp_path: Path
+) -> None:
+    """An operator's SIGTERM straight to one child (not the supervisor): that child stops gracefully (its
+    running job finishes, its buffered one goes back), the supervisor starts another in its place, and
+    every job completes once."""
+    with _prefork(sqlite_url, procs, tmp_path, jobs=6, seconds=1.0) as run:
+        os.kill(run.pids[0], signal.SIGTERM)
+        wait_until(lambda: f"worker process {run.pids[0]} exited with 0; restarting it" in run.tree.output(), 10, "it")
+        wait_until(lambda: len(run.ends()) == len(run.ids), 20, "every job to run")
+        run.tree.signal(signal.SIGTERM)
+        assert run.tree.wait(timeout=10) == 0, run.tree.output()
+        assert run.starts() == run.ends() == run.ids
+        assert sum(1 for f in iter_lines(run.run_log) if f[0] == "start") == len(run.ids)  # each once
+        assert {(r.state, r.attempts) for r in run.db.archived()} == {("completed", 1)}
+        assert run.db.live() == []
+        assert "Traceback" not in run.tree.output()
