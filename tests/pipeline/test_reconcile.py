@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -373,7 +374,7 @@ def test_the_command_checks_its_csv_and_columns_before_spark_starts(tmp_path: Pa
 
 
 def test_a_job_that_finished_far_in_the_future_is_reconciled_with_a_warning(
-    spark: SparkSession, database_url: str, tmp_path: Path
+    spark: SparkSession, database_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     # Before: reconcile exported first, and the export refuses an archived job that finished more than a
     # day ahead, so reconcile stopped on it. Its finish time does not matter to "does this key have a
@@ -396,9 +397,14 @@ def test_a_job_that_finished_far_in_the_future_is_reconciled_with_a_warning(
         backend.close()
     biz = write_csv(tmp_path / "orders.csv", [("f1", "pending"), ("p1", "pending"), ("x1", "pending")])
     export_dir = tmp_path / "export"
-    result = reconcile(biz, "order_id", "status", database_url, export_dir=export_dir, spark=spark)
+    with caplog.at_level(logging.WARNING, logger="conveyor.pipeline"):
+        result = reconcile(biz, "order_id", "status", database_url, export_dir=export_dir, spark=spark)
     assert result.counts == {"ok": 1, "lost": 1, "stuck": 0, "dead": 0, "done_not_recorded": 1}
     (warning,) = result.warnings
+    # Before: a Python caller heard of it only by reading result.warnings; it is logged, once.
+    assert [(r.name, r.levelno, r.getMessage()) for r in caplog.records] == [
+        ("conveyor.pipeline", logging.WARNING, f"reconcile: {warning}")
+    ]
     assert f"1 archived jobs finished more than a day after now (the first: job {d.id}" in warning
     assert "`conveyor export` refuses them" in warning
     # The export directory reconcile refreshed holds the other job, not the far-future one, which the
@@ -407,6 +413,11 @@ def test_a_job_that_finished_far_in_the_future_is_reconciled_with_a_warning(
     with pytest.raises(PipelineError, match="1 archived jobs finished more than a day after now"):
         export(database_url, export_dir)
     args = ["reconcile", "--business", str(biz), "--key-column", "order_id", "--status-column", "status"]
-    cli = CliRunner().invoke(main, [*args, "--db", database_url], env={"COLUMNS": "250"})
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="conveyor.pipeline"):
+        cli = CliRunner().invoke(main, [*args, "--db", database_url], env={"COLUMNS": "250"})
     assert cli.exit_code == 0, cli.output
     assert "warning: 1 archived jobs finished more than a day after now" in cli.output and "lost: x1" in cli.output
+    # The command prints it (once) and does not log it as well: without a logging set-up, Python's
+    # last-resort handler would print the logged copy to stderr a second time.
+    assert cli.output.count("1 archived jobs finished more than a day after now") == 1 and caplog.records == []

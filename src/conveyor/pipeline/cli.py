@@ -7,11 +7,12 @@ not import Spark: the commands do, when they run.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -411,8 +412,11 @@ def reconcile(
     spark = _session(master, jdbc_jars(business) if business.startswith("jdbc:") else [])
     from conveyor.pipeline._input import read_input
     from conveyor.pipeline._progress import RichStages
+    from conveyor.pipeline.reconcile import log as reconcile_log
 
-    with RichStages(spark, console).stage("reconciling"):
+    # The command prints the result's warnings itself (after the counts): the copy reconcile logs for
+    # Python callers would reach stderr a second time (through logging's last-resort handler).
+    with RichStages(spark, console).stage("reconciling"), _silenced(reconcile_log):
         result = run_reconcile(
             business if biz_input is None else read_input(spark, *biz_input),
             key_column,
@@ -511,6 +515,16 @@ def enqueue(
         f"{result.rows:,} rows: {result.enqueued:,} jobs enqueued, "
         f"{result.duplicates:,} already queued (same idempotency key)"
     )
+
+
+@contextlib.contextmanager
+def _silenced(logger: logging.Logger) -> Iterator[None]:
+    """``logger`` drops its records while the block runs (for what the command prints itself)."""
+    before, logger.disabled = logger.disabled, True
+    try:
+        yield
+    finally:
+        logger.disabled = before
 
 
 def _print_skipped(files: InputFiles) -> None:

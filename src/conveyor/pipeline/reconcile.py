@@ -26,6 +26,7 @@ sends keys the queue already holds, so nothing is enqueued twice.
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -45,6 +46,10 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
     from conveyor.pipeline._input import InputFiles
+
+#: Reconcile's warnings are logged here as well as returned (``ReconcileResult.warnings``), so that a
+#: Python caller that reads only the counts still hears of them.
+log = logging.getLogger("conveyor.pipeline")
 
 CLASSES: tuple[str, ...] = ("ok", "lost", "stuck", "dead", "done_not_recorded")
 #: The class of a record without a usable key: counted apart from CLASSES, never requeued.
@@ -195,6 +200,8 @@ def reconcile(
                 requeued, already = _requeue(lost, database_url, queue, task, key_column, payload_columns)
         finally:
             classified.unpersist()
+    for warning in warnings:
+        log.warning("reconcile: %s", warning)
     return ReconcileResult(counts, snapshot_at, out, requeued, already, lost_keys, no_key, warnings)
 
 
