@@ -446,6 +446,10 @@ def test_strings_that_are_not_utf8_or_hold_nul_are_refused_naming_column_and_row
         (3, "column 'k' holds a string that is not UTF-8"),
         (4, "column 'note' holds a string that is not UTF-8"),
     ]
+    # Before: both keys were named 'k\ufffd' (U+FFFD for the bad byte), so neither could be found in the
+    # input; a key that is not UTF-8 is named by its bytes, escaped.
+    assert [key for _, key, _ in caught.value.examples] == ["k\\xff", "k\\xfe", "k2"]
+    assert "row 2 (key 'k\\\\xff'): column 'k'" in str(caught.value)
     # Nested strings too, and without a key column (the whole row makes the key).
     nested = df.where("k = 'k2'").select(F.struct("note", "v").alias("s"))
     with pytest.raises(BadRows, match=r"row 1: column 's' holds a string that is not UTF-8"):

@@ -160,6 +160,8 @@ _EXAMPLES = 3
 _BAD_TIME = "__conveyor_time_out_of_range__"
 #: A column the row check adds (why a string column of the row cannot be sent); a name no input would use.
 _BAD_TEXT = "__conveyor_bad_text__"
+#: A column the row check adds (the key's bytes, when they are not UTF-8); a name no input would use.
+_RAW_KEY = "__conveyor_raw_key__"
 
 
 def check_target(database_url: str, queue: str, task: str) -> None:
@@ -204,7 +206,7 @@ def _check_rows(
     as ``send_many`` would check it (no connection is opened). The strings of the ``used`` columns
     (default: all) are checked in Spark to be UTF-8 and free of NUL, naming the column."""
     from pyspark.sql import functions as F
-    from pyspark.sql.types import DateType, TimestampNTZType, TimestampType
+    from pyspark.sql.types import DateType, StringType, TimestampNTZType, TimestampType
 
     from conveyor.pipeline._input import string_checks
 
@@ -226,8 +228,16 @@ def _check_rows(
         for name, bad in string_checks(df, lambda s: s.contains("\x00"), used)
     ]
 
+    # A key that is not UTF-8 would be named with a U+FFFD for each bad byte (all such keys alike), so
+    # its bytes are carried beside it and shown with backslash escapes ('k\\xff') instead.
+    raw_key = []
+    if key_column is not None and isinstance(df.schema[key_column].dataType, StringType):
+        key_col = col(key_column)
+        raw_key = [F.when(~F.is_valid_utf8(key_col), key_col.cast("binary")).alias(_RAW_KEY)]
+
     checked = df.select(
         *[F.when(in_range(c), col(c)).alias(c) if c in times else col(c) for c in df.columns],
+        *raw_key,
         F.concat_ws(", ", *[F.when(~in_range(c), F.lit(c)) for c in times]).alias(_BAD_TIME),
         F.coalesce(*[F.when(F.coalesce(bad, F.lit(False)), F.lit(why)) for why, bad in texts], F.lit(None))
         .cast("string")
@@ -251,7 +261,11 @@ def _check_rows(
                 data = row.asDict(recursive=True)
                 out_of_range = data.pop(_BAD_TIME)
                 bad_text = data.pop(_BAD_TEXT)
-                key = key_text(data[key_column]) if key_column is not None else None
+                raw = data.pop(_RAW_KEY, None)
+                if raw is not None:
+                    key: str | None = bytes(raw).decode("utf-8", "backslashreplace")
+                else:
+                    key = key_text(data[key_column]) if key_column is not None else None
                 try:
                     if out_of_range:
                         raise ValueError(f"{out_of_range}: a date or time outside the years 1 to 9999")
