@@ -150,6 +150,16 @@ APP = textwrap.dedent(
         return "went on"
 
 
+    @app.task(queue="q", name="terminates_its_child_at_once", max_attempts=1)
+    async def terminates_its_child_at_once(ctx: JobContext) -> str:
+        # As multiprocessing's Pool.__exit__ does: its workers get their SIGTERM as soon as they exist.
+        pid = os.fork()
+        if pid == 0:
+            time.sleep(3)
+            os._exit(0)
+        os.kill(pid, signal.SIGTERM)
+        return f"child exit {exited(pid)}"
+
     @app.task(queue="q", name="terminates_its_child", max_attempts=1)
     async def terminates_its_child(ctx: JobContext) -> str:
         note("run", ctx.job_id, os.getpid())
@@ -319,6 +329,31 @@ def test_a_signal_to_a_child_a_handler_forked_is_the_childs_not_the_workers(
     # its child was read by the worker's loop as its own (it stopped, handing its prefetched jobs
     # back), and the child, with the loop's no-op handler, ignored it.
     terminates, goods = _one_among_good_jobs(sqlite_url, "terminates_its_child")
+
+    assert _worker(sqlite_url, procs, tmp_path, tmp_path / "runs.log") == 0
+
+    assert "SIGTERM" not in procs.outputs()
+    db = App(sqlite_url)
+    try:
+        assert (db.job(terminates).state, db.job(terminates).result) == ("completed", "child exit -15")
+        assert [(db.job(g).state, db.job(g).result) for g in goods] == [("completed", i) for i in range(20)]
+    finally:
+        db.close()
+
+
+def test_a_signal_to_a_child_before_its_at_fork_hooks_have_run_is_the_childs(
+    sqlite_url: str, procs: Procs, tmp_path: Path
+) -> None:
+    # Found with a fork-context multiprocessing.Pool in async handlers of `conveyor worker -p 2`: one
+    # Pool.__exit__ waited for ever (py-spy: Pool._terminate_pool joining a worker; the worker alive in
+    # SimpleQueue.get). Its SIGTERM had landed before the child's at-fork hook gave it the default
+    # disposition, so the loop's no-op handler took it (and wrote it to the worker's wake-up socket).
+    # The worker's signals are now blocked across the fork. A sitecustomize makes the window wide:
+    # an at-fork hook registered before conveyor's, so run before its own, sleeps in every child.
+    (tmp_path / "sitecustomize.py").write_text(
+        "import os, time\nos.register_at_fork(after_in_child=lambda: time.sleep(0.5))\n"
+    )
+    terminates, goods = _one_among_good_jobs(sqlite_url, "terminates_its_child_at_once")
 
     assert _worker(sqlite_url, procs, tmp_path, tmp_path / "runs.log") == 0
 

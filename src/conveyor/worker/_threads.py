@@ -68,6 +68,27 @@ def restore_worker_signals() -> list[str]:
     return changed
 
 
+#: The worker's signals the forking thread blocked for a fork (see _before_fork), to unblock after it.
+_blocked_for_fork: tuple[signal.Signals, ...] = ()
+
+
+def _before_fork() -> None:
+    global _blocked_for_fork
+    # The worker's signals are blocked in the forking thread until the child has its own dispositions
+    # (the mask is inherited): a SIGTERM sent to a child in between (multiprocessing's Pool.__exit__
+    # terminates its workers as soon as they are started) ran the loop's no-op handler, so the child
+    # lived on and the handler's join waited for it forever, wedging the worker. Blocked, it stays
+    # pending and kills the child once its default disposition is back.
+    _blocked_for_fork = worker_signals
+    if _blocked_for_fork:
+        signal.pthread_sigmask(signal.SIG_BLOCK, _blocked_for_fork)
+
+
+def _after_fork_in_parent() -> None:
+    if _blocked_for_fork:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _blocked_for_fork)
+
+
 def _after_fork_in_child() -> None:
     global _pid, worker_signals
     _pid = os.getpid()
@@ -83,9 +104,11 @@ def _after_fork_in_child() -> None:
                 signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
         worker_signals = ()
         _dispositions.clear()
+    if _blocked_for_fork:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _blocked_for_fork)
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child)
 
 
 def process_id() -> int:
