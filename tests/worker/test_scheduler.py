@@ -231,6 +231,33 @@ def test_a_clock_a_little_behind_neither_moves_nor_fires_a_tick_again(app: App) 
     assert _ticks(app) == [start.isoformat()]
 
 
+def test_two_schedulers_on_own_clocks_hours_apart_do_not_fire_a_tick_again_at_every_pass(
+    app: App, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two schedulers without a referee clock (SQLite; a worker given a clock), 2 hours apart: the one
+    behind disbelieved the tick the one ahead fired and moved the next tick back, the one ahead fired
+    the same tick again, and so at every pass (session 37's failure), with a warning each time. Now the
+    same last tick found stored again is believed: it fires twice (as after a clock stepped back), not
+    at every pass."""
+    start = datetime(2030, 5, 1, 12, 0, tzinfo=UTC)
+    app.backend.schedules_upsert(SchedulesUpsertParams([Schedule("m", "* * * * *", "t", "q", "{}", start)]))
+    behind = _scheduler(app, FixedClock(start + timedelta(seconds=5)))
+    ahead = _scheduler(app, FixedClock(start + timedelta(hours=2, seconds=5)))
+
+    async def passes() -> int:
+        fired = 0
+        for _ in range(5):
+            fired += await behind.run_once()
+            fired += await ahead.run_once()
+        return fired
+
+    with caplog.at_level(logging.WARNING, logger="conveyor.worker"):
+        assert asyncio.run(passes()) == 3
+    assert _ticks(app) == ["2030-05-01T12:00:00+00:00", "2030-05-01T14:00:00+00:00", "2030-05-01T14:00:00+00:00"]
+    assert len([r for r in caplog.records if "moved back" in r.getMessage()]) == 1
+    assert app.backend.schedules_list()[0].next_run_at == datetime(2030, 5, 1, 14, 1, tzinfo=UTC)
+
+
 def test_the_check_for_ticks_stored_ahead_is_worked_out_once_per_stored_tick(
     app: App, monkeypatch: pytest.MonkeyPatch
 ) -> None:

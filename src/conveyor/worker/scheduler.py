@@ -67,6 +67,11 @@ class Scheduler(Service):
         #: Per schedule, the stored (next tick, last tick) found right at ``now``: from a later now on it
         #: stays right (the first tick after a later now is no earlier), so it is not worked out again.
         self._checked: dict[str, tuple[datetime, datetime | None, datetime]] = {}
+        #: Per schedule, the last tick this scheduler did not believe and moved the next tick back from.
+        #: Found stored again, it was fired again by another scheduler's clock ahead of this one (a
+        #: clock stepped back does not fire the same tick twice): it is believed from then on, or the
+        #: two schedulers would fire it again and move it back at every pass (session 37's failure).
+        self._disbelieved: dict[str, datetime] = {}
 
     async def declare(self) -> None:
         """Store the app's declared schedules (existing ones keep their pause state and next tick),
@@ -141,7 +146,7 @@ class Scheduler(Service):
         checked = self._checked.get(schedule.name)
         if checked is not None and checked[:2] == (stored, last) and now >= checked[2]:
             return
-        if last is not None and last > now + CLOCK_STEP_LIMIT:
+        if last is not None and last > now + CLOCK_STEP_LIMIT and self._disbelieved.get(schedule.name) != last:
             last = None
         cron = Cron.parse(schedule.cron)
         expected = cron.next_after(now if last is None or last < now else last)
@@ -158,6 +163,8 @@ class Scheduler(Service):
                 expected.isoformat(),
             )
             self._checked[schedule.name] = (expected, schedule.last_run_at, now)
+            if schedule.last_run_at is not None and last is None:
+                self._disbelieved[schedule.name] = schedule.last_run_at
 
     async def _fire(self, schedule: Schedule, now: datetime) -> int:
         cron = Cron.parse(schedule.cron)
