@@ -685,9 +685,9 @@ class ScheduleFireParams:
 
 @dataclass(frozen=True, slots=True)
 class ScheduleMoveParams:
-    """Move a schedule's next tick back without firing: if the schedule is not paused and its
-    ``next_run_at`` still equals ``due_at`` (the same compare-and-set as a fire), set it to
-    ``next_run_at``. Returns True if this call moved it, False if a scheduler fired or moved that
+    """Move a schedule's next tick (back, or on past a tick already fired) without firing: if the
+    schedule is not paused and its ``next_run_at`` still equals ``due_at`` (the same compare-and-set
+    as a fire), set it to ``next_run_at``. Returns True if this call moved it, False if a scheduler fired or moved that
     tick first (or the schedule was paused, changed or deleted meanwhile)."""
 
     name: str

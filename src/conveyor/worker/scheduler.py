@@ -172,6 +172,14 @@ class Scheduler(Service):
         # After downtime the latest missed tick fires, for all of them; the compare-and-set is still
         # on the stored next tick, so that of several schedulers only one fires.
         tick = cron.latest_between(due, now) or due
+        last = schedule.last_run_at
+        if last is not None and tick <= last <= now + CLOCK_STEP_LIMIT:
+            # A next tick stored by a clock behind the one that fired last (an operator's resume or cron
+            # change from a host whose clock is behind): that tick fired already, so it is not fired
+            # again; the next tick is moved on past it by the same compare-and-set.
+            params_move = ScheduleMoveParams(schedule.name, due, cron.next_after(max(now, last)))
+            await self.calls.call(self.calls.backend.schedule_move, params_move, what="schedule move")
+            return 0
         message = Message(
             task=schedule.task,
             payload=json.loads(schedule.payload),
