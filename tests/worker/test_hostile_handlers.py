@@ -808,6 +808,18 @@ def test_a_ctrl_c_that_lands_in_an_async_handler_still_interrupts_run_sync(app: 
     assert job.status().state == "processing"  # cut short, as a Ctrl-C does: its lease runs out
 
 
+def _slow_task(app: App, queue: str, timeout: float | None, shared: dict[str, asyncio.Task[Any]]) -> None:
+    """Register task "slow": it notes the task it runs in as ``shared["slow"]``, sleeps 0.5 s, returns "slept"."""
+
+    @app.task(queue=queue, name="slow", timeout=timeout)
+    async def slow() -> str:
+        task = asyncio.current_task()
+        assert task is not None
+        shared["slow"] = task
+        await asyncio.sleep(0.5)
+        return "slept"
+
+
 @pytest.mark.parametrize("timeout", [None, 5.0])
 def test_a_handler_may_cancel_a_task_another_handler_started_but_not_the_task_another_handler_runs_in(
     app: App, timeout: float | None
@@ -834,13 +846,7 @@ def test_a_handler_may_cancel_a_task_another_handler_started_but_not_the_task_an
         await asyncio.sleep(0.01)
         return accepted and background.cancelled()
 
-    @app.task(queue="q", name="slow", timeout=timeout)
-    async def slow() -> str:
-        task = asyncio.current_task()
-        assert task is not None
-        shared["slow"] = task
-        await asyncio.sleep(0.5)
-        return "slept"
+    _slow_task(app, "q", timeout, shared)
 
     @app.task(queue="q", name="cuts", max_attempts=1)
     async def cuts() -> bool:
@@ -875,13 +881,7 @@ def test_two_workers_on_one_loop_keep_the_guards_until_the_last_one_ends(app: Ap
     async def quick() -> str:
         return "quick"
 
-    @app.task(queue="second", name="slow", timeout=10)
-    async def slow() -> str:
-        task = asyncio.current_task()
-        assert task is not None
-        shared["slow"] = task
-        await asyncio.sleep(0.5)
-        return "slept"
+    _slow_task(app, "second", 10, shared)
 
     @app.task(queue="second", name="cuts", max_attempts=1)
     async def cuts() -> bool:

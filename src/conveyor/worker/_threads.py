@@ -38,16 +38,13 @@ class LoopRef:
 # call (os.getpid() is one).
 _pid = os.getpid()
 
-#: The signals a worker's event loop handles in this process now (set by Worker.run_sync).
-worker_signals: tuple[signal.Signals, ...] = ()
-#: What each of ``worker_signals`` is handled by (the loop's handler), to put back when a handler changed it.
+#: The signals a worker's event loop handles in this process now (set by Worker.run_sync), each with
+#: its handler there (the loop's), to put back when a handler changed it.
 _dispositions: dict[signal.Signals, object] = {}
 
 
 def keep_worker_signals(signals: tuple[signal.Signals, ...]) -> None:
     """Note the worker's signals and their handlers now (call once the loop handles them), or none (``()``)."""
-    global worker_signals
-    worker_signals = signals
     _dispositions.clear()
     for sig in signals:
         _dispositions[sig] = signal.getsignal(sig)
@@ -79,7 +76,7 @@ def _before_fork() -> None:
     # terminates its workers as soon as they are started) ran the loop's no-op handler, so the child
     # lived on and the handler's join waited for it forever, wedging the worker. Blocked, it stays
     # pending and kills the child once its default disposition is back.
-    _blocked_for_fork = worker_signals
+    _blocked_for_fork = tuple(_dispositions)
     if _blocked_for_fork:
         signal.pthread_sigmask(signal.SIG_BLOCK, _blocked_for_fork)
 
@@ -90,19 +87,18 @@ def _after_fork_in_parent() -> None:
 
 
 def _after_fork_in_child() -> None:
-    global _pid, worker_signals
+    global _pid
     _pid = os.getpid()
-    if worker_signals:
+    if _dispositions:
         # A process a handler forked shares its parent loop's signal wake-up socket: a signal sent to
         # it (the parent's handler ending it with SIGTERM) was read by the parent's loop as its own,
         # and stopped the worker, while the child, with the loop's no-op handler, went on. It gets
         # the dispositions of a plain Python process instead.
         with contextlib.suppress(ValueError, OSError):
             signal.set_wakeup_fd(-1)
-        for sig in worker_signals:
+        for sig in _dispositions:
             with contextlib.suppress(ValueError, OSError):
                 signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
-        worker_signals = ()
         _dispositions.clear()
     if _blocked_for_fork:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, _blocked_for_fork)
