@@ -1,0 +1,1 @@
+"""The MySQL and MariaDB backend (``mysql://`` URLs), on PyMySQL."""
