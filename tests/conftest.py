@@ -8,16 +8,24 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg
+import pymysql
 import pytest
 from hypothesis import HealthCheck, settings
 from psycopg import sql
 
+from conveyor._errors import ConfigurationError
+from conveyor.backends._redact import redact_url
+from conveyor.backends.mysql._url import connect_kwargs
+
 POSTGRES_URL = os.environ.get("CONVEYOR_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
+MYSQL_URL = os.environ.get("CONVEYOR_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/test")
 
 
 def _with_db(url: str, dbname: str) -> str:
-    base, _, _ = url.rpartition("/")
-    return f"{base}/{dbname}"
+    """``url`` naming the database ``dbname`` instead, its query string (options) kept."""
+    address, question, query = url.partition("?")
+    base, _, _ = address.rpartition("/")
+    return f"{base}/{dbname}{question}{query}"
 
 
 @pytest.fixture(scope="session")
@@ -65,6 +73,58 @@ def postgres_database_in(postgres_server_url: str) -> Iterator[Callable[[str], s
     with psycopg.connect(postgres_server_url, autocommit=True) as conn:
         for name in names:
             conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+def mysql_connect(url: str) -> pymysql.connections.Connection[Any]:
+    """An autocommit PyMySQL connection to ``url``, read as the backend reads it."""
+    return pymysql.connect(**{"connect_timeout": 5, **connect_kwargs(url)}, autocommit=True)
+
+
+@pytest.fixture(scope="session")
+def mysql_server_url() -> str:
+    """The admin URL of the test MySQL/MariaDB server; fails (not skips) if it cannot be reached."""
+    try:
+        with mysql_connect(MYSQL_URL) as conn, conn.cursor() as cur:
+            cur.execute("SELECT 1")
+    except (pymysql.Error, ConfigurationError) as exc:  # pragma: no cover - a broken environment
+        pytest.fail(f"MySQL at {redact_url(MYSQL_URL)} is required and unreachable: {exc}")
+    return MYSQL_URL
+
+
+def create_mysql_database(server_url: str) -> str:
+    """A new, empty database on the server of ``server_url``, named ``conveyor_t_<12 hex>``; returns its name.
+
+    Its collation compares bytes without padding ('a' and 'a ' differ, as in PostgreSQL and SQLite):
+    MariaDB's default, utf8mb4_general_ci, would make 'A', 'a' and 'a ' one queue name or one key."""
+    name = f"conveyor_t_{uuid.uuid4().hex[:12]}"
+    with mysql_connect(server_url) as conn, conn.cursor() as cur:
+        cur.execute(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4 COLLATE utf8mb4_nopad_bin")
+    return name
+
+
+def drop_mysql_database(server_url: str, name: str) -> None:
+    """Drop the database ``name``, first killing the sessions still using it (as PostgreSQL's
+    ``DROP DATABASE ... WITH (FORCE)``): one a test left in a transaction holds metadata locks that make
+    DROP DATABASE wait for lock_wait_timeout, a day by default."""
+    with mysql_connect(server_url) as conn, conn.cursor() as cur:
+        cur.execute("SELECT id FROM information_schema.PROCESSLIST WHERE db = %s AND id <> CONNECTION_ID()", (name,))
+        for (session,) in cur.fetchall():
+            try:
+                cur.execute("KILL CONNECTION %s", (session,))
+            except pymysql.err.OperationalError as exc:
+                if exc.args[0] != 1094:  # ER_NO_SUCH_THREAD: it ended by itself meanwhile.
+                    raise
+        cur.execute(f"DROP DATABASE IF EXISTS `{name}`")
+
+
+@pytest.fixture
+def mysql_database(mysql_server_url: str) -> Iterator[str]:
+    """A fresh, empty utf8mb4_nopad_bin database for one test; dropped afterwards. Yields its URL."""
+    name = create_mysql_database(mysql_server_url)
+    try:
+        yield _with_db(mysql_server_url, name)
+    finally:
+        drop_mysql_database(mysql_server_url, name)
 
 
 @pytest.fixture
