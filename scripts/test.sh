@@ -22,12 +22,25 @@ if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt
 fi
 export SPARK_LOCAL_IP=127.0.0.1 PYSPARK_PYTHON="$ROOT/.venv/bin/python"
 
+# One EXIT trap stops whichever throwaway servers were started, also when a later step fails.
+PG_DATADIR="-" MYSQL_DATADIR="-"
+stop_throwaways() {
+  if [ "$MYSQL_DATADIR" != "-" ]; then python scripts/ensure_mysql.py stop "$MYSQL_DATADIR"; fi
+  if [ "$PG_DATADIR" != "-" ]; then python scripts/ensure_postgres.py stop "$PG_DATADIR"; fi
+}
+trap stop_throwaways EXIT
+
 PG_LINE="$(python scripts/ensure_postgres.py)"
 PG_URL="${PG_LINE% *}"; PG_DATADIR="${PG_LINE##* }"
 export CONVEYOR_TEST_POSTGRES_URL="$PG_URL"
 if [ "$PG_DATADIR" != "-" ]; then
   echo "started a throwaway PostgreSQL at $PG_URL ($PG_DATADIR)"
-  trap 'python scripts/ensure_postgres.py stop "$PG_DATADIR"' EXIT
+fi
+MYSQL_LINE="$(python scripts/ensure_mysql.py)"
+MYSQL_URL="${MYSQL_LINE% *}"; MYSQL_DATADIR="${MYSQL_LINE##* }"
+export CONVEYOR_TEST_MYSQL_URL="$MYSQL_URL"
+if [ "$MYSQL_DATADIR" != "-" ]; then
+  echo "started a throwaway MariaDB at $MYSQL_URL ($MYSQL_DATADIR)"
 fi
 
 echo "== ruff"; ruff check src tests bench && ruff format --check src tests bench

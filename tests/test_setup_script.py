@@ -8,9 +8,16 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
+from subprocess import CompletedProcess
+
+import pymysql
+import pytest
+from tests.conftest import mysql_connect
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -71,3 +78,161 @@ def test_ci_runs_the_readme_quick_start_in_order() -> None:
     ci = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
     ran = [next(i for i, line in enumerate(ci) if re.match(re.escape(c) + r"(\s|$)", line)) for c in commands]
     assert ran == sorted(ran), ci
+
+
+# scripts/ensure_mysql.py: the suite's MySQL, the machine's server or a throwaway one.
+
+ENSURE_MYSQL = ROOT / "scripts" / "ensure_mysql.py"
+
+
+def _ensure_mysql(*args: str, default: str | None = None, env: dict[str, str] | None = None) -> CompletedProcess[str]:
+    """Run ensure_mysql.py as test.sh does (its own process, so that a server it starts outlives it), with
+    ``default`` in place of mysql://root@127.0.0.1:3306/test; without $CONVEYOR_TEST_MYSQL_URL unless given."""
+    environ = {k: v for k, v in os.environ.items() if k != "CONVEYOR_TEST_MYSQL_URL"} | (env or {})
+    if default is None:
+        command = [sys.executable, str(ENSURE_MYSQL), *args]
+    else:
+        call = f"import ensure_mysql; ensure_mysql.main({list(args)!r}, default={default!r})"
+        command = [sys.executable, "-c", call]
+    return subprocess.run(
+        command, cwd=ENSURE_MYSQL.parent, env=environ, capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _answers(url: str) -> bool:
+    try:
+        with mysql_connect(url) as conn, conn.cursor() as cur:
+            cur.execute("SELECT 1")
+        return True
+    except pymysql.Error:
+        return False
+
+
+@pytest.mark.timeout(60)
+def test_ensure_mysql_starts_a_throwaway_server_where_none_answers_and_stop_removes_it(
+    mysql_server_url: str,
+) -> None:
+    """Where nothing listens it initialises a datadir, starts a server on a free port of 127.0.0.1 with a
+    root that logs in over TCP without a password, and creates the database test; `stop` ends it."""
+    started = _ensure_mysql(default=f"mysql://root@127.0.0.1:{_free_port()}/test")
+    assert started.returncode == 0, started.stderr
+    url, datadir = started.stdout.split()
+    try:
+        assert re.fullmatch(r"mysql://root@127\.0\.0\.1:\d+/test", url)
+        assert Path(datadir).name.startswith("conveyor-mysql-")
+        with mysql_connect(url) as conn, conn.cursor() as cur:
+            cur.execute("SELECT CURRENT_USER(), DATABASE(), @@collation_database, @@bind_address, @@socket")
+            assert cur.fetchone() == (
+                "root@127.0.0.1",
+                "test",
+                "utf8mb4_nopad_bin",
+                "127.0.0.1",
+                f"{datadir}/mysqld.sock",
+            )
+            cur.execute("SELECT plugin FROM mysql.user WHERE user = 'root' AND host = '127.0.0.1'")
+            assert cur.fetchone() in (("",), ("mysql_native_password",))  # a password, not the OS user
+            cur.execute("CREATE TABLE t (id INT PRIMARY KEY)")
+            cur.execute("INSERT INTO t VALUES (1)")
+    finally:
+        stopped = _ensure_mysql("stop", datadir)
+    assert stopped.returncode == 0, stopped.stderr
+    assert not Path(datadir).exists()
+    assert not _answers(url)
+    assert _answers(mysql_server_url)  # the suite's own server was left alone
+
+
+def test_ensure_mysql_takes_the_default_server_when_it_answers(mysql_server_url: str) -> None:
+    found = _ensure_mysql(default=mysql_server_url)
+    assert (found.returncode, found.stdout) == (0, f"{mysql_server_url} -\n"), found.stderr
+
+
+def test_ensure_mysql_takes_the_configured_url_and_fails_when_it_does_not_answer(mysql_server_url: str) -> None:
+    """$CONVEYOR_TEST_MYSQL_URL is used as given, never replaced by a throwaway server; one that does not
+    answer (or does not parse) stops the suite with one line that does not show its password."""
+    configured = _ensure_mysql(env={"CONVEYOR_TEST_MYSQL_URL": mysql_server_url})
+    assert (configured.returncode, configured.stdout) == (0, f"{mysql_server_url} -\n"), configured.stderr
+    for url in (f"mysql://root:hunter2@127.0.0.1:{_free_port()}/test", "mysql://root:hunter2@127.0.0.1:x/test"):
+        failed = _ensure_mysql(env={"CONVEYOR_TEST_MYSQL_URL": url})
+        assert failed.returncode != 0
+        assert failed.stdout == ""
+        assert failed.stderr.count("\n") == 1 and "CONVEYOR_TEST_MYSQL_URL" in failed.stderr
+        assert "hunter2" not in failed.stderr
+
+
+def test_ensure_mysql_stop_deletes_only_a_directory_it_made(tmp_path: Path) -> None:
+    refused = _ensure_mysql("stop", str(tmp_path))
+    assert refused.returncode != 0 and "not a datadir of ensure_mysql.py" in refused.stderr
+    assert tmp_path.exists()
+
+
+# scripts/test.sh: the services it starts are stopped however the run ends.
+
+FAKE_TOOL = """#!/usr/bin/env bash
+# Stands in for python (and ruff, mypy, id) in test.sh: records each call, answers the ensure scripts.
+echo "$(basename "$0") $*" >> "$(dirname "$0")/../../calls.log"
+case "$(basename "$0") $1 $2" in
+  "id -u ") echo 1000 ;;
+  "python scripts/ensure_postgres.py ") echo "postgresql://pg/test $FAKE_PG_DATADIR" ;;
+  "python scripts/ensure_mysql.py ") [ -z "${FAKE_MYSQL_FAILS:-}" ] || exit 1
+    echo "mysql://my/test $FAKE_MYSQL_DATADIR" ;;
+  "python -m pytest") echo "pytest pg=$CONVEYOR_TEST_POSTGRES_URL mysql=$CONVEYOR_TEST_MYSQL_URL" \\
+    >> "$(dirname "$0")/../../calls.log"; exit "${FAKE_PYTEST_EXIT:-0}" ;;
+esac
+"""
+
+
+def _run_test_sh(tmp_path: Path, **fakes: str) -> tuple[int, list[str]]:
+    """Run a copy of test.sh whose python, ruff, mypy and id are fakes (``id -u`` is not 0, so nothing is
+    installed with apt-get); return its exit code and the calls it made."""
+    project = _project(tmp_path)
+    shutil.copy(ROOT / "scripts" / "test.sh", project / "scripts" / "test.sh")
+    shutil.copy(ROOT / "scripts" / "dev-constraints.txt", project / "scripts" / "dev-constraints.txt")
+    for tool in ("python", "ruff", "mypy", "id", "java"):
+        fake = project / ".venv" / "bin" / tool
+        fake.write_text(FAKE_TOOL)
+        fake.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CONVEYOR_", "FAKE_"))}
+    env |= {"FAKE_PG_DATADIR": "-", "FAKE_MYSQL_DATADIR": "-", **fakes}
+    done = subprocess.run(
+        ["bash", "scripts/test.sh", "-q"], cwd=project, env=env, capture_output=True, text=True, timeout=60
+    )
+    calls = (project / "calls.log").read_text().splitlines()
+    return done.returncode, [c for c in calls if c.startswith(("python scripts/", "pytest "))]
+
+
+def test_test_sh_exports_both_urls_and_stops_both_throwaway_servers_on_exit(tmp_path: Path) -> None:
+    code, calls = _run_test_sh(tmp_path, FAKE_PG_DATADIR="/tmp/pg", FAKE_MYSQL_DATADIR="/tmp/my", FAKE_PYTEST_EXIT="3")
+    assert code == 3  # pytest's failure is the script's, the trap notwithstanding
+    assert calls == [
+        "python scripts/ensure_postgres.py",
+        "python scripts/ensure_mysql.py",
+        "pytest pg=postgresql://pg/test mysql=mysql://my/test",
+        "python scripts/ensure_mysql.py stop /tmp/my",
+        "python scripts/ensure_postgres.py stop /tmp/pg",
+    ]
+
+
+def test_test_sh_stops_the_throwaway_postgres_when_mysql_cannot_be_had(tmp_path: Path) -> None:
+    code, calls = _run_test_sh(tmp_path, FAKE_PG_DATADIR="/tmp/pg", FAKE_MYSQL_FAILS="1")
+    assert code != 0
+    assert calls == [
+        "python scripts/ensure_postgres.py",
+        "python scripts/ensure_mysql.py",
+        "python scripts/ensure_postgres.py stop /tmp/pg",
+    ]
+
+
+def test_test_sh_stops_nothing_it_did_not_start(tmp_path: Path) -> None:
+    code, calls = _run_test_sh(tmp_path)
+    assert code == 0
+    assert calls == [
+        "python scripts/ensure_postgres.py",
+        "python scripts/ensure_mysql.py",
+        "pytest pg=postgresql://pg/test mysql=mysql://my/test",
+    ]
