@@ -1,4 +1,4 @@
-"""Three engines side by side for the property tests: one database per engine for a whole test,
+"""Four engines side by side for the property tests: one database per engine for a whole test,
 emptied between Hypothesis examples, and what an engine answers turned into a form that can be
 compared with what the other engines answer.
 
@@ -20,12 +20,13 @@ import os
 import sqlite3
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from dataclasses import asdict, dataclass, field
 from decimal import Decimal
 from typing import Any, TypeVar
 
 import psycopg
+import pymysql
 from psycopg import sql
 
 from conveyor.backends import open_backend
@@ -44,9 +45,10 @@ from conveyor.backends.base import (
     Subscription,
     SubscriptionsListParams,
 )
+from conveyor.backends.mysql._url import connect_kwargs
 from conveyor.backends.sqlite import MemoryBackend
 
-ENGINES = ("memory", "sqlite", "postgres")
+ENGINES = ("memory", "sqlite", "postgres", "mysql")
 
 #: Every table a test writes to; emptied between examples.
 _TABLES = (
@@ -79,18 +81,20 @@ class Engines:
 
     sqlite_path: str
     postgres_url: str
+    mysql_url: str
     backends: dict[str, Backend] = field(default_factory=dict)
 
     def open(self) -> None:
         self.backends["memory"] = MemoryBackend()
-        for name, url in (("sqlite", f"sqlite:///{self.sqlite_path}"), ("postgres", self.postgres_url)):
+        urls = (("sqlite", f"sqlite:///{self.sqlite_path}"), ("postgres", self.postgres_url), ("mysql", self.mysql_url))
+        for name, url in urls:
             backend = open_backend(url)
             backend.migrate()
             self.backends[name] = backend
 
     def reset(self) -> dict[str, Backend]:
         """Empty every table of every engine (a new in-memory database; DELETE on the SQLite file;
-        TRUNCATE on PostgreSQL, identities restarted so audit ids start at 1 everywhere)."""
+        TRUNCATE on PostgreSQL and MySQL, identities restarted so audit ids start at 1 everywhere)."""
         self.backends["memory"].close()
         self.backends["memory"] = MemoryBackend()
         conn = sqlite3.connect(self.sqlite_path, isolation_level=None)
@@ -104,6 +108,9 @@ class Engines:
             conn.close()
         with psycopg.connect(self.postgres_url, autocommit=True) as pg:
             pg.execute(f"TRUNCATE {', '.join(_TABLES)} RESTART IDENTITY")
+        with closing(_mysql(self.mysql_url)) as my, my.cursor() as cur:
+            for table in _TABLES:
+                cur.execute(f"TRUNCATE {table}")  # an AUTO_INCREMENT starts again at 1
         return {name: self.backends[name] for name in ENGINES}
 
     def close(self) -> None:
@@ -112,13 +119,19 @@ class Engines:
 
 
 @contextmanager
-def open_engines(directory: str, server_url: str) -> Iterator[Engines]:
-    """The three engines for one test: a SQLite file in ``directory`` and a PostgreSQL database
-    created on ``server_url`` for this test and dropped after it."""
+def open_engines(directory: str, server_url: str, mysql_server_url: str) -> Iterator[Engines]:
+    """The four engines for one test: a SQLite file in ``directory``, a PostgreSQL database created on
+    ``server_url`` and a MySQL database on ``mysql_server_url`` for this test, dropped after it."""
     name = f"conveyor_p_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(server_url, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    engines = Engines(sqlite_path=os.path.join(directory, "conveyor.db"), postgres_url=_with_db(server_url, name))
+    with closing(_mysql(mysql_server_url)) as my, my.cursor() as cur:
+        cur.execute(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4 COLLATE utf8mb4_nopad_bin")
+    engines = Engines(
+        sqlite_path=os.path.join(directory, "conveyor.db"),
+        postgres_url=_with_db(server_url, name),
+        mysql_url=_with_db(mysql_server_url, name),
+    )
     try:
         engines.open()
         yield engines
@@ -126,6 +139,13 @@ def open_engines(directory: str, server_url: str) -> Iterator[Engines]:
         engines.close()
         with psycopg.connect(server_url, autocommit=True) as conn:
             conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        with closing(_mysql(mysql_server_url)) as my, my.cursor() as cur:
+            cur.execute(f"DROP DATABASE IF EXISTS `{name}`")
+
+
+def _mysql(url: str) -> Any:
+    """An autocommit PyMySQL connection to ``url``."""
+    return pymysql.connect(**connect_kwargs(url), autocommit=True)  # type: ignore[arg-type]
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The ``backend`` fixture: every conformance test runs once per engine (sqlite, postgres, memory).
+"""The ``backend`` fixture: every conformance test runs once per engine (sqlite, postgres, mysql, memory).
 
 A test that asks for ``database_url`` itself (directly or through one of its fixtures), rather than
 only for ``backend``, reaches the database by its own means: a second backend on the same database,
@@ -15,9 +15,9 @@ import pytest
 from conveyor.backends import open_backend
 from conveyor.backends.base import Backend
 
-ENGINES = ("sqlite", "postgres", "memory")
+ENGINES = ("sqlite", "postgres", "mysql", "memory")
 #: Engines with a database a test can reach by URL.
-SQL_ENGINES = ("sqlite", "postgres")
+SQL_ENGINES = ("sqlite", "postgres", "mysql")
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -33,6 +33,8 @@ def database_url(engine: str, request: pytest.FixtureRequest, tmp_path: os.PathL
         return f"sqlite:///{os.fspath(tmp_path)}/conveyor.db"
     if engine == "postgres":
         return str(request.getfixturevalue("postgres_database"))
+    if engine == "mysql":
+        return str(request.getfixturevalue("mysql_database"))
     raise AssertionError(f"no database URL for engine {engine!r}")
 
 

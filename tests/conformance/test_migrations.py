@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pymysql
 import pytest
 from _factory import acquire, complete, get
 from psycopg import sql
@@ -25,10 +26,26 @@ from psycopg import sql
 from conveyor import App, ConfigurationError
 from conveyor.backends import open_backend
 from conveyor.backends._sql import Migration, load_migrations
+from conveyor.backends.mysql._url import connect_kwargs
 
 SHIPPED = Path(__file__).with_name("shipped_migrations.txt")
 SRC = Path(__file__).resolve().parents[2] / "src" / "conveyor" / "backends"
-PACKAGES = {"postgres": "conveyor.backends.postgres", "sqlite": "conveyor.backends.sqlite"}
+PACKAGES = {
+    "postgres": "conveyor.backends.postgres",
+    "sqlite": "conveyor.backends.sqlite",
+    "mysql": "conveyor.backends.mysql",
+}
+#: The module whose ``load_migrations`` each engine's migrate() calls.
+MIGRATING_MODULES = {
+    "postgres": "conveyor.backends.postgres._backend",
+    "sqlite": "conveyor.backends.sqlite._schema",
+    "mysql": "conveyor.backends.mysql._connection",
+}
+
+
+def _mysql(url: str) -> Any:
+    """An autocommit PyMySQL connection to ``url``."""
+    return pymysql.connect(**connect_kwargs(url), autocommit=True)  # type: ignore[arg-type]
 
 
 def _shipped() -> dict[tuple[str, str], str]:
@@ -36,7 +53,7 @@ def _shipped() -> dict[tuple[str, str], str]:
     return {(engine, name): digest for engine, name, digest in rows}
 
 
-@pytest.mark.parametrize("kind", ["postgres", "sqlite"])
+@pytest.mark.parametrize("kind", ["postgres", "sqlite", "mysql"])
 def test_shipped_migrations_never_change_and_new_ones_are_recorded(kind: str) -> None:
     engine = kind
     shipped = _shipped()
@@ -66,6 +83,23 @@ def _catalogue(url: str) -> dict[str, Any]:
             }
             versions = conn.execute("SELECT version, name FROM schema_migrations ORDER BY version").fetchall()
         return {"objects": objects, "columns": columns, "versions": versions}
+    if url.startswith("mysql"):
+        mysql_queries = {
+            "columns": """SELECT table_name, column_name, ordinal_position, column_type, column_default, is_nullable,
+                                 collation_name
+                          FROM information_schema.columns WHERE table_schema = DATABASE() ORDER BY 1, 3""",
+            "indexes": """SELECT table_name, index_name, seq_in_index, column_name, collation, non_unique
+                          FROM information_schema.statistics WHERE table_schema = DATABASE() ORDER BY 1, 2, 3""",
+            "constraints": """SELECT constraint_name, check_clause FROM information_schema.check_constraints
+                              WHERE constraint_schema = DATABASE() ORDER BY 1""",
+            "versions": "SELECT version, name FROM schema_migrations ORDER BY version",
+        }
+        with closing(_mysql(url)) as conn, conn.cursor() as cur:
+            found = {}
+            for key, query in mysql_queries.items():
+                cur.execute(query)
+                found[key] = cur.fetchall()
+            return found
     queries = {
         "columns": """SELECT table_name, column_name, ordinal_position, data_type, column_default, is_nullable
                       FROM information_schema.columns
@@ -95,6 +129,15 @@ def _second_database(database_url: str, tmp_path: Path) -> Iterator[str]:
         return
     base, _, _ = database_url.rpartition("/")
     name = f"conveyor_t_{uuid.uuid4().hex[:12]}"
+    if database_url.startswith("mysql"):
+        with closing(_mysql(database_url)) as conn, conn.cursor() as cur:
+            cur.execute(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4 COLLATE utf8mb4_nopad_bin")
+        try:
+            yield f"{base}/{name}"
+        finally:
+            with closing(_mysql(database_url)) as conn, conn.cursor() as cur:
+                cur.execute(f"DROP DATABASE IF EXISTS `{name}`")
+        return
     with psycopg.connect(database_url, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     try:
@@ -114,6 +157,13 @@ def _insert_a_job_as_release_one_did(url: str, job_id: uuid.UUID) -> None:
                 (str(job_id),),
             )
         return
+    if url.startswith("mysql"):
+        with closing(_mysql(url)) as conn, conn.cursor() as cur:
+            cur.execute(
+                f"INSERT INTO jobs ({columns}) VALUES (%s, 'kept', 't', '{{}}', '{{}}', 'pending', 0, 0, 0, 5, 10)",
+                (str(job_id),),
+            )
+        return
     with psycopg.connect(url) as conn:
         conn.execute(
             f"INSERT INTO jobs ({columns}) VALUES (%s, 'kept', 't', '{{}}', '{{}}', 'pending', 0, now(), now(), 5, 10)",
@@ -126,7 +176,7 @@ def test_a_database_migrated_step_by_step_equals_a_fresh_one(
 ) -> None:
     package = PACKAGES[engine]
     migrations: list[Migration] = load_migrations(package)
-    module = "conveyor.backends.postgres._backend" if engine == "postgres" else "conveyor.backends.sqlite._schema"
+    module = MIGRATING_MODULES[engine]
     stepwise = open_backend(database_url)
     kept = uuid.uuid4()
     try:
@@ -161,6 +211,12 @@ def _record_version(url: str, version: int) -> None:
         with closing(sqlite3.connect(url.removeprefix("sqlite:///"))) as conn, conn:
             conn.execute(
                 "INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, 'future', 0)", (version,)
+            )
+        return
+    if url.startswith("mysql"):
+        with closing(_mysql(url)) as conn, conn.cursor() as cur:
+            cur.execute(
+                "INSERT INTO schema_migrations (version, name, applied_at) VALUES (%s, 'future', 0)", (version,)
             )
         return
     with psycopg.connect(url, autocommit=True) as conn:

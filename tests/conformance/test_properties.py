@@ -1104,8 +1104,10 @@ def record_template() -> Rec:
 
 
 @pytest.fixture(scope="module")
-def engines(postgres_server_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engines]:
-    with open_engines(str(tmp_path_factory.mktemp("properties")), postgres_server_url) as opened:
+def engines(
+    postgres_server_url: str, mysql_server_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Engines]:
+    with open_engines(str(tmp_path_factory.mktemp("properties")), postgres_server_url, mysql_server_url) as opened:
         yield opened
 
 

@@ -8,11 +8,13 @@ from contextlib import closing, contextmanager
 from typing import Any
 
 import psycopg
+import pymysql
 import pytest
 from _factory import T0, acquire, at, insert, live_ids, new_job
 
 from conveyor import ConfigurationError
 from conveyor.backends.base import Backend, JobsInsertParams, NewJob, ProcessedKeyClaimParams
+from conveyor.backends.mysql._url import connect_kwargs
 
 
 @contextmanager
@@ -20,6 +22,9 @@ def _own_connection(backend: Backend, database_url: str) -> Iterator[Any]:
     """A connection of the application's own, on the backend's database, of the engine's driver."""
     if backend.engine == "sqlite":
         with closing(sqlite3.connect(database_url.removeprefix("sqlite:///"))) as conn:
+            yield conn
+    elif backend.engine == "mysql":
+        with closing(pymysql.connect(**connect_kwargs(database_url))) as conn:  # type: ignore[arg-type]
             yield conn
     else:
         with psycopg.connect(database_url) as conn:

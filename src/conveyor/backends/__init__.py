@@ -165,7 +165,8 @@ def _shown(path: str) -> str:
 def open_backend(url: str) -> Backend:
     """Open the backend a database URL names.
 
-    ``postgresql://user@host:port/db`` (or ``postgres://``), ``sqlite:///relative.db``,
+    ``postgresql://user@host:port/db`` (or ``postgres://``), ``mysql://user@host:port/db`` (MySQL or
+    MariaDB, with the ``mysql`` extra), ``sqlite:///relative.db``,
     ``sqlite:////absolute/path.db``, ``memory://`` (a private in-memory SQLite database, for tests).
     Raises :class:`ConfigurationError` for anything else; its message never shows a password."""
     engine, target = _parse(url)
@@ -173,6 +174,14 @@ def open_backend(url: str) -> Backend:
         from conveyor.backends.postgres import PostgresBackend
 
         return PostgresBackend(target)
+    if engine == "mysql":
+        try:
+            from conveyor.backends.mysql import MysqlBackend
+        except ImportError as exc:  # PyMySQL missing
+            raise ConfigurationError(
+                f"a mysql:// URL needs the PyMySQL driver ({exc}): pip install 'conveyor[mysql]'"
+            ) from None
+        return MysqlBackend(target)
     if engine == "sqlite":
         from conveyor.backends.sqlite import SqliteBackend
 
@@ -209,6 +218,12 @@ def _identity(engine: str, target: str) -> tuple[str, ...]:
         named = (str(params.get(k) or "") for k in ("host", "port", "dbname", "user"))
         host, port, dbname, user = named
         return engine, host, port or "5432", dbname or user, user
+    if engine == "mysql":
+        from conveyor.backends.mysql._url import connect_kwargs
+
+        kwargs = connect_kwargs(target)
+        named = (str(kwargs.get(k) or "") for k in ("host", "port", "database", "user"))
+        return (engine, *named)
     return (engine,)
 
 
@@ -219,20 +234,26 @@ def check_url(url: str) -> None:
 
 
 def _parse(url: str) -> tuple[str, str]:
-    """The engine a URL names (``postgres``, ``sqlite``, ``memory``) and what its backend opens."""
+    """The engine a URL names (``postgres``, ``mysql``, ``sqlite``, ``memory``) and what its backend opens."""
     if not isinstance(url, str):
         raise ConfigurationError(f"a database URL must be a string, got {type(url).__name__}")
     scheme, sep, rest = url.partition("://")
     if not sep:
         raise ConfigurationError(
-            f"not a database URL: {redact_url(url)!r} (expected postgresql://... or sqlite:///path.db)"
+            f"not a database URL: {redact_url(url)!r} (expected postgresql://..., mysql://... or sqlite:///path.db)"
         )
     if scheme in ("postgresql", "postgres"):
         return "postgres", "postgresql://" + rest
+    if scheme == "mysql":
+        from conveyor.backends.mysql._url import connect_kwargs
+
+        connect_kwargs(url)  # a malformed URL is refused here, before any process opens it
+        return "mysql", url
     if scheme == "sqlite":
         return "sqlite", _sqlite_path(rest[1:] if rest.startswith("/") else rest, url)
     if scheme == "memory":
         return "memory", ""
     raise ConfigurationError(
-        f"unsupported database URL scheme {scheme!r} in {redact_url(url)!r} (supported: postgresql, sqlite, memory)"
+        f"unsupported database URL scheme {scheme!r} in {redact_url(url)!r} "
+        "(supported: postgresql, mysql, sqlite, memory)"
     )

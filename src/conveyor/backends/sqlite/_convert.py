@@ -1,15 +1,21 @@
 """Conversions at the SQLite edge: aware UTC datetimes to REAL unix seconds, UUIDs to text, rows
-to the seam's records."""
+to the seam's records. The MySQL engine stores times and ids the same way and shares them."""
 
 from __future__ import annotations
 
 import json
-import sqlite3
 from datetime import UTC, datetime, timedelta
-from typing import Any, cast
+from typing import Any, Protocol, cast
 from uuid import UUID
 
 from conveyor.backends.base import AuditEntry, Delivery, JobRecord, JobState, Schedule
+
+
+class Row(Protocol):
+    """A row whose columns are read by name (``sqlite3.Row``, a PyMySQL ``DictCursor`` row)."""
+
+    def __getitem__(self, key: str, /) -> Any: ...
+
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
@@ -57,7 +63,7 @@ def from_db_id_or_none(value: str | None) -> UUID | None:
     return None if value is None else UUID(value)
 
 
-def delivery(row: sqlite3.Row) -> Delivery:
+def delivery(row: Row) -> Delivery:
     """A ``jobs_acquire`` RETURNING row as a Delivery."""
     return Delivery(
         id=UUID(row["id"]),
@@ -81,7 +87,7 @@ def delivery(row: sqlite3.Row) -> Delivery:
     )
 
 
-def job_record(row: sqlite3.Row) -> JobRecord:
+def job_record(row: Row) -> JobRecord:
     """A row of the shared live/archive select list as a JobRecord."""
     return JobRecord(
         id=UUID(row["id"]),
@@ -116,7 +122,7 @@ def job_record(row: sqlite3.Row) -> JobRecord:
     )
 
 
-def audit_entry(row: sqlite3.Row) -> AuditEntry:
+def audit_entry(row: Row) -> AuditEntry:
     """An ``audit`` row as an AuditEntry (``job_ids`` is stored as a JSON array of UUID text)."""
     job_ids: list[Any] = json.loads(row["job_ids"])
     return AuditEntry(
@@ -130,7 +136,7 @@ def audit_entry(row: sqlite3.Row) -> AuditEntry:
     )
 
 
-def schedule(row: sqlite3.Row) -> Schedule:
+def schedule(row: Row) -> Schedule:
     """A ``schedules`` row as a Schedule."""
     return Schedule(
         name=row["name"],

@@ -1,0 +1,272 @@
+"""Connections to one MySQL or MariaDB database: opening with the right session, pooling,
+transactions that retry a deadlock, errors mapped to Conveyor's, and the migrations.
+
+Every session runs at READ COMMITTED in strict mode: a locking read sees the latest committed row
+(what ``SELECT ... FOR UPDATE SKIP LOCKED`` needs to hand a row out once), InnoDB takes no gap locks
+that would make producers wait for each other, and a value a column cannot hold is an error rather
+than a warning and a truncated row. ``CLIENT.FOUND_ROWS`` makes an update's row count the rows it
+matched, not those it changed: a compare-and-set that writes the value already stored still counts.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import pymysql
+import pymysql.cursors
+from pymysql.constants import CLIENT
+
+from conveyor._errors import (
+    BackendError,
+    BackendRefused,
+    BackendUnavailable,
+    ConveyorError,
+    UnstorableText,
+    first_line,
+)
+from conveyor.backends._sql import load_migrations, pending
+
+_T = TypeVar("_T")
+
+Cursor = pymysql.cursors.DictCursor
+if TYPE_CHECKING:
+    Connection = pymysql.connections.Connection[Cursor]
+else:
+    Connection = pymysql.connections.Connection
+
+#: How long opening a connection may take before the database counts as unreachable.
+CONNECT_TIMEOUT_S = 10
+#: How long a statement waits for a row another transaction holds (InnoDB's default is 50 s).
+LOCK_WAIT_TIMEOUT_S = 30
+#: How often a transaction InnoDB chose as a deadlock's victim is run again before the caller hears of it.
+DEADLOCK_RETRIES = 5
+
+_SESSION = (
+    "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
+    "SET SESSION sql_mode = 'STRICT_ALL_TABLES,NO_ZERO_DATE,ERROR_FOR_DIVISION_BY_ZERO,NO_ENGINE_SUBSTITUTION'",
+    f"SET SESSION innodb_lock_wait_timeout = {LOCK_WAIT_TIMEOUT_S}",
+    "SET SESSION time_zone = '+00:00'",
+)
+
+# Server error codes. Deadlock and lock wait: the transaction was rolled back (or its statement), and
+# the same work run again will pass. The rest: the server or the connection is gone for now.
+_DEADLOCK = 1213
+_LOCK_WAIT = 1205
+_GONE = {1040, 1053, 1927, 2002, 2003, 2006, 2013, 2055, 1290, 1836}
+_DENIED = {1044, 1142, 1143, 1227, 1370}
+_DUPLICATE = 1062
+
+
+def is_duplicate(exc: BaseException) -> bool:
+    """Whether ``exc`` is a duplicate-key error (a row with that unique key exists)."""
+    return isinstance(exc, pymysql.err.IntegrityError) and bool(exc.args) and exc.args[0] == _DUPLICATE
+
+
+def _code(exc: BaseException) -> int | None:
+    code = exc.args[0] if exc.args else None
+    return code if isinstance(code, int) else None
+
+
+def translate(exc: BaseException, action: str) -> BackendError:
+    """Map a PyMySQL error to Conveyor's exception tree (raise the result ``from exc``)."""
+    code = _code(exc)
+    line = first_line(exc)
+    if code in (_DEADLOCK, _LOCK_WAIT) or code in _GONE or isinstance(exc, pymysql.err.InterfaceError):
+        return BackendUnavailable(f"MySQL unavailable ({action}): {line}")
+    if code in _DENIED:
+        return BackendRefused(f"MySQL refused a privilege ({action}): {line} (a GRANT missing or revoked)")
+    if code == 1146:
+        return BackendError(
+            f"the Conveyor schema is missing in this database ({line}): run `conveyor migrate` with the same URL"
+        )
+    if isinstance(exc, pymysql.err.OperationalError) and code is not None and code >= 2000:
+        return BackendUnavailable(f"MySQL unavailable ({action}): {line}")
+    return BackendError(f"MySQL failed {action}: {line}")
+
+
+@contextmanager
+def translated(action: str) -> Iterator[None]:
+    """Re-raise PyMySQL's errors inside the block as Conveyor's, and text that cannot be encoded as
+    UTF-8 (a lone surrogate: a name read from non-UTF-8 bytes) as UnstorableText."""
+    try:
+        yield
+    except pymysql.err.MySQLError as exc:
+        raise translate(exc, action) from exc
+    except UnicodeEncodeError as exc:
+        raise UnstorableText(f"MySQL ({action})", exc) from None
+
+
+def _reusable(exc: BaseException) -> bool:
+    """Whether a connection whose transaction failed with ``exc`` can be rolled back and used again: the
+    server refused a statement (or a value could not be encoded before it was sent). After a lost
+    connection, a client-side error or an interrupt in the middle of a statement, its protocol state is
+    unknown, and it is closed."""
+    cause = exc.__cause__ if isinstance(exc, ConveyorError) else exc
+    if isinstance(exc, ConveyorError) and not isinstance(cause, pymysql.err.MySQLError):
+        return True  # raised by Conveyor between statements, or a value refused before it was sent
+    if not isinstance(cause, pymysql.err.MySQLError) or isinstance(cause, pymysql.err.InterfaceError):
+        return False
+    code = _code(cause)
+    return code is not None and code < 2000 and code not in _GONE
+
+
+class Pool:
+    """Connections to one database, shared by threads: each transaction borrows one and gives it back."""
+
+    def __init__(self, kwargs: dict[str, object], max_idle: int = 8) -> None:
+        self._kwargs = kwargs
+        self._max_idle = max_idle
+        self._idle: list[Connection] = []
+        self._lock = threading.Lock()
+        self._closed = False
+        self.flavour: str | None = None
+
+    def open(self) -> Connection:
+        """A new connection with Conveyor's session settings (autocommit off)."""
+        conn: Connection = pymysql.connect(
+            **self._kwargs,
+            charset="utf8mb4",
+            autocommit=False,
+            client_flag=CLIENT.FOUND_ROWS,
+            connect_timeout=int(self._kwargs.get("connect_timeout", CONNECT_TIMEOUT_S)),  # type: ignore[call-overload]
+            cursorclass=Cursor,
+        )
+        try:
+            with conn.cursor(Cursor) as cur:
+                for statement in _SESSION:
+                    cur.execute(statement)
+                if self.flavour is None:
+                    cur.execute("SELECT version() AS v")
+                    row = cur.fetchone()
+                    self.flavour = "mariadb" if row and "mariadb" in str(row["v"]).lower() else "mysql"
+            conn.commit()
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _borrow(self, action: str) -> Connection:
+        with self._lock:
+            if self._closed:
+                raise BackendError(f"the MySQL backend is closed ({action})")
+            if self._idle:
+                return self._idle.pop()
+        with translated(action):
+            return self.open()
+
+    def _give_back(self, conn: Connection) -> None:
+        with self._lock:
+            if not self._closed and len(self._idle) < self._max_idle and conn.open:
+                self._idle.append(conn)
+                return
+        with suppress(Exception):
+            conn.close()
+
+    def write(self, action: str, work: Callable[[Cursor], _T]) -> _T:
+        """Run ``work`` in one transaction and commit it; a deadlock's victim is run again from the
+        start (its transaction was rolled back whole), so ``work`` must have no effect outside it."""
+        for attempt in range(DEADLOCK_RETRIES + 1):
+            try:
+                return self._transaction(action, work, read_only=False)
+            except BackendUnavailable as exc:
+                if _code(exc.__cause__ or exc) != _DEADLOCK or attempt == DEADLOCK_RETRIES:
+                    raise
+                time.sleep(0.005 * (attempt + 1))
+        raise AssertionError("unreachable")
+
+    def read(self, action: str, work: Callable[[Cursor], _T]) -> _T:
+        """Run ``work`` in a read-only transaction on one snapshot (REPEATABLE READ for this one)."""
+        return self._transaction(action, work, read_only=True)
+
+    def _transaction(self, action: str, work: Callable[[Cursor], _T], read_only: bool) -> _T:
+        conn = self._borrow(action)
+        try:
+            with translated(action), conn.cursor(Cursor) as cur:
+                if read_only:
+                    cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                    cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
+                else:
+                    cur.execute("START TRANSACTION")
+                result = work(cur)
+                conn.commit()
+        except BaseException as exc:
+            self._after_failure(conn, exc)
+            raise
+        self._give_back(conn)
+        return result
+
+    def _after_failure(self, conn: Connection, exc: BaseException) -> None:
+        """Roll a failed transaction back and keep its connection, or close it (see :func:`_reusable`)."""
+        if _reusable(exc):
+            try:
+                conn.rollback()
+            except Exception:
+                pass
+            else:
+                self._give_back(conn)
+                return
+        with suppress(Exception):
+            conn.close()
+
+    def close(self) -> None:
+        """Close idle connections now and borrowed ones when they are given back."""
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            with suppress(Exception):
+                conn.close()
+
+
+def statements(script: str) -> list[str]:
+    """A migration script's statements: whole-line comments dropped, split at a ';' ending a line."""
+    code = "\n".join(line for line in script.splitlines() if not line.lstrip().startswith("--"))
+    return [s.strip() for s in code.split(";\n") if s.strip().rstrip(";").strip()]
+
+
+def migrate(pool: Pool, queries: dict[str, str], package: str) -> list[str]:
+    """Apply every migration not yet recorded in ``schema_migrations``; return their names.
+
+    MySQL commits each DDL statement on its own, so the migrations cannot share one transaction with
+    their check: a named server lock (``GET_LOCK``) makes concurrent callers apply them one at a time,
+    a second finding the versions already recorded."""
+    migrations = load_migrations(package)
+    applied: list[str] = []
+    conn = pool._borrow("migrate")
+    try:
+        with translated("migrate"), conn.cursor(Cursor) as cur:
+            cur.execute("SELECT GET_LOCK(CONCAT('conveyor_migrate:', DATABASE()), %s) AS got", (LOCK_WAIT_TIMEOUT_S,))
+            got = cur.fetchone()
+            if not got or got["got"] != 1:
+                raise BackendUnavailable("MySQL: another process held the migration lock too long")
+            try:
+                cur.execute(queries["migrations_table"])
+                cur.execute(queries["migrations_applied"])
+                done = [row["version"] for row in cur.fetchall()]
+                for migration in pending(done, migrations):
+                    sql = migration.sql
+                    if pool.flavour == "mysql":
+                        sql = sql.replace("utf8mb4_nopad_bin", "utf8mb4_0900_bin")
+                    for statement in statements(sql):
+                        cur.execute(statement)
+                    cur.execute(
+                        queries["migrations_record"],
+                        {"version": migration.version, "name": migration.name, "now": time.time()},
+                    )
+                    conn.commit()
+                    applied.append(migration.name)
+            finally:
+                cur.execute("SELECT RELEASE_LOCK(CONCAT('conveyor_migrate:', DATABASE()))")
+                conn.commit()
+    finally:
+        pool._give_back(conn)
+    return applied
+
+
+def rows(cur: Cursor) -> list[dict[str, Any]]:
+    """The rows the cursor's last statement returned."""
+    return list(cur.fetchall())
