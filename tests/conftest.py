@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import sqlite3
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import closing, contextmanager
 from typing import Any
 
 import psycopg
@@ -75,9 +77,36 @@ def postgres_database_in(postgres_server_url: str) -> Iterator[Callable[[str], s
             conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
-def mysql_connect(url: str) -> pymysql.connections.Connection[Any]:
-    """An autocommit PyMySQL connection to ``url``, read as the backend reads it."""
-    return pymysql.connect(**{"connect_timeout": 5, **connect_kwargs(url)}, autocommit=True)
+def mysql_connect(url: str, autocommit: bool = True) -> pymysql.connections.Connection[Any]:
+    """A PyMySQL connection to ``url``, read as the backend reads it (autocommit unless told)."""
+    return pymysql.connect(**{"connect_timeout": 5, **connect_kwargs(url)}, autocommit=autocommit)
+
+
+@contextmanager
+def driver_connection(url: str, autocommit: bool = False) -> Iterator[Any]:
+    """A connection of the engine's own driver (sqlite3, psycopg, PyMySQL) to the database ``url`` names,
+    as an application holds one: in a transaction unless ``autocommit``."""
+    if url.startswith("sqlite:///"):
+        with closing(
+            sqlite3.connect(url.removeprefix("sqlite:///"), isolation_level=None if autocommit else "")
+        ) as conn:
+            yield conn
+    elif url.startswith("mysql://"):
+        with closing(mysql_connect(url, autocommit)) as conn:
+            yield conn
+    else:
+        with psycopg.connect(url, autocommit=autocommit) as pg:
+            yield pg
+
+
+def query_rows(url: str, query: str) -> list[tuple[Any, ...]]:
+    """The rows of one statement, read with the engine's own driver."""
+    with driver_connection(url, autocommit=True) as conn:
+        if url.startswith("mysql://"):
+            with conn.cursor() as cur:
+                cur.execute(query)
+                return list(cur.fetchall())
+        return list(conn.execute(query).fetchall())
 
 
 @pytest.fixture(scope="session")
@@ -132,11 +161,13 @@ def sqlite_url(tmp_path: os.PathLike[str]) -> str:
     return f"sqlite:///{os.fspath(tmp_path)}/conveyor.db"
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+@pytest.fixture(params=["sqlite", "postgres", "mysql"])
 def database_url(request: pytest.FixtureRequest, tmp_path: os.PathLike[str]) -> str:
     """A fresh database URL for each engine."""
     if request.param == "sqlite":
         return f"sqlite:///{os.fspath(tmp_path)}/conveyor.db"
+    if request.param == "mysql":
+        return str(request.getfixturevalue("mysql_database"))
     return str(request.getfixturevalue("postgres_database"))
 
 

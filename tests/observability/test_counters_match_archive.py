@@ -8,7 +8,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -17,7 +16,7 @@ from datetime import timedelta
 from pathlib import Path
 from types import ModuleType
 
-import psycopg
+from tests.conftest import query_rows
 
 from conveyor import App
 from conveyor._clock import host_now
@@ -61,12 +60,7 @@ def _load(path: Path, name: str) -> ModuleType:
 def _archive(database_url: str) -> tuple[Counter[tuple[str, str, str]], Counter[str]]:
     """(queue, task, state) -> archived rows, and queue -> unreplayed dead letters, counted in SQL."""
     query = "SELECT queue, task, state, replayed_by IS NULL FROM archive"
-    if database_url.startswith("sqlite"):
-        with sqlite3.connect(database_url.removeprefix("sqlite:///")) as conn:
-            rows = conn.execute(query).fetchall()
-    else:
-        with psycopg.connect(database_url) as pg:
-            rows = pg.execute(query).fetchall()
+    rows = query_rows(database_url, query)
     ended = Counter((q, t, s) for q, t, s, _ in rows)
     dlq = Counter(q for q, _, s, unreplayed in rows if s == "dead" and unreplayed)
     return ended, dlq

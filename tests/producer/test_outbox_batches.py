@@ -3,26 +3,12 @@
 from __future__ import annotations
 
 import math
-import sqlite3
-from collections.abc import Iterator
-from contextlib import closing, contextmanager
-from typing import Any
 
 import psycopg
 import pytest
+from tests.conftest import driver_connection
 
 from conveyor import App, Message, PayloadError
-
-
-@contextmanager
-def _own(url: str, autocommit: bool) -> Iterator[Any]:
-    if url.startswith("sqlite:///"):
-        path = url.removeprefix("sqlite:///")
-        with closing(sqlite3.connect(path, isolation_level=None if autocommit else "")) as conn:
-            yield conn
-    else:
-        with psycopg.connect(url, autocommit=autocommit) as conn:
-            yield conn
 
 
 @pytest.mark.parametrize("autocommit", [False, True], ids=["transaction", "autocommit"])
@@ -33,7 +19,7 @@ def test_a_bad_row_leaves_no_idempotency_key_claimed(database_url: str, autocomm
     app = App(database_url, migrate=True)
     try:
         app.send("warm-up", {})  # migrated before the caller's connection opens
-        with _own(database_url, autocommit) as conn:
+        with driver_connection(database_url, autocommit) as conn:
             with pytest.raises(PayloadError, match="not JSON-serialisable"):
                 app.send_many(
                     [
@@ -47,7 +33,7 @@ def test_a_bad_row_leaves_no_idempotency_key_claimed(database_url: str, autocomm
                 if isinstance(conn, psycopg.Connection):
                     conn.rollback()  # PostgreSQL: nothing was sent, the transaction is still good
                 else:
-                    conn.commit()  # SQLite: the caller's other work commits; none of the batch
+                    conn.commit()  # SQLite, MySQL: the caller's other work commits; none of the batch
         job = app.send("t", {"o": 7}, idempotency_key="order-7")
         assert job.status().state == "pending"
         assert app.send("t", {"o": 8}, idempotency_key="order-8").status().state == "pending"
@@ -61,7 +47,7 @@ def test_the_callers_earlier_writes_survive_a_refused_batch(sqlite_url: str) -> 
     app = App(sqlite_url, migrate=True)
     try:
         app.send("warm-up", {})
-        with _own(sqlite_url, autocommit=False) as conn:
+        with driver_connection(sqlite_url, autocommit=False) as conn:
             conn.execute("CREATE TABLE orders (id INTEGER)")
             conn.execute("INSERT INTO orders VALUES (1)")
             kept = app.send("t", {"o": 1}, conn=conn)

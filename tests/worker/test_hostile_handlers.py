@@ -18,6 +18,7 @@ import psycopg
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tests.conftest import driver_connection
 
 from conveyor import App, BackendUnavailable, JobContext, Retry, Worker
 from conveyor._outcomes import _keys_collide
@@ -152,6 +153,17 @@ def _refuse_archiving(app: App, database_url: str, when: str) -> None:
             conn.execute(
                 f"CREATE TRIGGER refuse BEFORE INSERT ON archive WHEN {when} "
                 "BEGIN SELECT RAISE(ABORT, 'this result is refused'); END"
+            )
+        return
+    if database_url.startswith("mysql"):
+        with driver_connection(database_url, autocommit=True) as conn, conn.cursor() as cur:
+            cur.execute(
+                f"""CREATE TRIGGER refuse BEFORE INSERT ON archive FOR EACH ROW
+                BEGIN
+                    IF {when.replace("AS text", "AS CHAR")} THEN
+                        SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'this result is refused';
+                    END IF;
+                END"""
             )
         return
     with psycopg.connect(database_url, autocommit=True) as conn:
