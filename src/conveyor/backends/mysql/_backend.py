@@ -12,15 +12,15 @@ from uuid import UUID
 
 import pymysql
 
-from conveyor._errors import BackendError, ConfigurationError
+from conveyor._errors import ConfigurationError
 from conveyor._idempotency import refuse_reused_keys
+from conveyor.backends import _convert as cv
 from conveyor.backends import base
 from conveyor.backends._promotion import Promotions, earliest_by_queue, scheduled_earliest
 from conveyor.backends._sql import load_migrations, load_queries
 from conveyor.backends.mysql import _connection
 from conveyor.backends.mysql._connection import Cursor, Pool, is_duplicate, translated
 from conveyor.backends.mysql._url import connect_kwargs
-from conveyor.backends.sqlite import _convert as cv
 
 _PACKAGE = "conveyor.backends.mysql"
 _QUERIES = load_queries(_PACKAGE)
@@ -189,7 +189,7 @@ class MysqlBackend:
         if params.limit <= 0:
             return []
         now = cv.to_db_time(params.now)
-        lease_end = _lease_end(params.now, params.visibility_timeout)
+        lease_end = cv.lease_end(params.now, params.visibility_timeout)
 
         def acquire(cur: Cursor) -> tuple[list[dict[str, Any]], tuple[int, int, datetime | None] | None]:
             # In the acquire's transaction, so it sees them; one index probe when nothing is due.
@@ -220,7 +220,7 @@ class MysqlBackend:
 
     def _held_leases(self, cur: Cursor, items: Sequence[base.LeaseRef], wait: bool) -> list[dict[str, Any]]:
         """The rows of ``items`` still leased by their delivery (same receipt, processing), locked."""
-        refs = _lease_refs(items)
+        refs = cv.lease_refs(items)
         cur.execute(self._q["leases_lock" if wait else "leases_lock_skip_locked"], {"items": refs})
         return list(cur.fetchall())
 
@@ -236,7 +236,7 @@ class MysqlBackend:
                 cur.execute(self._q["jobs_start_many"], {"ids": json.dumps(sorted({r["id"] for r in held}))})
             return held
 
-        return _held(params.items, self._pool.write("jobs_start_many", start))
+        return cv.held(params.items, self._pool.write("jobs_start_many", start))
 
     def jobs_finish_many(self, params: base.JobsFinishParams) -> int:
         """Archive deliveries in their terminal state; return how many applied (the rest were stale)."""
@@ -261,7 +261,7 @@ class MysqlBackend:
             )
         if not items:
             return 0
-        args = {"items": _outcomes_json(items, "jobs_finish_many"), "now": cv.to_db_time(params.now)}
+        args = {"items": cv.outcomes_json(items, "MySQL", "jobs_finish_many"), "now": cv.to_db_time(params.now)}
 
         def finish(cur: Cursor) -> int:
             cur.execute(self._q["leases_lock"], args)
@@ -296,7 +296,7 @@ class MysqlBackend:
         if not items:
             return 0
         now = cv.to_db_time(params.now)
-        args = {"items": _outcomes_json(items, "jobs_retry_many"), "now": now}
+        args = {"items": cv.outcomes_json(items, "MySQL", "jobs_retry_many"), "now": now}
 
         def retry(cur: Cursor) -> list[dict[str, Any]]:
             cur.execute(self._q["leases_lock"], args)
@@ -315,7 +315,7 @@ class MysqlBackend:
         """Hand leased jobs that never started back to pending; return how many applied."""
         if not params.items:
             return 0
-        refs = _lease_refs(params.items)
+        refs = cv.lease_refs(params.items)
         return self._pool.write(
             "jobs_release_many", lambda cur: int(cur.execute(self._q["jobs_release_many"], {"items": refs}))
         )
@@ -326,7 +326,7 @@ class MysqlBackend:
         at the next call."""
         if not params.items:
             return []
-        lease_end = _lease_end(params.now, params.visibility_timeout)
+        lease_end = cv.lease_end(params.now, params.visibility_timeout)
 
         def extend(cur: Cursor) -> list[dict[str, Any]]:
             held = self._held_leases(cur, params.items, params.wait)
@@ -335,7 +335,7 @@ class MysqlBackend:
                 cur.execute(self._q["leases_extend_many"], {"ids": ids, "lease_expires_at": lease_end})
             return held
 
-        return _held(params.items, self._pool.write("leases_extend_many", extend))
+        return cv.held(params.items, self._pool.write("leases_extend_many", extend))
 
     def jobs_rescue_expired(self, params: base.JobsRescueParams) -> int:
         """Return up to ``limit`` expired leases to pending; return how many."""
@@ -395,42 +395,7 @@ class MysqlBackend:
             return tuple(found)
 
         live, totals, dlq = self._pool.read("queues_stats", read)
-        counts: dict[str, dict[str, Any]] = {}
-
-        def entry(queue: str) -> dict[str, Any]:
-            return counts.setdefault(
-                queue,
-                {
-                    "pending": 0,
-                    "scheduled": 0,
-                    "processing": 0,
-                    "completed": 0,
-                    "dead": 0,
-                    "expired": 0,
-                    "cancelled": 0,
-                    "oldest_pending_age": None,
-                    "dead_total": 0,
-                    "enqueued": 0,
-                },
-            )
-
-        for row in live:
-            e = entry(row["queue"])
-            e["pending"] = int(row["pending"])
-            e["scheduled"] = int(row["scheduled"])
-            e["processing"] = int(row["processing"])
-            if row["oldest_ready_at"] is not None:
-                e["oldest_pending_age"] = max(0.0, now - row["oldest_ready_at"])
-        for row in totals:
-            e = entry(row["queue"])
-            for name in ("completed", "dead_total", "expired", "cancelled"):
-                e[name] = int(row[name])
-        for row in dlq:
-            entry(row["queue"])["dead"] = int(row["dead"])
-        for e in counts.values():
-            e["enqueued"] = sum(e[n] for n in ("pending", "scheduled", "processing", "completed", "dead_total"))
-            e["enqueued"] += e["expired"] + e["cancelled"]
-        return [base.QueueStats(queue=queue, **counts[queue]) for queue in sorted(counts)]
+        return cv.queue_stats(live, totals, dlq, now)
 
     def archive_read(self, params: base.ArchiveReadParams) -> list[base.JobRecord]:
         """Archived rows in (finished_at, id) order strictly after the watermark."""
@@ -459,13 +424,7 @@ class MysqlBackend:
 
     def dead_replay_many(self, params: base.DeadReplayParams) -> list[tuple[UUID, UUID]]:
         """Re-enqueue dead letters with fresh attempts; return the pairs actually replayed."""
-        pairs: list[tuple[UUID, UUID]] = []
-        seen: set[UUID] = set()
-        for dead_id, new_id in params.replays:
-            # A dead letter is replayed at most once, even if the caller names it twice.
-            if dead_id not in seen:
-                seen.add(dead_id)
-                pairs.append((dead_id, new_id))
+        pairs = cv.once_each(params.replays)
         replays = json.dumps([[cv.to_db_id(d), cv.to_db_id(n)] for d, n in pairs])
         now = cv.to_db_time(params.now)
 
@@ -784,11 +743,11 @@ class MysqlBackend:
     def token_get(self, params: base.TokenGetParams) -> base.Token | None:
         """The token with this public id, or None."""
         rows = self._select("token_get", "token_get", {"id": params.id})
-        return _token(rows[0]) if rows else None
+        return cv.token(rows[0]) if rows else None
 
     def tokens_list(self) -> list[base.Token]:
         """Every token, by name."""
-        return [_token(row) for row in self._select("tokens_list", "tokens_list")]
+        return [cv.token(row) for row in self._select("tokens_list", "tokens_list")]
 
     def tokens_revoke(self, params: base.TokensRevokeParams) -> bool:
         """Revoke the unrevoked token named ``name``; False if there is none."""
@@ -923,52 +882,9 @@ class MysqlBackend:
         return True
 
 
-def _token(row: dict[str, Any]) -> base.Token:
-    return base.Token(
-        id=row["id"],
-        name=row["name"],
-        role=row["role"],
-        queues=None if row["queues"] is None else tuple(json.loads(row["queues"])),
-        secret_hash=row["secret_hash"],
-        created_at=cv.from_db_time(row["created_at"]),
-        expires_at=cv.from_db_time_or_none(row["expires_at"]),
-        revoked_at=cv.from_db_time_or_none(row["revoked_at"]),
-    )
-
-
-def _lease_end(now: datetime, visibility_timeout: float) -> float:
-    """``now + visibility_timeout`` as stored: added on exact microseconds, so that a lease ends at the
-    very time every engine says it does."""
-    try:
-        return cv.to_db_time(now + timedelta(seconds=visibility_timeout))
-    except (ValueError, OverflowError) as exc:
-        raise BackendError(f"not a visibility timeout: {visibility_timeout!r} seconds") from exc
-
-
-def _held(items: Sequence[base.LeaseRef], rows: Sequence[dict[str, Any]]) -> list[UUID]:
-    # Answer in the caller's order, one id per item that held its lease: matched by receipt too, so
-    # that an item naming the same job with a stale receipt is not.
-    held = {(row["id"], row["receipt"]) for row in rows}
-    return [item.id for item in items if (cv.to_db_id(item.id), item.receipt) in held]
-
-
-def _lease_refs(items: Sequence[base.LeaseRef]) -> str:
-    return json.dumps([{"id": cv.to_db_id(item.id), "receipt": item.receipt} for item in items])
-
-
 def _present(item: dict[str, Any]) -> dict[str, Any]:
     """An item without its None values: JSON_TABLE reads a missing path as NULL."""
     return {k: v for k, v in item.items() if v is not None}
-
-
-def _outcomes_json(items: list[dict[str, Any]], action: str) -> str:
-    """The outcomes as the statement's JSON parameter; a value JSON cannot hold is the database
-    refusing the batch (BackendError: the completer finds the outcome and dead-letters it alone),
-    not an error that ends the worker's completer."""
-    try:
-        return json.dumps(items)
-    except (TypeError, ValueError) as exc:
-        raise BackendError(f"MySQL refused {action}: a value is not storable ({exc})") from None
 
 
 @contextmanager

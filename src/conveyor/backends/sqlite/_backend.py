@@ -12,12 +12,12 @@ from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
-from conveyor._errors import BackendError, ConfigurationError
+from conveyor._errors import ConfigurationError
 from conveyor._idempotency import refuse_reused_keys
+from conveyor.backends import _convert as cv
 from conveyor.backends import base, sqlite_url
 from conveyor.backends._promotion import Promotions, earliest_by_queue, scheduled_earliest
 from conveyor.backends._sql import load_migrations, load_queries
-from conveyor.backends.sqlite import _convert as cv
 from conveyor.backends.sqlite import _schema
 from conveyor.backends.sqlite._connection import ConnectionPool, Connections, MemoryConnection, translated
 
@@ -195,7 +195,7 @@ class SqliteBackend:
                 {
                     "queue": params.queue,
                     "limit": params.limit,
-                    "lease_expires_at": _lease_end(params.now, params.visibility_timeout),
+                    "lease_expires_at": cv.lease_end(params.now, params.visibility_timeout),
                     "worker_id": params.worker_id,
                     "now": now,
                 },
@@ -211,12 +211,12 @@ class SqliteBackend:
     def jobs_start_many(self, params: base.JobsStartParams) -> list[UUID]:
         """Count deliveries as started; return the ids that still held their lease (``wait`` changes
         nothing here: SQLite locks the database, not rows)."""
-        items = _lease_refs(params.items)
+        items = cv.lease_refs(params.items)
         if items == "[]":
             return []
         with self._pool.write() as conn:
             rows = conn.execute(self._q["jobs_start_many"], {"items": items}).fetchall()
-        return _held(params.items, rows)
+        return cv.held(params.items, rows)
 
     def jobs_finish_many(self, params: base.JobsFinishParams) -> int:
         """Archive deliveries in their terminal state; return how many applied (the rest were stale)."""
@@ -239,7 +239,7 @@ class SqliteBackend:
             )
         if not items:
             return 0
-        args = {"items": _outcomes_json(items, "jobs_finish_many"), "now": cv.to_db_time(params.now)}
+        args = {"items": cv.outcomes_json(items, "SQLite", "jobs_finish_many"), "now": cv.to_db_time(params.now)}
         with self._pool.write() as conn:
             conn.execute(self._q["jobs_finish_count"], args)
             conn.execute(self._q["jobs_finish_archive"], args)
@@ -261,7 +261,7 @@ class SqliteBackend:
         ]
         if not items:
             return 0
-        args = {"items": _outcomes_json(items, "jobs_retry_many"), "now": cv.to_db_time(params.now)}
+        args = {"items": cv.outcomes_json(items, "SQLite", "jobs_retry_many"), "now": cv.to_db_time(params.now)}
         with self._pool.write() as conn:
             rows = conn.execute(self._q["jobs_retry_many"], args).fetchall()
         # Retries whose backoff is ahead are scheduled: an idle worker wakes when they come due.
@@ -271,7 +271,7 @@ class SqliteBackend:
 
     def jobs_release_many(self, params: base.JobsReleaseParams) -> int:
         """Hand leased jobs that never started back to pending; return how many applied."""
-        items = _lease_refs(params.items)
+        items = cv.lease_refs(params.items)
         if items == "[]":
             return 0
         with self._pool.write() as conn:
@@ -280,7 +280,7 @@ class SqliteBackend:
     def leases_extend_many(self, params: base.LeasesExtendParams) -> list[UUID]:
         """Extend the leases still held; return their ids (a missing id means the lease was lost).
         ``wait`` changes nothing here: SQLite locks the database, not rows (a writer waits its busy timeout)."""
-        items = _lease_refs(params.items)
+        items = cv.lease_refs(params.items)
         if items == "[]":
             return []
         with self._pool.write() as conn:
@@ -288,10 +288,10 @@ class SqliteBackend:
                 self._q["leases_extend_many"],
                 {
                     "items": items,
-                    "lease_expires_at": _lease_end(params.now, params.visibility_timeout),
+                    "lease_expires_at": cv.lease_end(params.now, params.visibility_timeout),
                 },
             ).fetchall()
-        return _held(params.items, rows)
+        return cv.held(params.items, rows)
 
     def jobs_rescue_expired(self, params: base.JobsRescueParams) -> int:
         """Return up to ``limit`` expired leases to pending; return how many."""
@@ -332,42 +332,7 @@ class SqliteBackend:
             live = conn.execute(self._q["queues_stats_live"], {"now": now}).fetchall()
             totals = conn.execute(self._q["queues_stats_totals"]).fetchall()
             dlq = conn.execute(self._q["queues_stats_dlq"]).fetchall()
-        counts: dict[str, dict[str, Any]] = {}
-
-        def entry(queue: str) -> dict[str, Any]:
-            return counts.setdefault(
-                queue,
-                {
-                    "pending": 0,
-                    "scheduled": 0,
-                    "processing": 0,
-                    "completed": 0,
-                    "dead": 0,
-                    "expired": 0,
-                    "cancelled": 0,
-                    "oldest_pending_age": None,
-                    "dead_total": 0,
-                    "enqueued": 0,
-                },
-            )
-
-        for row in live:
-            e = entry(row["queue"])
-            e["pending"] = row["pending"]
-            e["scheduled"] = row["scheduled"]
-            e["processing"] = row["processing"]
-            if row["oldest_ready_at"] is not None:
-                e["oldest_pending_age"] = max(0.0, now - row["oldest_ready_at"])
-        for row in totals:
-            e = entry(row["queue"])
-            for name in ("completed", "dead_total", "expired", "cancelled"):
-                e[name] = row[name]
-        for row in dlq:
-            entry(row["queue"])["dead"] = row["dead"]
-        for e in counts.values():
-            e["enqueued"] = sum(e[n] for n in ("pending", "scheduled", "processing", "completed", "dead_total"))
-            e["enqueued"] += e["expired"] + e["cancelled"]
-        return [base.QueueStats(queue=queue, **counts[queue]) for queue in sorted(counts)]
+        return cv.queue_stats(live, totals, dlq, now)
 
     def archive_read(self, params: base.ArchiveReadParams) -> list[base.JobRecord]:
         """Archived rows in (finished_at, id) order strictly after the watermark."""
@@ -407,13 +372,7 @@ class SqliteBackend:
 
     def dead_replay_many(self, params: base.DeadReplayParams) -> list[tuple[UUID, UUID]]:
         """Re-enqueue dead letters with fresh attempts; return the pairs actually replayed."""
-        pairs: list[tuple[UUID, UUID]] = []
-        seen: set[UUID] = set()
-        for dead_id, new_id in params.replays:
-            # A dead letter is replayed at most once, even if the caller names it twice.
-            if dead_id not in seen:
-                seen.add(dead_id)
-                pairs.append((dead_id, new_id))
+        pairs = cv.once_each(params.replays)
         replays = json.dumps([[cv.to_db_id(d), cv.to_db_id(n)] for d, n in pairs])
         now = cv.to_db_time(params.now)
         with self._pool.write() as conn:
@@ -681,12 +640,12 @@ class SqliteBackend:
         """The token with this public id, or None."""
         with self._pool.read() as conn:
             row = conn.execute(self._q["token_get"], {"id": params.id}).fetchone()
-        return None if row is None else _token(row)
+        return None if row is None else cv.token(row)
 
     def tokens_list(self) -> list[base.Token]:
         """Every token, by name."""
         with self._pool.read() as conn:
-            return [_token(row) for row in conn.execute(self._q["tokens_list"]).fetchall()]
+            return [cv.token(row) for row in conn.execute(self._q["tokens_list"]).fetchall()]
 
     def tokens_revoke(self, params: base.TokensRevokeParams) -> bool:
         """Revoke the unrevoked token named ``name``; False if there is none."""
@@ -796,39 +755,6 @@ class SqliteBackend:
         return changed
 
 
-def _token(row: sqlite3.Row) -> base.Token:
-    return base.Token(
-        id=row["id"],
-        name=row["name"],
-        role=row["role"],
-        queues=None if row["queues"] is None else tuple(json.loads(row["queues"])),
-        secret_hash=row["secret_hash"],
-        created_at=cv.from_db_time(row["created_at"]),
-        expires_at=cv.from_db_time_or_none(row["expires_at"]),
-        revoked_at=cv.from_db_time_or_none(row["revoked_at"]),
-    )
-
-
-def _lease_end(now: datetime, visibility_timeout: float) -> float:
-    """``now + visibility_timeout`` as stored: added on exact microseconds (as PostgreSQL adds an
-    interval), so that a lease ends at the very time every engine says it does."""
-    try:
-        return cv.to_db_time(now + timedelta(seconds=visibility_timeout))
-    except (ValueError, OverflowError) as exc:
-        raise BackendError(f"not a visibility timeout: {visibility_timeout!r} seconds") from exc
-
-
-def _held(items: Sequence[base.LeaseRef], rows: Sequence[sqlite3.Row]) -> list[UUID]:
-    # Answer in the caller's order, which RETURNING does not promise, one id per item that held its
-    # lease: matched by receipt too, so that an item naming the same job with a stale receipt is not.
-    held = {(row[0], row[1]) for row in rows}
-    return [item.id for item in items if (cv.to_db_id(item.id), item.receipt) in held]
-
-
-def _lease_refs(items: Sequence[base.LeaseRef]) -> str:
-    return json.dumps([{"id": cv.to_db_id(item.id), "receipt": item.receipt} for item in items])
-
-
 class MemoryBackend(SqliteBackend):
     """A private in-memory database for tests: ``App(backend=MemoryBackend())`` is ``App("memory://")``.
 
@@ -884,16 +810,6 @@ class _CommitListener:
 def _satisfies_the_contract(backend: SqliteBackend) -> base.Backend:
     # Never called: mypy checks here that SqliteBackend implements every method of the Protocol.
     return backend
-
-
-def _outcomes_json(items: list[dict[str, Any]], action: str) -> str:
-    """The outcomes as the statement's JSON parameter; a value JSON cannot hold is the database
-    refusing the batch (BackendError: the completer finds the outcome and dead-letters it alone),
-    not an error that ends the worker's completer."""
-    try:
-        return json.dumps(items)
-    except (TypeError, ValueError) as exc:
-        raise BackendError(f"SQLite refused {action}: a value is not storable ({exc})") from None
 
 
 @contextmanager

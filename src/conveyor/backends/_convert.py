@@ -1,14 +1,17 @@
-"""Conversions at the SQLite edge: aware UTC datetimes to REAL unix seconds, UUIDs to text, rows
-to the seam's records. The MySQL engine stores times and ids the same way and shares them."""
+"""Conversions at the edge of the engines that store times as unix seconds and ids as UUID text (SQLite,
+MySQL): aware UTC datetimes to seconds, UUIDs to text, rows to the seam's records, and the pieces of their
+calls that are plain Python over those rows."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol, cast
 from uuid import UUID
 
-from conveyor.backends.base import AuditEntry, Delivery, JobRecord, JobState, Schedule
+from conveyor._errors import BackendError
+from conveyor.backends.base import AuditEntry, Delivery, JobRecord, JobState, LeaseRef, QueueStats, Schedule, Token
 
 
 class Row(Protocol):
@@ -149,3 +152,98 @@ def schedule(row: Row) -> Schedule:
         priority=row["priority"],
         last_run_at=from_db_time_or_none(row["last_run_at"]),
     )
+
+
+def token(row: Row) -> Token:
+    """A ``tokens`` row as a Token (``queues`` is stored as a JSON array, NULL for every queue)."""
+    return Token(
+        id=row["id"],
+        name=row["name"],
+        role=row["role"],
+        queues=None if row["queues"] is None else tuple(json.loads(row["queues"])),
+        secret_hash=row["secret_hash"],
+        created_at=from_db_time(row["created_at"]),
+        expires_at=from_db_time_or_none(row["expires_at"]),
+        revoked_at=from_db_time_or_none(row["revoked_at"]),
+    )
+
+
+def lease_end(now: datetime, visibility_timeout: float) -> float:
+    """``now + visibility_timeout`` as stored: added on exact microseconds (as PostgreSQL adds an
+    interval), so that a lease ends at the very time every engine says it does."""
+    try:
+        return to_db_time(now + timedelta(seconds=visibility_timeout))
+    except (ValueError, OverflowError) as exc:
+        raise BackendError(f"not a visibility timeout: {visibility_timeout!r} seconds") from exc
+
+
+def held(items: Sequence[LeaseRef], rows: Iterable[Row]) -> list[UUID]:
+    """The ids of ``items`` whose (id, receipt) is among ``rows`` (their first two columns, or ``id`` and
+    ``receipt``), in the caller's order, which RETURNING does not promise: matched by receipt too, so that
+    an item naming the same job with a stale receipt is not."""
+    found = {(row["id"], row["receipt"]) for row in rows}
+    return [item.id for item in items if (to_db_id(item.id), item.receipt) in found]
+
+
+def lease_refs(items: Sequence[LeaseRef]) -> str:
+    """Deliveries as the JSON array of ``{"id", "receipt"}`` objects the batch statements read."""
+    return json.dumps([{"id": to_db_id(item.id), "receipt": item.receipt} for item in items])
+
+
+def outcomes_json(items: list[dict[str, Any]], engine: str, action: str) -> str:
+    """The outcomes as a statement's JSON parameter; a value JSON cannot hold is the database refusing
+    the batch (BackendError: the completer finds the outcome and dead-letters it alone), not an error
+    that ends the worker's completer."""
+    try:
+        return json.dumps(items)
+    except (TypeError, ValueError) as exc:
+        raise BackendError(f"{engine} refused {action}: a value is not storable ({exc})") from None
+
+
+def once_each(replays: Iterable[tuple[UUID, UUID]]) -> list[tuple[UUID, UUID]]:
+    """A replay's (dead id, new id) pairs with each dead letter named once (the first pair wins): a dead
+    letter is replayed at most once, even if the caller names it twice."""
+    pairs: dict[UUID, UUID] = {}
+    for dead_id, new_id in replays:
+        pairs.setdefault(dead_id, new_id)
+    return list(pairs.items())
+
+
+def queue_stats(live: Iterable[Row], totals: Iterable[Row], dlq: Iterable[Row], now: float) -> list[QueueStats]:
+    """Counts per queue from the three stats statements (live rows, the counters' totals, the DLQ depth),
+    for every queue that has any, by queue name."""
+    counts: dict[str, dict[str, Any]] = {}
+
+    def entry(queue: str) -> dict[str, Any]:
+        return counts.setdefault(
+            queue,
+            {
+                "pending": 0,
+                "scheduled": 0,
+                "processing": 0,
+                "completed": 0,
+                "dead": 0,
+                "expired": 0,
+                "cancelled": 0,
+                "oldest_pending_age": None,
+                "dead_total": 0,
+                "enqueued": 0,
+            },
+        )
+
+    for row in live:
+        e = entry(row["queue"])
+        for name in ("pending", "scheduled", "processing"):
+            e[name] = int(row[name])
+        if row["oldest_ready_at"] is not None:
+            e["oldest_pending_age"] = max(0.0, now - row["oldest_ready_at"])
+    for row in totals:
+        e = entry(row["queue"])
+        for name in ("completed", "dead_total", "expired", "cancelled"):
+            e[name] = int(row[name])
+    for row in dlq:
+        entry(row["queue"])["dead"] = int(row["dead"])
+    for e in counts.values():
+        e["enqueued"] = sum(e[n] for n in ("pending", "scheduled", "processing", "completed", "dead_total"))
+        e["enqueued"] += e["expired"] + e["cancelled"]
+    return [QueueStats(queue=queue, **counts[queue]) for queue in sorted(counts)]
