@@ -7,6 +7,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from _factory import T0, acquire, at, complete, dead, insert, make_dead, new_job
+from tests.conftest import driver_connection
 
 from conveyor._ids import uuid7
 from conveyor.backends.base import (
@@ -137,5 +138,27 @@ def test_database_health_reports_what_the_engine_has(backend: Backend) -> None:
         # No other session of this test's database is in a transaction: 0 (the test's "now" is far
         # ahead of the wall clock, so an open one would show as decades old).
         assert health.oldest_transaction_age == 0
+    elif backend.engine == "mysql":  # InnoDB counts no dead rows per table
+        assert (health.oldest_transaction_age, health.jobs_dead_tuples) == (0, None)
     else:
         assert (health.oldest_transaction_age, health.jobs_dead_tuples) == (None, None)
+
+
+def test_database_health_sees_another_sessions_open_transaction(backend: Backend, database_url: str) -> None:
+    # An application's session left in a transaction that read the jobs table holds back the cleanup of
+    # every row deleted since (vacuum, InnoDB's purge): the long_transaction alert reads this age.
+    if backend.engine == "sqlite":
+        return  # one file, no server: nothing to report (see the test above)
+    insert(backend, new_job("q"))
+    with driver_connection(database_url) as conn:
+        if backend.engine == "postgres":
+            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            conn.execute("SELECT count(*) FROM jobs").fetchall()
+        else:
+            with conn.cursor() as cur:
+                cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT")
+                cur.execute("SELECT count(*) FROM jobs")
+                cur.fetchall()
+        health = backend.database_health(DatabaseHealthParams(now=T0 + timedelta(days=36500)))
+        conn.rollback()
+    assert health.oldest_transaction_age is not None and health.oldest_transaction_age > 3600

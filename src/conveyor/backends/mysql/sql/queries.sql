@@ -599,5 +599,14 @@ VALUES (%(rule)s, %(queue)s, %(state)s, %(since)s, %(value)s, %(threshold)s, %(m
 UPDATE alerts SET value = %(value)s, threshold = %(threshold)s, message = %(message)s, updated_at = %(now)s
 WHERE rule = %(rule)s AND queue = %(queue)s AND state = %(state)s
 
+-- name: database_health
+-- The oldest open transaction of another session on this database (InnoDB's purge cannot remove the rows
+-- deleted since it began; a reading transaction holds its snapshot too). information_schema.innodb_trx needs
+-- the PROCESS privilege: without it the caller reports nothing.
+SELECT coalesce(greatest(0, %(now)s - min(UNIX_TIMESTAMP(t.trx_started))), 0) AS oldest_transaction_age
+FROM information_schema.innodb_trx AS t
+JOIN information_schema.processlist AS p ON p.id = t.trx_mysql_thread_id
+WHERE p.db = DATABASE() AND t.trx_mysql_thread_id <> CONNECTION_ID()
+
 -- name: database_now
 SELECT UNIX_TIMESTAMP(NOW(6))
