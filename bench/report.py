@@ -137,6 +137,8 @@ def conveyor_alone(rows: list[dict[str, Any]], meta: dict[str, Any]) -> list[tup
         "drain_big_tables",
     )
     add("SQLite drain, 1 process × 10 slots", "sqlite_drain")
+    add("MySQL (MariaDB) drain, 1 process × 10 slots", "mysql_drain")
+    add("MySQL (MariaDB) batch enqueue", "mysql_batch")
     add("not default: drain with a fixed `--prefetch 20` (2 × concurrency, the old default)", "drain_prefetch20")
     add("not default: drain, worker sessions with synchronous_commit=off (PGOPTIONS)", "drain_async_commit")
     add("not default: drain with durable acks (`PostgresBackend(durable_acks=True)`)", "drain_durable_acks")

@@ -30,6 +30,15 @@ PEER_PACKAGES = ["pgqueuer", "procrastinate", "celery[redis]", "dramatiq[redis]"
 PEERS = ["pgqueuer", "procrastinate", "celery", "dramatiq", "rq"]
 POSTGRES_PEERS = {"pgqueuer", "procrastinate"}
 DEFAULT_PG = os.environ.get("CONVEYOR_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
+DEFAULT_MYSQL = os.environ.get("CONVEYOR_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/test")
+
+
+def _with_db(url: str, name: str) -> str:
+    """``url`` naming the database ``name`` instead."""
+    base, _, _ = url.rpartition("/")
+    return f"{base}/{name}"
+
+
 REDIS_DB = "redis://127.0.0.1:6379/13"
 BIG_DB = "bench_big_tables"
 
@@ -84,6 +93,21 @@ class Runner:
         self.created.append(name)
         return name
 
+    def mysql_admin(self, sql: str) -> None:
+        """One statement on the MySQL server of ``--mysql`` (PyMySQL: the ``mysql`` extra)."""
+        import pymysql
+
+        from conveyor.backends.mysql._url import connect_kwargs
+
+        with pymysql.connect(**connect_kwargs(self.args.mysql), autocommit=True) as conn:
+            conn.cursor().execute(sql)
+
+    def fresh_mysql_db(self) -> str:
+        """A new database on the MySQL server, in the collation Conveyor expects (see docs/decisions.md)."""
+        name = f"bench_{uuid.uuid4().hex[:10]}"
+        self.mysql_admin(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4 COLLATE utf8mb4_nopad_bin")
+        return name
+
     def drop_db(self, name: str) -> None:
         self.admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         if name in self.created:
@@ -107,9 +131,13 @@ class Runner:
         db_name = extra.pop("db_name", None)
         sqlite = options.get("sqlite", False)
         fresh = None
+        mysql_db = None
         if sqlite:
             path = self.work / f"{uuid.uuid4().hex[:8]}.db"
             db = f"sqlite:///{path}"
+        elif options.get("mysql"):
+            mysql_db = self.fresh_mysql_db()
+            db = _with_db(self.args.mysql, mysql_db)
         elif lib == "conveyor" or lib in POSTGRES_PEERS:
             fresh = db_name is None
             db_name = db_name or self.fresh_db()
@@ -124,9 +152,13 @@ class Runner:
         ]  # fmt: skip
         for key, value in extra.items():
             argv += [f"--{key.replace('_', '-')}", str(value)]
-        return self._call(
-            argv, label or workload, lib, fresh_db=db_name if fresh else None, sqlite_path=db, timeout=timeout
-        )
+        try:
+            return self._call(
+                argv, label or workload, lib, fresh_db=db_name if fresh else None, sqlite_path=db, timeout=timeout
+            )
+        finally:
+            if mysql_db:
+                self.mysql_admin(f"DROP DATABASE IF EXISTS `{mysql_db}`")
 
     def raw_sql(self, n: int, batch: int) -> dict[str, Any] | None:
         name = self.fresh_db()
@@ -288,6 +320,8 @@ def plan(r: Runner, libs: list[str], workloads: set[str]) -> None:
         if "conveyor" in workloads:
             print(f"(5) Conveyor alone{suffix}")
             r.run("conveyor", "drain", s.drain, label="sqlite_drain", options={"sqlite": True})
+            r.run("conveyor", "drain", s.drain, label="mysql_drain", options={"mysql": True})
+            r.run("conveyor", "batch", s.batch, label="mysql_batch", options={"mysql": True})
             if not r.args.smoke:
                 r.run("conveyor", "drain", s.drain, label="drain_2proc", options={"processes": 2})
                 r.run("conveyor", "drain", s.drain, label="drain_sync_def", options={"sync": True})
@@ -372,6 +406,9 @@ def main() -> None:
         help="comma list of: batch,single,drain,latency,conveyor,raw,scale,rss",
     )
     parser.add_argument("--pg", default=DEFAULT_PG, help="admin URL of the PostgreSQL server (databases are made here)")
+    parser.add_argument(
+        "--mysql", default=DEFAULT_MYSQL, help="admin URL of the MySQL/MariaDB server (databases are made here)"
+    )
     parser.add_argument("--repeats", type=int, default=None, help="run the peer workloads this many times")
     parser.add_argument("--out", type=Path, default=None, help="JSON-lines file (default bench/results/<stamp>.jsonl)")
     parser.add_argument("--no-install", action="store_true", help="never touch the network; peers must be installed")

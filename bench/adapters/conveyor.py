@@ -25,7 +25,7 @@ class Adapter:
         self.prefetch = int(options.get("prefetch", 0))
         # --pin for one figure (options) or, for an A/B, every worker of a variant ($BENCH_PIN=1).
         self.pin = bool(options.get("pin")) or os.environ.get("BENCH_PIN") == "1"
-        if db.startswith("postgres"):
+        if not db.startswith("sqlite"):  # the embedded default migrates on first use; a server does not
             self.app.backend.migrate()
 
     def version(self) -> str:

@@ -101,7 +101,7 @@ class App:
     ``database_url`` defaults to ``$CONVEYOR_DATABASE_URL``, else the embedded SQLite file
     ``sqlite:///conveyor.db``; ``backend`` (a backend of your own making, with its options) is used
     instead, and the App's database is then that backend's. The schema is migrated on first use of
-    the embedded default (SQLite); PostgreSQL schemas are migrated by ``conveyor migrate`` (or
+    the embedded default (SQLite); a server's schema (PostgreSQL, MySQL) is migrated by ``conveyor migrate`` (or
     ``migrate=True``)."""
 
     def __init__(

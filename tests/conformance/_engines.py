@@ -145,7 +145,7 @@ def open_engines(directory: str, server_url: str, mysql_server_url: str) -> Iter
 
 def _mysql(url: str) -> Any:
     """An autocommit PyMySQL connection to ``url``."""
-    return pymysql.connect(**connect_kwargs(url), autocommit=True)  # type: ignore[arg-type]
+    return pymysql.connect(**connect_kwargs(url), autocommit=True)
 
 
 # --------------------------------------------------------------------------------------------

@@ -45,7 +45,7 @@ MIGRATING_MODULES = {
 
 def _mysql(url: str) -> Any:
     """An autocommit PyMySQL connection to ``url``."""
-    return pymysql.connect(**connect_kwargs(url), autocommit=True)  # type: ignore[arg-type]
+    return pymysql.connect(**connect_kwargs(url), autocommit=True)
 
 
 def _shipped() -> dict[tuple[str, str], str]:

@@ -24,7 +24,7 @@ def _own_connection(backend: Backend, database_url: str) -> Iterator[Any]:
         with closing(sqlite3.connect(database_url.removeprefix("sqlite:///"))) as conn:
             yield conn
     elif backend.engine == "mysql":
-        with closing(pymysql.connect(**connect_kwargs(database_url))) as conn:  # type: ignore[arg-type]
+        with closing(pymysql.connect(**connect_kwargs(database_url))) as conn:
             yield conn
     else:
         with psycopg.connect(database_url) as conn:

@@ -53,8 +53,8 @@ def shared(app: App) -> App:
     database dies with the command, and what it sent or ran with it (or saw in it) would be lost."""
     if app.in_memory:
         fail(
-            f"{app.database_url} is a private in-memory database, which lives and dies with one process: no "
-            "other command, worker or service could reach it; give a file (sqlite:///conveyor.db) or a PostgreSQL URL"
+            f"{app.database_url} is a private in-memory database, which lives and dies with one process: no other "
+            "command, worker or service could reach it; give a file (sqlite:///conveyor.db), a PostgreSQL or MySQL URL"
         )
     return app
 

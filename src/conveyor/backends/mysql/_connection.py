@@ -29,6 +29,7 @@ from conveyor._errors import (
     first_line,
 )
 from conveyor.backends._sql import load_migrations, pending
+from conveyor.backends.mysql._url import ConnectArgs
 
 _T = TypeVar("_T")
 
@@ -117,7 +118,7 @@ def _reusable(exc: BaseException) -> bool:
 class Pool:
     """Connections to one database, shared by threads: each transaction borrows one and gives it back."""
 
-    def __init__(self, kwargs: dict[str, object], max_idle: int = 8) -> None:
+    def __init__(self, kwargs: ConnectArgs, max_idle: int = 8) -> None:
         self._kwargs = kwargs
         self._max_idle = max_idle
         self._idle: list[Connection] = []
@@ -127,13 +128,10 @@ class Pool:
 
     def open(self) -> Connection:
         """A new connection with Conveyor's session settings (autocommit off)."""
+        kwargs = ConnectArgs(**self._kwargs)
+        kwargs.setdefault("connect_timeout", CONNECT_TIMEOUT_S)
         conn: Connection = pymysql.connect(
-            **self._kwargs,
-            charset="utf8mb4",
-            autocommit=False,
-            client_flag=CLIENT.FOUND_ROWS,
-            connect_timeout=int(self._kwargs.get("connect_timeout", CONNECT_TIMEOUT_S)),  # type: ignore[call-overload]
-            cursorclass=Cursor,
+            **kwargs, charset="utf8mb4", autocommit=False, client_flag=CLIENT.FOUND_ROWS, cursorclass=Cursor
         )
         try:
             with conn.cursor(Cursor) as cur:

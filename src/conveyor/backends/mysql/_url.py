@@ -7,6 +7,7 @@ another database than the URL seems to name (a silently dropped option, a trunca
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TypedDict
 from urllib.parse import SplitResult, parse_qsl, unquote, urlsplit
 
 from conveyor._errors import ConfigurationError, printable
@@ -23,10 +24,21 @@ def _seconds(value: str) -> int:
 
 
 #: The query options a URL may carry, each named as the PyMySQL argument it becomes, with its reader.
-_OPTIONS: dict[str, Callable[[str], object]] = {"connect_timeout": _seconds}
+_OPTIONS: dict[str, Callable[[str], int]] = {"connect_timeout": _seconds}
 
 
-def connect_kwargs(url: str) -> dict[str, object]:
+class ConnectArgs(TypedDict, total=False):
+    """PyMySQL's ``connect`` arguments a URL gives."""
+
+    host: str
+    port: int
+    user: str
+    password: str
+    database: str
+    connect_timeout: int
+
+
+def connect_kwargs(url: str) -> ConnectArgs:
     """PyMySQL's ``connect`` arguments (host, port, user, password, database) for
     ``mysql://[user[:password]@]host[:port]/database[?connect_timeout=N]``.
 
@@ -36,7 +48,7 @@ def connect_kwargs(url: str) -> dict[str, object]:
     if not isinstance(url, str):
         raise ConfigurationError(f"a database URL must be a string, got {type(url).__name__}")
     parts = _split(url)
-    kwargs: dict[str, object] = {
+    kwargs: ConnectArgs = {
         "host": _host(parts, url),
         "port": _port(parts, url),
         "password": _decoded(parts.password or "", "password", url),
@@ -47,7 +59,9 @@ def connect_kwargs(url: str) -> dict[str, object]:
         kwargs["user"] = user
     elif parts.password is not None:
         raise _malformed(url, "it has a password but no user")
-    kwargs.update(_options(parts, url))
+    timeout = _options(parts, url).get("connect_timeout")
+    if timeout is not None:
+        kwargs["connect_timeout"] = timeout
     return kwargs
 
 
@@ -115,12 +129,12 @@ def _decoded(text: str, what: str, url: str) -> str:
     return value
 
 
-def _options(parts: SplitResult, url: str) -> dict[str, object]:
+def _options(parts: SplitResult, url: str) -> dict[str, int]:
     try:
         pairs = parse_qsl(parts.query, keep_blank_values=True, strict_parsing=True) if parts.query else []
     except ValueError:
         raise _malformed(url, "its query string is not name=value pairs joined by '&'") from None
-    options: dict[str, object] = {}
+    options: dict[str, int] = {}
     for name, value in pairs:
         if name not in _OPTIONS:
             raise _malformed(url, f"unknown option {printable(name)!r} (known: {', '.join(sorted(_OPTIONS))})")
