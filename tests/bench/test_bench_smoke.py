@@ -20,6 +20,8 @@ EXPECTED = {
     "drain",
     "latency",
     "sqlite_drain",
+    "mysql_drain",
+    "mysql_batch",
     "drain_next_to_raw",
     "raw_sql_b10",
     "drain_big_tables",
@@ -49,7 +51,17 @@ def test_bench_smoke_writes_every_figure(tmp_path: Path, postgres_server_url: st
     assert set(figures) == EXPECTED, sorted(figures)
     failed = {name: r.get("error") for name, r in figures.items() if not r.get("ok")}
     assert not failed, failed
-    for name in ("batch", "single", "drain", "sqlite_drain", "raw_sql_b10", "drain_big_tables", "rss"):
+    for name in (
+        "batch",
+        "single",
+        "drain",
+        "sqlite_drain",
+        "mysql_drain",
+        "mysql_batch",
+        "raw_sql_b10",
+        "drain_big_tables",
+        "rss",
+    ):
         assert figures[name]["rate"] > 0, name
     assert figures["drain"]["done"] == figures["drain"]["n"]
     assert 0 < figures["latency"]["p50_ms"] <= figures["latency"]["p99_ms"]
