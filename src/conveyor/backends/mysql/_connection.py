@@ -43,6 +43,10 @@ else:
 CONNECT_TIMEOUT_S = 10
 #: How long a statement waits for a row another transaction holds (InnoDB's default is 50 s).
 LOCK_WAIT_TIMEOUT_S = 30
+#: A connection idle this long is pinged before it is used: the server closes idle sessions
+#: (``wait_timeout``, 8 h by default; a restart, a failover, a proxy's own timeout), and a call must not
+#: fail because the pool kept a connection that is gone.
+IDLE_CHECK_S = 30.0
 #: How often a transaction InnoDB chose as a deadlock's victim is run again before the caller hears of it.
 DEADLOCK_RETRIES = 5
 
@@ -101,6 +105,16 @@ def translated(action: str) -> Iterator[None]:
         raise UnstorableText(f"MySQL ({action})", exc) from None
 
 
+def _answers(conn: Connection) -> bool:
+    """Whether the server still answers on ``conn`` (a ping, no reconnect: a new session would lack the
+    session settings)."""
+    try:
+        conn.ping(reconnect=False)
+    except Exception:
+        return False
+    return True
+
+
 def _reusable(exc: BaseException) -> bool:
     """Whether a connection whose transaction failed with ``exc`` can be rolled back and used again: the
     server refused a statement (or a value could not be encoded before it was sent). After a lost
@@ -121,7 +135,8 @@ class Pool:
     def __init__(self, kwargs: ConnectArgs, max_idle: int = 8) -> None:
         self._kwargs = kwargs
         self._max_idle = max_idle
-        self._idle: list[Connection] = []
+        # Idle connections with the time each was given back (monotonic seconds).
+        self._idle: list[tuple[Connection, float]] = []
         self._lock = threading.Lock()
         self._closed = False
         self.flavour: str | None = None
@@ -151,15 +166,20 @@ class Pool:
         with self._lock:
             if self._closed:
                 raise BackendError(f"the MySQL backend is closed ({action})")
-            if self._idle:
-                return self._idle.pop()
+            idle = self._idle.pop() if self._idle else None
+        if idle is not None:
+            conn, since = idle
+            if time.monotonic() - since < IDLE_CHECK_S or _answers(conn):
+                return conn
+            with suppress(Exception):
+                conn.close()
         with translated(action):
             return self.open()
 
     def _give_back(self, conn: Connection) -> None:
         with self._lock:
             if not self._closed and len(self._idle) < self._max_idle and conn.open:
-                self._idle.append(conn)
+                self._idle.append((conn, time.monotonic()))
                 return
         with suppress(Exception):
             conn.close()
@@ -215,7 +235,7 @@ class Pool:
         with self._lock:
             self._closed = True
             idle, self._idle = self._idle, []
-        for conn in idle:
+        for conn, _ in idle:
             with suppress(Exception):
                 conn.close()
 
