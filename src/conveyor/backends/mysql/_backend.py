@@ -193,7 +193,7 @@ class MysqlBackend:
 
         def acquire(cur: Cursor) -> tuple[list[dict[str, Any]], tuple[int, int, datetime | None] | None]:
             # In the acquire's transaction, so it sees them; one index probe when nothing is due.
-            moved = cur.execute(self._q["jobs_promote"], {"queue": params.queue, "now": now})
+            moved = self._promote(cur, params.queue, now)
             cur.execute(self._q["jobs_acquire_pick"], {"queue": params.queue, "now": now, "limit": params.limit})
             picked = list(cur.fetchall())
             if picked:
@@ -217,6 +217,14 @@ class MysqlBackend:
         if seen is not None:
             self._promotions.promoted(params.queue, params.now, seen)
         return [cv.delivery(row) for row in picked]
+
+    def _promote(self, cur: Cursor, queue: str, now: float) -> int:
+        """Make the queue's due scheduled jobs pending (at most 1,000); return how many."""
+        cur.execute(self._q["jobs_promote_pick"], {"queue": queue, "now": now})
+        due = [row["id"] for row in cur.fetchall()]
+        if due:
+            cur.execute(self._q["jobs_promote"], {"ids": json.dumps(due)})
+        return len(due)
 
     def _held_leases(self, cur: Cursor, items: Sequence[base.LeaseRef], wait: bool) -> list[dict[str, Any]]:
         """The rows of ``items`` still leased by their delivery (same receipt, processing), locked."""

@@ -59,13 +59,22 @@ SELECT task, payload FROM jobs WHERE id = %(id)s
 UNION ALL
 SELECT task, payload FROM archive WHERE id = %(id)s
 
--- name: jobs_promote
--- Run by jobs_acquire first, in its transaction: the queue's scheduled jobs that are due become
--- pending, at most 1,000 per acquire, the earliest first (as on the other engines).
-UPDATE jobs SET state = 'pending'
+-- name: jobs_promote_pick
+-- Run by jobs_acquire first, in its transaction: the queue's scheduled jobs that are due, at most 1,000
+-- per acquire, the earliest first (as on the other engines), read in jobs_scheduled's order and locked.
+-- One probe when nothing is due. (An UPDATE ... ORDER BY ... LIMIT sorted every due row first: a
+-- backlog of a million retries that came due during an outage was read whole by every acquire.)
+SELECT id FROM jobs FORCE INDEX (jobs_scheduled)
 WHERE queue = %(queue)s AND state = 'scheduled' AND run_at <= %(now)s
 ORDER BY run_at
 LIMIT 1000
+FOR UPDATE
+
+-- name: jobs_promote
+-- The picked jobs become pending, so that the acquire that follows sees them.
+UPDATE jobs AS j
+JOIN JSON_TABLE(%(ids)s, '$[*]' COLUMNS (id CHAR(36) CHARACTER SET ascii PATH '$')) AS p ON j.id = p.id
+SET j.state = 'pending'
 
 -- name: jobs_next_scheduled
 SELECT run_at FROM jobs WHERE queue = %(queue)s AND state = 'scheduled' ORDER BY run_at LIMIT 1
@@ -75,11 +84,13 @@ SELECT run_at FROM jobs WHERE queue = %(queue)s AND state = 'scheduled' ORDER BY
 -- worker holds. Per-key FIFO: a keyed job is eligible only as the head of its key (no live row of
 -- the key with a smaller id) and while no job of its key is in flight; the subqueries are plain
 -- reads (a locked head is still seen, so its successors stay back). The caller then leases exactly
--- the rows picked.
+-- the rows picked. The indexes are named: with a queue of unkeyed jobs the optimizer's statistics
+-- made each probe a scan of the queue (jobs_scheduled for the head test, every processing row for
+-- the in-flight test), and a filesort under FOR UPDATE would lock every row it read.
 SELECT j.id, j.queue, j.task, j.payload, j.headers, j.priority, j.run_at, j.enqueued_at, j.expires_at,
        j.attempts, j.deliveries, j.max_attempts, j.max_deliveries, j.idempotency_key, j.ordering_key,
        j.rescues
-FROM jobs AS j
+FROM jobs AS j FORCE INDEX (jobs_ready)
 WHERE j.queue = %(queue)s
   AND j.state = 'pending'
   AND j.run_at <= %(now)s
@@ -87,11 +98,11 @@ WHERE j.queue = %(queue)s
       j.ordering_key IS NULL
       OR (
           NOT EXISTS (
-              SELECT 1 FROM jobs AS k
+              SELECT 1 FROM jobs AS k FORCE INDEX (jobs_ordering)
               WHERE k.queue = j.queue AND k.ordering_key = j.ordering_key AND k.id < j.id
           )
           AND NOT EXISTS (
-              SELECT 1 FROM jobs AS f
+              SELECT 1 FROM jobs AS f FORCE INDEX (jobs_ordering_in_flight)
               WHERE f.queue = j.queue AND f.ordering_key = j.ordering_key AND f.state = 'processing'
           )
       )
