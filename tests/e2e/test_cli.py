@@ -146,7 +146,11 @@ def test_unmigrated_postgres_is_one_line(postgres_database: str) -> None:
 
 
 def test_bad_database_url_is_one_line(tmp_path: Path) -> None:
-    assert_one_line_error(conveyor("mysql://nobody@localhost/x", "stats"), "mysql")
+    assert_one_line_error(conveyor("oracle://nobody@localhost/x", "stats"), "unsupported database URL scheme 'oracle'")
+    # MySQL refusing the login: its message, no traceback, no password.
+    refused = conveyor("mysql://nobody:s3cret@127.0.0.1:3306/x", "stats")
+    assert_one_line_error(refused, "MySQL unavailable", "Access denied for user 'nobody'")
+    assert "s3cret" not in refused.err
     assert_one_line_error(conveyor("not a url", "stats"), "not a database URL")
     # Before: a new, empty database in a file named 'x.db?mode=ro'.
     assert_one_line_error(

@@ -62,6 +62,10 @@ _SESSION = (
 _DEADLOCK = 1213
 _LOCK_WAIT = 1205
 _GONE = {1040, 1053, 1927, 2002, 2003, 2006, 2013, 2055, 1290, 1836}
+# Refused at login (a wrong password or user, an unknown database): as on PostgreSQL, where the same
+# failures are a connection that cannot be made, waited out by workers (a password being rotated, a
+# database being restored) and one line from the CLI.
+_LOGIN = {1044, 1045, 1049, 1698}
 _DENIED = {1044, 1142, 1143, 1227, 1370}
 _DUPLICATE = 1062
 
@@ -80,7 +84,12 @@ def translate(exc: BaseException, action: str) -> BackendError:
     """Map a PyMySQL error to Conveyor's exception tree (raise the result ``from exc``)."""
     code = _code(exc)
     line = first_line(exc)
-    if code in (_DEADLOCK, _LOCK_WAIT) or code in _GONE or isinstance(exc, pymysql.err.InterfaceError):
+    if (
+        code in (_DEADLOCK, _LOCK_WAIT)
+        or code in _GONE
+        or code in _LOGIN
+        or isinstance(exc, pymysql.err.InterfaceError)
+    ):
         return BackendUnavailable(f"MySQL unavailable ({action}): {line}")
     if code in _DENIED:
         return BackendRefused(f"MySQL refused a privilege ({action}): {line} (a GRANT missing or revoked)")
