@@ -186,16 +186,18 @@ class DatabaseCollector(Collector):
             firing.add_metric([a.rule, a.queue or ""], 1.0 if a.state == "firing" else 0.0)
         yield from (depth, oldest, dlq, enqueued, totals, workers, firing)
         health = admin.database_health()
-        # SQLite has neither signal: the families are left out rather than reported as 0.
-        if health.oldest_transaction_age is not None or health.jobs_dead_tuples is not None:
+        # Each family only where the engine has the signal (SQLite has neither, MySQL no dead tuples): left
+        # out rather than reported as 0.
+        if health.oldest_transaction_age is not None:
             xact = GaugeMetricFamily(
                 "conveyor_db_oldest_transaction_age_seconds",
-                "Age of the oldest open transaction on the server (it holds back vacuum).",
+                "Age of the oldest open transaction on the server (it holds back vacuum or purge).",
             )
-            xact.add_metric([], health.oldest_transaction_age or 0.0)
-            dead = GaugeMetricFamily("conveyor_db_jobs_dead_tuples", "Dead tuples in the jobs table.")
-            dead.add_metric([], float(health.jobs_dead_tuples or 0))
+            xact.add_metric([], health.oldest_transaction_age)
             yield xact
+        if health.jobs_dead_tuples is not None:
+            dead = GaugeMetricFamily("conveyor_db_jobs_dead_tuples", "Dead tuples in the jobs table.")
+            dead.add_metric([], float(health.jobs_dead_tuples))
             yield dead
 
 

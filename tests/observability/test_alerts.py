@@ -12,6 +12,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from tests.conftest import driver_connection
 
 from conveyor import App, ConfigurationError
 from conveyor._alerting import AlertLoop, Webhooks
@@ -163,16 +164,20 @@ def test_no_worker_on_a_queue_with_ready_jobs_until_one_starts(app: App, receive
 def test_long_transaction_fires_while_one_is_open(app: App, receiver: Receiver, database_url: str) -> None:
     loop = Loop(app, AlertRules({"long_transaction": 0.2}), receiver.url)
     try:
-        if not database_url.startswith("postgresql"):
+        if database_url.startswith("sqlite"):
             # SQLite has no transactions that hold back cleanup: the rule never applies.
             loop.round()
             assert _current(app, "long_transaction", None) is None
             return
-        with psycopg.connect(database_url) as conn:
-            # A report's (or pg_dump's) snapshot, left open: what holds vacuum back.
-            conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
-            conn.execute("SELECT 1")
-            threading.Event().wait(0.5)
+        with driver_connection(database_url) as conn:
+            # A report's (or pg_dump's) snapshot, left open: what holds vacuum (InnoDB's purge) back.
+            if database_url.startswith("mysql"):
+                conn.cursor().execute("START TRANSACTION WITH CONSISTENT SNAPSHOT")
+            else:
+                conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+                conn.execute("SELECT 1")
+            # MySQL knows when a transaction began to the second only, and reports an age it is surely past.
+            threading.Event().wait(1.5 if database_url.startswith("mysql") else 0.5)
             loop.round()
             assert (None, "firing") in _states(receiver, "long_transaction")
             conn.rollback()

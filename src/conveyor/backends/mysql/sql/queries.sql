@@ -613,8 +613,10 @@ WHERE rule = %(rule)s AND queue = %(queue)s AND state = %(state)s
 -- name: database_health
 -- The oldest open transaction of another session on this database (InnoDB's purge cannot remove the rows
 -- deleted since it began; a reading transaction holds its snapshot too). information_schema.innodb_trx needs
--- the PROCESS privilege: without it the caller reports nothing.
-SELECT coalesce(greatest(0, %(now)s - min(UNIX_TIMESTAMP(t.trx_started))), 0) AS oldest_transaction_age
+-- the PROCESS privilege: without it the caller reports nothing. trx_started has whole seconds only: a
+-- second less is a bound the age is surely past (a transaction a moment old, begun in the last second,
+-- read as up to a second old, fired an alert of a fraction of a second).
+SELECT coalesce(greatest(0, %(now)s - min(UNIX_TIMESTAMP(t.trx_started)) - 1), 0) AS oldest_transaction_age
 FROM information_schema.innodb_trx AS t
 JOIN information_schema.processlist AS p ON p.id = t.trx_mysql_thread_id
 WHERE p.db = DATABASE() AND t.trx_mysql_thread_id <> CONNECTION_ID()
