@@ -271,10 +271,14 @@ def test_passwords_never_appear_and_a_malformed_url_fails_fast() -> None:
     refused = conveyor(f"postgresql://bob:{SECRET}@127.0.0.1:{_closed_port()}/db", "stats", timeout=60)
     assert_one_line_error(refused, "PostgreSQL unreachable", "refused")
     assert SECRET not in refused.out + refused.err
+    refused = conveyor(f"mysql://bob:{SECRET}@127.0.0.1:{_closed_port()}/db", "stats", timeout=60)
+    assert_one_line_error(refused, "MySQL unavailable", "Can't connect")
+    assert SECRET not in refused.out + refused.err
     for url in (
         f"postgresql://bob:{SECRET}@[::1/db",
         f"postgresql://bob:{SECRET}@localhost:notaport/db",
-        f"mysql://bob:{SECRET}@localhost/db",
+        f"oracle://bob:{SECRET}@localhost/db",
+        f"mysql://bob:{SECRET}@localhost:notaport/db",
     ):
         started = time.monotonic()
         run = conveyor(url, "stats")
