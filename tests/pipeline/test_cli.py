@@ -77,7 +77,7 @@ def test_export_command_over_jdbc(spark: SparkSession, postgres_database: str, t
 
 def test_bad_input_is_one_line_without_spark(tmp_path: Path) -> None:
     assert_one_line_error(*run("report", "--input", str(tmp_path / "nope"), "--out", str(tmp_path)), "does not exist")
-    assert_one_line_error(*run("export", "--db", "mysql://x/y", "--out", str(tmp_path / "o")), "unsupported database")
+    assert_one_line_error(*run("export", "--db", "oracle://x/y", "--out", str(tmp_path / "o")), "unsupported database")
     assert_one_line_error(
         *run("reconcile", "--business", str(tmp_path / "none.csv"), "--key-column", "k", "--status-column", "s"),
         "no such file",
@@ -172,7 +172,7 @@ def test_database_errors_are_one_line_and_never_show_the_password(
         f"postgresql://app:{PASSWORD}@127.0.0.1:1/db": "cannot connect to the database",
         f"postgres://app:{PASSWORD}@127.0.0.1:notaport/db": "cannot connect to the database",
         f"postgresql://app:{PASSWORD}@[::1/db": "malformed database URL",
-        f"mysql://app:{PASSWORD}@127.0.0.1/db": "unsupported database URL scheme",
+        f"oracle://app:{PASSWORD}@127.0.0.1/db": "unsupported database URL scheme",
         f"app:{PASSWORD}@127.0.0.1/db": "not a database URL",
     }
     for url, message in cases.items():
@@ -180,6 +180,15 @@ def test_database_errors_are_one_line_and_never_show_the_password(
             code, output = run("export", "--db", url, "--out", out, "--via", via)
             assert_one_line_error(code, output, message)
             assert PASSWORD not in output
+    # MySQL through the seam (JDBC reads PostgreSQL only): a refused login, a dead port, a malformed URL.
+    for url, message in {
+        f"mysql://app:{PASSWORD}@127.0.0.1/db": "cannot connect to the database",
+        f"mysql://app:{PASSWORD}@127.0.0.1:1/db": "cannot connect to the database",
+        f"mysql://app:{PASSWORD}@127.0.0.1:notaport/db": "malformed database URL",
+    }.items():
+        code, output = run("export", "--db", url, "--out", out)
+        assert_one_line_error(code, output, message)
+        assert PASSWORD not in output
     assert PASSWORD not in caplog.text
     assert not (tmp_path / "x").exists()  # nothing was written for a database that cannot be read
 

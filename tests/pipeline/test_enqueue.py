@@ -301,7 +301,8 @@ def test_the_target_is_checked_before_spark_starts(tmp_path: Path) -> None:
     cases = [
         ("postgresql://app:pw-Secr3t@127.0.0.1:1/db", [], "cannot connect to the database"),
         ("postgresql://app:pw-Secr3t@[::1/db", [], "malformed database URL"),
-        ("mysql://app:pw-Secr3t@127.0.0.1/db", [], "unsupported database URL scheme"),
+        ("oracle://app:pw-Secr3t@127.0.0.1/db", [], "unsupported database URL scheme"),
+        ("mysql://app:pw-Secr3t@127.0.0.1/db", [], "cannot connect to the database"),
         ("memory://", [], "cannot be reached from Spark executors"),
         (sqlite, ["--queue", ""], "--queue"),
         (sqlite, ["--task", "bad\x00name"], "--task"),

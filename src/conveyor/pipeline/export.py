@@ -261,8 +261,8 @@ _FUTURE_SHOWN = 1000
 
 
 def check_database(database_url: str) -> None:
-    """Fail fast, in one line and without the password, on a PostgreSQL URL that is malformed or
-    names a server that cannot be reached (one connection attempt, 5 s at most), before a
+    """Fail fast, in one line and without the password, on a PostgreSQL or MySQL URL that is malformed
+    or names a server that cannot be reached (one connection attempt, 5 s at most), before a
     connection pool would retry it and log each failure. Other engines are checked on open."""
     import psycopg
     import psycopg.conninfo
@@ -270,6 +270,9 @@ def check_database(database_url: str) -> None:
     from conveyor.pipeline._secrets import redact
 
     scheme, sep, rest = database_url.partition("://")
+    if sep and scheme == "mysql":
+        _check_mysql(database_url)
+        return
     if not sep or scheme not in ("postgresql", "postgres"):
         return
     url = "postgresql://" + rest
@@ -281,6 +284,28 @@ def check_database(database_url: str) -> None:
         with psycopg.connect(url, connect_timeout=5, autocommit=True):
             pass
     except psycopg.Error as exc:
+        raise PipelineError(redact(f"cannot connect to the database: {first_line(exc)}", database_url)) from None
+
+
+def _check_mysql(database_url: str) -> None:
+    """:func:`check_database` for a ``mysql://`` URL."""
+    from conveyor._errors import ConfigurationError
+    from conveyor.pipeline._secrets import redact
+
+    try:
+        import pymysql
+
+        from conveyor.backends.mysql._url import connect_kwargs
+    except ImportError as exc:
+        raise PipelineError(f"a mysql:// URL needs the PyMySQL driver ({exc}): pip install 'conveyor[mysql]'") from None
+    try:
+        kwargs = connect_kwargs(database_url)
+    except ConfigurationError as exc:
+        raise PipelineError(redact(f"malformed database URL: {first_line(exc)}", database_url)) from None
+    kwargs["connect_timeout"] = min(kwargs.get("connect_timeout", 5), 5)
+    try:
+        pymysql.connect(**kwargs).close()
+    except pymysql.Error as exc:
         raise PipelineError(redact(f"cannot connect to the database: {first_line(exc)}", database_url)) from None
 
 
