@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -33,7 +34,45 @@ from conveyor.backends.mysql._url import ConnectArgs
 
 _T = TypeVar("_T")
 
-Cursor = pymysql.cursors.DictCursor
+_TOO_LARGE = 1153  # ER_NET_PACKET_TOO_LARGE
+
+#: The server's ``max_allowed_packet`` as each connection read it (a caller's own connection: on first use).
+_PACKET_LIMITS: weakref.WeakKeyDictionary[pymysql.connections.Connection[Any], int] = weakref.WeakKeyDictionary()
+
+
+class Cursor(pymysql.cursors.DictCursor):
+    """Rows as dicts; a statement longer than the server's ``max_allowed_packet`` is refused before it is
+    sent. The server would read part of it and close the connection, which looks like a server that went
+    away (BackendUnavailable), and the same statement would be retried, forever: a worker's batch of
+    large outcomes, never written. Refused here, it is the statement that fails (error 1153, as the
+    server names it; BackendError), and a batch is split until its parts fit."""
+
+    def execute(self, query: str, args: Any = None) -> int:
+        if args is not None:
+            query = self.mogrify(query, args)
+        limit = _packet_limit(self.connection)
+        # The statement goes as one command byte and the text; a character is at most 4 bytes of UTF-8.
+        if 1 + 4 * len(query) > limit:
+            size = 1 + len(query.encode("utf-8", "surrogateescape") if isinstance(query, str) else query)
+            if size > limit:
+                raise pymysql.err.OperationalError(
+                    _TOO_LARGE,
+                    f"a statement of {size} bytes is over the server's max_allowed_packet ({limit} bytes): "
+                    "a value is too large for this server",
+                )
+        return super().execute(query)
+
+
+def _packet_limit(conn: pymysql.connections.Connection[Any]) -> int:
+    limit = _PACKET_LIMITS.get(conn)
+    if limit is None:
+        with conn.cursor(pymysql.cursors.Cursor) as cur:
+            cur.execute("SELECT @@max_allowed_packet")
+            row = cur.fetchone()
+        limit = _PACKET_LIMITS[conn] = int(row[0]) if row else 1 << 30  # the protocol's own maximum
+    return limit
+
+
 if TYPE_CHECKING:
     Connection = pymysql.connections.Connection[Cursor]
 else:
