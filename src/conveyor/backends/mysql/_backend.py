@@ -117,14 +117,22 @@ class MysqlBackend:
     def _insert_rows(self, cur: Cursor, jobs: Sequence[base.NewJob], at: datetime) -> list[UUID]:
         now = cv.to_db_time(at)
         resent = self._archived(cur, [job.id for job in jobs if not job.fresh])
+        # Keys are claimed in one order, by (queue, key), whatever the order of the jobs: producers sending
+        # the same keys in other orders would each hold a key another waits for, and InnoDB would end
+        # the deadlock by rolling a batch back, again and again past DEADLOCK_RETRIES. A stable sort, so
+        # that of two jobs with one key in a batch the first still takes it.
+        keyed = sorted(
+            (i for i, job in enumerate(jobs) if job.idempotency_key is not None),
+            key=lambda i: (jobs[i].queue, jobs[i].idempotency_key),
+        )
+        holders = {i: self._claim_key(cur, jobs[i], now) for i in keyed}
         ids: list[UUID] = []
         rows: list[dict[str, Any]] = []
-        for job in jobs:
-            if job.idempotency_key is not None:
-                holder = self._claim_key(cur, job, now)
-                if holder is not None:
-                    ids.append(holder)
-                    continue
+        for i, job in enumerate(jobs):
+            holder = holders.get(i)
+            if holder is not None:
+                ids.append(holder)
+                continue
             ids.append(job.id)
             if job.id in resent:
                 continue
