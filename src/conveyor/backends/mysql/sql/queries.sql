@@ -6,7 +6,10 @@
 -- caller needs the rows an update changed, it first locks and reads them (SELECT ... FOR UPDATE) in
 -- the same transaction, then updates exactly those. Every transaction runs at READ COMMITTED: a
 -- locking read sees the latest committed row, and InnoDB takes no gap locks that would make two
--- producers' inserts wait for each other.
+-- producers' inserts wait for each other. A JSON_TABLE text column holding names, keys, results or
+-- errors says CHARACTER SET utf8mb4: undeclared, it takes the database's default character set, which
+-- in an application's own database may be latin1 or utf8mb3, and an emoji then became '?' without an
+-- error (the tables are utf8mb4 whatever the database's default).
 
 -- name: migrations_table
 CREATE TABLE IF NOT EXISTS schema_migrations (
@@ -199,11 +202,11 @@ JOIN JSON_TABLE(%(items)s, '$[*]' COLUMNS (
     id            CHAR(36) CHARACTER SET ascii PATH '$.id',
     receipt       VARCHAR(64) PATH '$.receipt',
     state         VARCHAR(12) PATH '$.state',
-    result        LONGTEXT PATH '$.result',
-    reason        LONGTEXT PATH '$.reason',
-    error_type    LONGTEXT PATH '$.error_type',
-    error_message LONGTEXT PATH '$.error_message',
-    traceback     LONGTEXT PATH '$.traceback',
+    result        LONGTEXT CHARACTER SET utf8mb4 PATH '$.result',
+    reason        LONGTEXT CHARACTER SET utf8mb4 PATH '$.reason',
+    error_type    LONGTEXT CHARACTER SET utf8mb4 PATH '$.error_type',
+    error_message LONGTEXT CHARACTER SET utf8mb4 PATH '$.error_message',
+    traceback     LONGTEXT CHARACTER SET utf8mb4 PATH '$.traceback',
     ran           INT PATH '$.ran',
     counted       INT PATH '$.counted'
 )) AS f ON j.id = f.id AND j.receipt = f.receipt
@@ -226,9 +229,9 @@ JOIN JSON_TABLE(%(items)s, '$[*]' COLUMNS (
     id            CHAR(36) CHARACTER SET ascii PATH '$.id',
     receipt       VARCHAR(64) PATH '$.receipt',
     run_at        DOUBLE PATH '$.run_at',
-    error_type    LONGTEXT PATH '$.error_type',
-    error_message LONGTEXT PATH '$.error_message',
-    traceback     LONGTEXT PATH '$.traceback',
+    error_type    LONGTEXT CHARACTER SET utf8mb4 PATH '$.error_type',
+    error_message LONGTEXT CHARACTER SET utf8mb4 PATH '$.error_message',
+    traceback     LONGTEXT CHARACTER SET utf8mb4 PATH '$.traceback',
     counted       INT PATH '$.counted'
 )) AS r ON j.id = r.id AND j.receipt = r.receipt
 SET j.state = CASE WHEN r.run_at > %(now)s THEN 'scheduled' ELSE 'pending' END,
@@ -508,7 +511,7 @@ SELECT count(*) FROM jobs WHERE queue = %(queue)s
 -- name: queue_keys_held
 -- Which of a send's idempotency keys (a JSON array) are held at now.
 SELECT k.`key` FROM idempotency_keys AS k
-JOIN JSON_TABLE(%(keys)s, '$[*]' COLUMNS (wanted VARCHAR(512) PATH '$')) AS w ON k.`key` = w.wanted
+JOIN JSON_TABLE(%(keys)s, '$[*]' COLUMNS (wanted VARCHAR(512) CHARACTER SET utf8mb4 PATH '$')) AS w ON k.`key` = w.wanted
 WHERE k.queue = %(queue)s AND (k.expires_at IS NULL OR k.expires_at > %(now)s)
 
 -- name: queue_drained
@@ -525,11 +528,11 @@ WHERE queue = %(queue)s
 SELECT a.id
 FROM archive AS a
 LEFT JOIN JSON_TABLE(%(before)s, '$[*]' COLUMNS (
-    queue  VARCHAR(200) PATH '$[0]',
+    queue  VARCHAR(200) CHARACTER SET utf8mb4 PATH '$[0]',
     cutoff DOUBLE PATH '$[1]'
 )) AS b ON b.queue = a.queue
 LEFT JOIN JSON_TABLE(%(dead_before)s, '$[*]' COLUMNS (
-    queue  VARCHAR(200) PATH '$[0]',
+    queue  VARCHAR(200) CHARACTER SET utf8mb4 PATH '$[0]',
     cutoff DOUBLE PATH '$[1]'
 )) AS d ON d.queue = a.queue
 WHERE a.finished_at < %(latest_cutoff)s
