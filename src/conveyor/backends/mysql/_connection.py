@@ -82,12 +82,12 @@ else:
 CONNECT_TIMEOUT_S = 10
 #: How long a statement waits for a row another transaction holds (InnoDB's default is 50 s).
 LOCK_WAIT_TIMEOUT_S = 30
-#: A connection idle this long is pinged before it is used: the server closes idle sessions
-#: (``wait_timeout``, 8 h by default; a restart, a failover, a proxy's own timeout), and a call must not
-#: fail because the pool kept a connection that is gone.
-IDLE_CHECK_S = 30.0
 #: How often a transaction InnoDB chose as a deadlock's victim is run again before the caller hears of it.
 DEADLOCK_RETRIES = 5
+#: How long a pooled connection may have been idle before it is pinged when borrowed (seconds). The server
+#: may have closed it meanwhile (a restart, ``wait_timeout``, ``KILL``), and the first statement on it would
+#: fail: a producer's send, after an idle night, told that the database was unavailable.
+CHECK_IDLE_AFTER_S = 1.0
 
 _SESSION = (
     "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
@@ -183,7 +183,7 @@ class Pool:
     def __init__(self, kwargs: ConnectArgs, max_idle: int = 8) -> None:
         self._kwargs = kwargs
         self._max_idle = max_idle
-        # Idle connections with the time each was given back (monotonic seconds).
+        # Idle connections with the time each was given back (time.monotonic()).
         self._idle: list[tuple[Connection, float]] = []
         self._lock = threading.Lock()
         self._closed = False
@@ -211,13 +211,14 @@ class Pool:
         return conn
 
     def _borrow(self, action: str) -> Connection:
-        with self._lock:
-            if self._closed:
-                raise BackendError(f"the MySQL backend is closed ({action})")
-            idle = self._idle.pop() if self._idle else None
-        if idle is not None:
-            conn, since = idle
-            if time.monotonic() - since < IDLE_CHECK_S or _answers(conn):
+        while True:
+            with self._lock:
+                if self._closed:
+                    raise BackendError(f"the MySQL backend is closed ({action})")
+                if not self._idle:
+                    break
+                conn, since = self._idle.pop()
+            if time.monotonic() - since <= CHECK_IDLE_AFTER_S or _answers(conn):
                 return conn
             with suppress(Exception):
                 conn.close()
