@@ -170,21 +170,28 @@ class MysqlBackend:
     def _claim_key(self, cur: Cursor, job: base.NewJob, now: float) -> UUID | None:
         """Take the job's idempotency key if it is free or its window has passed (None), else the id
         of the job that holds it. The key's row is locked for the rest of the transaction, so the
-        check and the claim are one step; a producer that inserted the same new key a moment earlier
-        makes this insert a duplicate, and the row is then read again (READ COMMITTED sees it)."""
+        check and the claim are one step.
+
+        The insert comes first, the locking read only once the key is found taken: a locking read of a
+        key no row holds takes a gap lock at REPEATABLE READ (MySQL's default, so in a caller's own
+        transaction, ``conn=``), and two transactional sends of different new keys then waited for each
+        other and deadlocked, the victim's whole transaction rolled back. A duplicate is read again
+        (READ COMMITTED and a locking read both see the committed holder); a holder deleted meanwhile
+        (pruned) lets the insert be tried again."""
         key = {"queue": job.queue, "key": job.idempotency_key}
         claim = {**key, "job_id": cv.to_db_id(job.id), "expires_at": cv.to_db_time_or_none(job.dedup_until)}
         while True:
+            try:
+                cur.execute(self._q["idempotency_take"], claim)
+            except pymysql.err.IntegrityError as exc:
+                if not is_duplicate(exc):
+                    raise
+            else:
+                return None
             cur.execute(self._q["idempotency_lock"], key)
             row = cur.fetchone()
             if row is None:
-                try:
-                    cur.execute(self._q["idempotency_take"], claim)
-                except pymysql.err.IntegrityError as exc:
-                    if is_duplicate(exc):
-                        continue
-                    raise
-                return None
+                continue
             if row["expires_at"] is not None and row["expires_at"] <= now:
                 cur.execute(self._q["idempotency_retake"], claim)
                 return None
@@ -527,17 +534,20 @@ class MysqlBackend:
         args = {"key": params.key, "expires_at": cv.to_db_time(params.expires_at), "now": cv.to_db_time(params.now)}
 
         def claim(cur: Cursor) -> bool:
+            # Inserted first, read (locked) only if taken: as in _claim_key, a locking read of a missing
+            # key would take a gap lock in a caller's REPEATABLE READ transaction.
             while True:
+                try:
+                    cur.execute(self._q["processed_key_take"], args)
+                except pymysql.err.IntegrityError as exc:
+                    if not is_duplicate(exc):
+                        raise
+                else:
+                    return True
                 cur.execute(self._q["processed_key_lock"], args)
                 row = cur.fetchone()
                 if row is None:
-                    try:
-                        cur.execute(self._q["processed_key_take"], args)
-                    except pymysql.err.IntegrityError as exc:
-                        if is_duplicate(exc):
-                            continue  # another claim committed first: read it
-                        raise
-                    return True
+                    continue  # the claim was pruned meanwhile: take it
                 if row["expires_at"] <= args["now"]:
                     cur.execute(self._q["processed_key_retake"], args)
                     return True
