@@ -79,6 +79,14 @@ class MysqlBackend:
             raise ConfigurationError(
                 f"conn= must be an open pymysql Connection, not {type(conn).__module__}.{type(conn).__qualname__}"
             )
+        # The connection's character set is what the server converts the text it is sent from: on a
+        # 'utf8' (utf8mb3) connection an emoji was refused with a column's error, or, outside strict
+        # mode, stored as '????'; on 'latin1' it cannot even be sent.
+        if conn.charset != "utf8mb4":
+            raise ConfigurationError(
+                f"conn= must be a connection with charset='utf8mb4' (PyMySQL's default), not {conn.charset!r}: "
+                "text outside its character set would be refused or stored as '?'"
+            )
         return conn
 
     # ------------------------------------------------------------------ producing
