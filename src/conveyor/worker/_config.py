@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from conveyor._errors import ConfigurationError
-from conveyor._limits import check_int, check_name, check_seconds, check_worker_options
+from conveyor._limits import check_int, check_key, check_name, check_seconds, check_worker_options
 from conveyor._task import DEFAULT_VISIBILITY_TIMEOUT
 from conveyor.worker import _cpu
 
@@ -68,6 +68,11 @@ class WorkerConfig:
             raise error(f"queues must be a list of queue names, not one string: give [{self.queues!r}]")
         if self.queues is not None:
             object.__setattr__(self, "queues", tuple(check_name(q, "queue", error) for q in self.queues) or None)
+        if self.worker_id:
+            # Stored on every lease the worker holds and keying the worker registry: an index entry, as a
+            # key is. Past the limit, MySQL refused the first acquire (a 700-character column) and the
+            # worker stopped; a NUL was refused by PostgreSQL.
+            object.__setattr__(self, "worker_id", check_key(self.worker_id, "worker_id", error))
         if self.weights is not None:
             weights = {
                 check_name(q, "queue", error): check_int(w, f"weight of {q}", 1, 1_000_000, error)
