@@ -26,6 +26,7 @@ from conveyor._errors import (
     BackendRefused,
     BackendUnavailable,
     ConveyorError,
+    StatementCancelled,
     UnstorableText,
     first_line,
 )
@@ -107,6 +108,9 @@ _GONE = {1040, 1053, 1927, 2002, 2003, 2006, 2013, 2055, 1290, 1836}
 _LOGIN = {1044, 1045, 1049, 1698}
 _DENIED = {1044, 1142, 1143, 1227, 1370}
 _DUPLICATE = 1062
+# A statement the server interrupted: an operator's KILL QUERY, MariaDB's max_statement_time, MySQL's
+# max_execution_time. Nothing is wrong with the statement's items nor with the server.
+_CANCELLED = {1317, 1969, 3024}
 
 
 def is_duplicate(exc: BaseException) -> bool:
@@ -123,6 +127,10 @@ def translate(exc: BaseException, action: str) -> BackendError:
     """Map a PyMySQL error to Conveyor's exception tree (raise the result ``from exc``)."""
     code = _code(exc)
     line = first_line(exc)
+    if code in _CANCELLED:
+        # Raised as BackendError it was the items' fault: a worker whose acquire was killed stopped, and
+        # a finish batch past max_statement_time was split down to outcomes dead-lettered as refused.
+        return StatementCancelled(f"MySQL cancelled {action}: {line}")
     if (
         code in (_DEADLOCK, _LOCK_WAIT)
         or code in _GONE
