@@ -180,12 +180,12 @@ class MysqlBackend:
         of the job that holds it. The key's row is locked for the rest of the transaction, so the
         check and the claim are one step.
 
-        The insert comes first, the locking read only once the key is found taken: a locking read of a
+        The insert comes first, the (locking) read only once the key is found taken: a locking read of a
         key no row holds takes a gap lock at REPEATABLE READ (MySQL's default, so in a caller's own
         transaction, ``conn=``), and two transactional sends of different new keys then waited for each
-        other and deadlocked, the victim's whole transaction rolled back. A duplicate is read again
-        (READ COMMITTED and a locking read both see the committed holder); a holder deleted meanwhile
-        (pruned) lets the insert be tried again."""
+        other and deadlocked, the victim's whole transaction rolled back. The read sees the committed
+        holder (a locking read reads the latest row); a holder deleted meanwhile (pruned) lets the
+        insert be tried again."""
         key = {"queue": job.queue, "key": job.idempotency_key}
         claim = {**key, "job_id": cv.to_db_id(job.id), "expires_at": cv.to_db_time_or_none(job.dedup_until)}
         while True:

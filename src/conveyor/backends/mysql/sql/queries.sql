@@ -47,8 +47,11 @@ SELECT id FROM archive
 JOIN JSON_TABLE(%(ids)s, '$[*]' COLUMNS (wanted CHAR(36) CHARACTER SET ascii PATH '$')) AS w ON w.wanted = archive.id
 
 -- name: idempotency_lock
--- The key's row, locked for the rest of the transaction: the check-then-claim is atomic.
-SELECT job_id, expires_at FROM idempotency_keys WHERE queue = %(queue)s AND `key` = %(key)s FOR UPDATE
+-- The key's row, read once inserting it found it taken. A shared lock, as the failed insert took: the
+-- holder cannot change until the transaction ends, and producers reading the same taken key do not each
+-- wait to upgrade to an exclusive lock another's shared lock blocks (a deadlock). Only a retake of an
+-- expired key takes one (idempotency_retake).
+SELECT job_id, expires_at FROM idempotency_keys WHERE queue = %(queue)s AND `key` = %(key)s LOCK IN SHARE MODE
 
 -- name: idempotency_take
 INSERT INTO idempotency_keys (queue, `key`, job_id, expires_at) VALUES (%(queue)s, %(key)s, %(job_id)s, %(expires_at)s)
@@ -430,7 +433,8 @@ ORDER BY finished_at, id
 LIMIT %(limit)s
 
 -- name: processed_key_lock
-SELECT expires_at FROM processed_keys WHERE `key` = %(key)s FOR UPDATE
+-- Shared, as idempotency_lock is and for the same reason.
+SELECT expires_at FROM processed_keys WHERE `key` = %(key)s LOCK IN SHARE MODE
 
 -- name: processed_key_take
 INSERT INTO processed_keys (`key`, expires_at, claimed_at) VALUES (%(key)s, %(expires_at)s, %(now)s)
