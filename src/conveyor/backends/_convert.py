@@ -11,7 +11,19 @@ from typing import Any, Protocol, cast
 from uuid import UUID
 
 from conveyor._errors import BackendError
-from conveyor.backends.base import AuditEntry, Delivery, JobRecord, JobState, LeaseRef, QueueStats, Schedule, Token
+from conveyor.backends.base import (
+    AlertState,
+    AuditEntry,
+    DeadListParams,
+    Delivery,
+    JobRecord,
+    JobState,
+    LeaseRef,
+    QueueStats,
+    Schedule,
+    Token,
+    WorkerInfo,
+)
 
 
 class Row(Protocol):
@@ -247,3 +259,91 @@ def queue_stats(live: Iterable[Row], totals: Iterable[Row], dlq: Iterable[Row], 
         e["enqueued"] = sum(e[n] for n in ("pending", "scheduled", "processing", "completed", "dead_total"))
         e["enqueued"] += e["expired"] + e["cancelled"]
     return [QueueStats(queue=queue, **counts[queue]) for queue in sorted(counts)]
+
+
+# The parameters of the statements both engines name alike, built once.
+
+
+def schedule_rows(schedules: Iterable[Schedule]) -> list[dict[str, Any]]:
+    """``schedules_upsert``'s rows. The last of several schedules with one name wins (as on PostgreSQL):
+    upserted one by one, a second would be taken as an update of the first and keep its pause state."""
+    return [
+        {
+            "name": s.name,
+            "cron": s.cron,
+            "task": s.task,
+            "queue": s.queue,
+            "payload": s.payload,
+            "next_run_at": to_db_time(s.next_run_at),
+            "paused": 1 if s.paused else 0,
+            "priority": s.priority,
+            "last_run_at": to_db_time_or_none(s.last_run_at),
+        }
+        for s in {s.name: s for s in schedules}.values()
+    ]
+
+
+def token_args(t: Token) -> dict[str, Any]:
+    """``tokens_insert``'s parameters (``queues`` as a JSON array, NULL for every queue)."""
+    return {
+        "id": t.id,
+        "name": t.name,
+        "role": t.role,
+        "queues": None if t.queues is None else json.dumps(list(t.queues)),
+        "secret_hash": t.secret_hash,
+        "created_at": to_db_time(t.created_at),
+        "expires_at": to_db_time_or_none(t.expires_at),
+    }
+
+
+def worker_args(w: WorkerInfo, now: datetime) -> dict[str, Any]:
+    """``workers_beat``'s parameters."""
+    return {
+        "id": w.id,
+        "host": w.host,
+        "pid": w.pid,
+        "queues": json.dumps(list(w.queues)),
+        "concurrency": w.concurrency,
+        "started_at": to_db_time(w.started_at),
+        "now": to_db_time(now),
+    }
+
+
+def alert_args(item: AlertState, now: datetime) -> dict[str, Any]:
+    """The alert statements' parameters (a rule over every queue is stored with the queue '')."""
+    return {
+        "rule": item.rule,
+        "queue": item.queue or "",
+        "state": item.state,
+        "since": to_db_time(item.since),
+        "value": item.value,
+        "threshold": item.threshold,
+        "message": item.message,
+        "now": to_db_time(now),
+    }
+
+
+def alert(row: Row) -> AlertState:
+    """An ``alerts`` row as an AlertState."""
+    return AlertState(
+        rule=row["rule"],
+        queue=row["queue"] or None,
+        state=row["state"],
+        since=from_db_time(row["since"]),
+        value=row["value"],
+        threshold=row["threshold"],
+        message=row["message"],
+    )
+
+
+def dead_list_args(params: DeadListParams) -> dict[str, Any]:
+    """``dead_list``'s parameters (the keyset cursor as its time and id)."""
+    return {
+        "queue": params.queue,
+        "task": params.task,
+        "error_type": params.error_type,
+        "limit": params.limit,
+        "offset": params.offset,
+        "before_at": to_db_time(params.before[0]) if params.before else None,
+        "before_id": to_db_id(params.before[1]) if params.before else None,
+    }

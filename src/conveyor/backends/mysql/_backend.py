@@ -442,15 +442,7 @@ class MysqlBackend:
 
     def dead_list(self, params: base.DeadListParams) -> list[base.JobRecord]:
         """Unreplayed dead letters, newest first, filtered by queue, task and error type."""
-        args = {
-            "queue": params.queue,
-            "task": params.task,
-            "error_type": params.error_type,
-            "limit": params.limit,
-            "offset": params.offset,
-            "before_at": cv.to_db_time(params.before[0]) if params.before else None,
-            "before_id": cv.to_db_id(params.before[1]) if params.before else None,
-        }
+        args = cv.dead_list_args(params)
         return [cv.job_record(row) for row in self._select("dead_list", "dead_list", args)]
 
     def dead_replay_many(self, params: base.DeadReplayParams) -> list[tuple[UUID, UUID]]:
@@ -585,21 +577,7 @@ class MysqlBackend:
 
     def schedules_upsert(self, params: base.SchedulesUpsertParams) -> None:
         """Create schedules or update existing ones (see SchedulesUpsertParams)."""
-        rows = [
-            {
-                "name": s.name,
-                "cron": s.cron,
-                "task": s.task,
-                "queue": s.queue,
-                "payload": s.payload,
-                "next_run_at": cv.to_db_time(s.next_run_at),
-                "paused": 1 if s.paused else 0,
-                "priority": s.priority,
-                "last_run_at": cv.to_db_time_or_none(s.last_run_at),
-            }
-            # The last of several schedules with one name wins (as on the other engines).
-            for s in {s.name: s for s in params.schedules}.values()
-        ]
+        rows = cv.schedule_rows(params.schedules)
         if rows:
 
             def upsert(cur: Cursor) -> None:
@@ -753,15 +731,7 @@ class MysqlBackend:
     def tokens_insert(self, params: base.TokensInsertParams) -> bool:
         """Store a token; False, with nothing written, if its name or id is taken."""
         t = params.token
-        args = {
-            "id": t.id,
-            "name": t.name,
-            "role": t.role,
-            "queues": None if t.queues is None else json.dumps(list(t.queues)),
-            "secret_hash": t.secret_hash,
-            "created_at": cv.to_db_time(t.created_at),
-            "expires_at": cv.to_db_time_or_none(t.expires_at),
-        }
+        args = cv.token_args(t)
 
         def insert(cur: Cursor) -> bool:
             try:
@@ -818,15 +788,7 @@ class MysqlBackend:
     def workers_beat(self, params: base.WorkersBeatParams) -> None:
         """Insert or refresh one worker's row."""
         w = params.worker
-        args = {
-            "id": w.id,
-            "host": w.host,
-            "pid": w.pid,
-            "queues": json.dumps(list(w.queues)),
-            "concurrency": w.concurrency,
-            "started_at": cv.to_db_time(w.started_at),
-            "now": cv.to_db_time(params.now),
-        }
+        args = cv.worker_args(w, params.now)
         self._pool.write("workers_beat", lambda cur: cur.execute(self._q["workers_beat"], args))
 
     def workers_remove(self, params: base.WorkersRemoveParams) -> bool:
@@ -873,18 +835,7 @@ class MysqlBackend:
 
     def alerts_list(self) -> list[base.AlertState]:
         """Every stored alert, by rule and queue."""
-        return [
-            base.AlertState(
-                rule=row["rule"],
-                queue=row["queue"] or None,
-                state=row["state"],
-                since=cv.from_db_time(row["since"]),
-                value=row["value"],
-                threshold=row["threshold"],
-                message=row["message"],
-            )
-            for row in self._select("alerts_list", "alerts_list")
-        ]
+        return [cv.alert(row) for row in self._select("alerts_list", "alerts_list")]
 
     def alerts_set(self, params: base.AlertsSetParams) -> list[base.AlertState]:
         """Write an evaluation in one transaction; return the alerts whose state it changed."""
@@ -892,16 +843,7 @@ class MysqlBackend:
         def write(cur: Cursor) -> list[base.AlertState]:
             changed: list[base.AlertState] = []
             for item in params.items:
-                args = {
-                    "rule": item.rule,
-                    "queue": item.queue or "",
-                    "state": item.state,
-                    "since": cv.to_db_time(item.since),
-                    "value": item.value,
-                    "threshold": item.threshold,
-                    "message": item.message,
-                    "now": cv.to_db_time(params.now),
-                }
+                args = cv.alert_args(item, params.now)
                 if cur.execute(self._q["alerts_change"], args) > 0 or (
                     item.state == "firing" and self._fire_new(cur, args)
                 ):

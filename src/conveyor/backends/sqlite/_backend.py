@@ -358,15 +358,7 @@ class SqliteBackend:
         with self._pool.read() as conn:
             rows = conn.execute(
                 self._q["dead_list"],
-                {
-                    "queue": params.queue,
-                    "task": params.task,
-                    "error_type": params.error_type,
-                    "limit": params.limit,
-                    "offset": params.offset,
-                    "before_at": cv.to_db_time(params.before[0]) if params.before else None,
-                    "before_id": cv.to_db_id(params.before[1]) if params.before else None,
-                },
+                cv.dead_list_args(params),
             ).fetchall()
         return [cv.job_record(row) for row in rows]
 
@@ -478,22 +470,7 @@ class SqliteBackend:
 
     def schedules_upsert(self, params: base.SchedulesUpsertParams) -> None:
         """Create schedules or update existing ones (see SchedulesUpsertParams)."""
-        rows = [
-            {
-                "name": s.name,
-                "cron": s.cron,
-                "task": s.task,
-                "queue": s.queue,
-                "payload": s.payload,
-                "next_run_at": cv.to_db_time(s.next_run_at),
-                "paused": 1 if s.paused else 0,
-                "priority": s.priority,
-                "last_run_at": cv.to_db_time_or_none(s.last_run_at),
-            }
-            # The last of several schedules with one name wins (as on PostgreSQL): upserted one by
-            # one, a second would be taken as an update of the first and keep its pause state.
-            for s in {s.name: s for s in params.schedules}.values()
-        ]
+        rows = cv.schedule_rows(params.schedules)
         if rows:
             with self._pool.write() as conn:
                 conn.executemany(self._q["schedules_upsert"], rows)
@@ -624,15 +601,7 @@ class SqliteBackend:
         with self._pool.write() as conn:
             rows = conn.execute(
                 self._q["tokens_insert"],
-                {
-                    "id": t.id,
-                    "name": t.name,
-                    "role": t.role,
-                    "queues": None if t.queues is None else json.dumps(list(t.queues)),
-                    "secret_hash": t.secret_hash,
-                    "created_at": cv.to_db_time(t.created_at),
-                    "expires_at": cv.to_db_time_or_none(t.expires_at),
-                },
+                cv.token_args(t),
             ).fetchall()
         return bool(rows)
 
@@ -671,15 +640,7 @@ class SqliteBackend:
         with self._pool.write() as conn:
             conn.execute(
                 self._q["workers_beat"],
-                {
-                    "id": w.id,
-                    "host": w.host,
-                    "pid": w.pid,
-                    "queues": json.dumps(list(w.queues)),
-                    "concurrency": w.concurrency,
-                    "started_at": cv.to_db_time(w.started_at),
-                    "now": cv.to_db_time(params.now),
-                },
+                cv.worker_args(w, params.now),
             )
 
     def workers_remove(self, params: base.WorkersRemoveParams) -> bool:
@@ -718,34 +679,14 @@ class SqliteBackend:
         """Every stored alert, by rule and queue."""
         with self._pool.read() as conn:
             rows = conn.execute(self._q["alerts_list"]).fetchall()
-        return [
-            base.AlertState(
-                rule=row["rule"],
-                queue=row["queue"] or None,
-                state=row["state"],
-                since=cv.from_db_time(row["since"]),
-                value=row["value"],
-                threshold=row["threshold"],
-                message=row["message"],
-            )
-            for row in rows
-        ]
+        return [cv.alert(row) for row in rows]
 
     def alerts_set(self, params: base.AlertsSetParams) -> list[base.AlertState]:
         """Write an evaluation in one transaction; return the alerts whose state it changed."""
         changed: list[base.AlertState] = []
         with self._pool.write() as conn:
             for item in params.items:
-                args = {
-                    "rule": item.rule,
-                    "queue": item.queue or "",
-                    "state": item.state,
-                    "since": cv.to_db_time(item.since),
-                    "value": item.value,
-                    "threshold": item.threshold,
-                    "message": item.message,
-                    "now": cv.to_db_time(params.now),
-                }
+                args = cv.alert_args(item, params.now)
                 if conn.execute(self._q["alerts_change"], args).rowcount > 0 or (
                     item.state == "firing" and conn.execute(self._q["alerts_fire_new"], args).rowcount > 0
                 ):
