@@ -27,7 +27,7 @@ _QUERIES = load_queries(_PACKAGE)
 
 
 class MysqlBackend:
-    """The storage contract on one MySQL (8.0.4+) or MariaDB (10.6+) database, InnoDB tables.
+    """The storage contract on one MySQL (8.0.4+) or MariaDB (10.8+: descending indexes) database, InnoDB tables.
 
     Safe to share between threads (a small pool of connections) and between worker processes and hosts:
     an acquire locks the rows it hands out (``FOR UPDATE SKIP LOCKED``), every outcome names its
