@@ -190,8 +190,8 @@ def lease_end(now: datetime, visibility_timeout: float) -> float:
 
 
 def held(items: Sequence[LeaseRef], rows: Iterable[Row]) -> list[UUID]:
-    """The ids of ``items`` whose (id, receipt) is among ``rows`` (their first two columns, or ``id`` and
-    ``receipt``), in the caller's order, which RETURNING does not promise: matched by receipt too, so that
+    """The ids of ``items`` whose (id, receipt) is among ``rows`` (their ``id`` and ``receipt`` columns), in
+    the caller's order, which RETURNING does not promise: matched by receipt too, so that
     an item naming the same job with a stale receipt is not."""
     found = {(row["id"], row["receipt"]) for row in rows}
     return [item.id for item in items if (to_db_id(item.id), item.receipt) in found]

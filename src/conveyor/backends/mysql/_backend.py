@@ -226,7 +226,13 @@ class MysqlBackend:
                 items = json.dumps([[row["id"], row["receipt"]] for row in picked])
                 cur.execute(
                     self._q["jobs_acquire_lease"],
-                    {"items": items, "lease_expires_at": lease_end, "worker_id": params.worker_id, "now": now},
+                    {
+                        "items": items,
+                        "ids": tuple(row["id"] for row in picked),
+                        "lease_expires_at": lease_end,
+                        "worker_id": params.worker_id,
+                        "now": now,
+                    },
                 )
             seen = None
             if len(picked) < params.limit:
@@ -246,13 +252,13 @@ class MysqlBackend:
         cur.execute(self._q["jobs_promote_pick"], {"queue": queue, "now": now})
         due = [row["id"] for row in cur.fetchall()]
         if due:
-            cur.execute(self._q["jobs_promote"], {"ids": json.dumps(due)})
+            cur.execute(self._q["jobs_promote"], {"ids": tuple(due)})
         return len(due)
 
     def _held_leases(self, cur: Cursor, items: Sequence[base.LeaseRef], wait: bool) -> list[dict[str, Any]]:
         """The rows of ``items`` still leased by their delivery (same receipt, processing), locked."""
         refs = cv.lease_refs(items)
-        cur.execute(self._q["leases_lock" if wait else "leases_lock_skip_locked"], {"items": refs})
+        cur.execute(self._q["leases_lock" if wait else "leases_lock_skip_locked"], {"items": refs, "ids": _keys(items)})
         return list(cur.fetchall())
 
     def jobs_start_many(self, params: base.JobsStartParams) -> list[UUID]:
@@ -264,7 +270,7 @@ class MysqlBackend:
         def start(cur: Cursor) -> list[dict[str, Any]]:
             held = self._held_leases(cur, params.items, params.wait)
             if held:
-                cur.execute(self._q["jobs_start_many"], {"ids": json.dumps(sorted({r["id"] for r in held}))})
+                cur.execute(self._q["jobs_start_many"], {"ids": tuple(sorted({r["id"] for r in held}))})
             return held
 
         return cv.held(params.items, self._pool.write("jobs_start_many", start))
@@ -292,7 +298,11 @@ class MysqlBackend:
             )
         if not items:
             return 0
-        args = {"items": cv.outcomes_json(items, "MySQL", "jobs_finish_many"), "now": cv.to_db_time(params.now)}
+        args = {
+            "items": cv.outcomes_json(items, "MySQL", "jobs_finish_many"),
+            "ids": tuple(item["id"] for item in items),
+            "now": cv.to_db_time(params.now),
+        }
 
         def finish(cur: Cursor) -> int:
             cur.execute(self._q["leases_lock"], args)
@@ -327,7 +337,7 @@ class MysqlBackend:
         if not items:
             return 0
         now = cv.to_db_time(params.now)
-        args = {"items": cv.outcomes_json(items, "MySQL", "jobs_retry_many"), "now": now}
+        args = {"items": cv.outcomes_json(items, "MySQL", "jobs_retry_many"), "ids": tuple(by_id), "now": now}
 
         def retry(cur: Cursor) -> list[dict[str, Any]]:
             cur.execute(self._q["leases_lock"], args)
@@ -348,7 +358,8 @@ class MysqlBackend:
             return 0
         refs = cv.lease_refs(params.items)
         return self._pool.write(
-            "jobs_release_many", lambda cur: int(cur.execute(self._q["jobs_release_many"], {"items": refs}))
+            "jobs_release_many",
+            lambda cur: int(cur.execute(self._q["jobs_release_many"], {"items": refs, "ids": _keys(params.items)})),
         )
 
     def leases_extend_many(self, params: base.LeasesExtendParams) -> list[UUID]:
@@ -360,9 +371,16 @@ class MysqlBackend:
         lease_end = cv.lease_end(params.now, params.visibility_timeout)
 
         def extend(cur: Cursor) -> list[dict[str, Any]]:
-            held = self._held_leases(cur, params.items, params.wait)
-            if held:
-                ids = json.dumps(sorted({r["id"] for r in held}))
+            if params.wait:
+                held = free = self._held_leases(cur, params.items, wait=True)
+            else:
+                # Rows another transaction holds (the completer counting a start, an operator) are skipped,
+                # not waited for, and still held by their delivery: returned, extended at the next beat.
+                cur.execute(self._q["leases_held"], {"items": cv.lease_refs(params.items), "ids": _keys(params.items)})
+                held = list(cur.fetchall())
+                free = self._held_leases(cur, params.items, wait=False) if held else []
+            if free:
+                ids = tuple(sorted({r["id"] for r in free}))
                 cur.execute(self._q["leases_extend_many"], {"ids": ids, "lease_expires_at": lease_end})
             return held
 
@@ -862,6 +880,12 @@ class MysqlBackend:
                 return False  # stored already, in this state (alerts_change matched nothing)
             raise
         return True
+
+
+def _keys(items: Sequence[base.LeaseRef]) -> tuple[str, ...]:
+    """The job ids of ``items`` as a tuple, which PyMySQL writes as an ``IN`` list: the batch statements name
+    their rows by primary key as well as through the JSON of their items (see jobs_promote's comment)."""
+    return tuple(cv.to_db_id(item.id) for item in items)
 
 
 def _present(item: dict[str, Any]) -> dict[str, Any]:

@@ -69,19 +69,21 @@ SELECT task, payload FROM archive WHERE id = %(id)s
 -- name: jobs_promote_pick
 -- Run by jobs_acquire first, in its transaction: the queue's scheduled jobs that are due, at most 1,000
 -- per acquire, the earliest first (as on the other engines), read in jobs_scheduled's order and locked.
--- One probe when nothing is due. (An UPDATE ... ORDER BY ... LIMIT sorted every due row first: a
+-- One probe when nothing is due. SKIP LOCKED: a due row another acquire is promoting is its, and a row
+-- an application inserted in a transaction still open (send(conn=...)) held every acquire of the queue
+-- until that transaction ended. (An UPDATE ... ORDER BY ... LIMIT sorted every due row first: a
 -- backlog of a million retries that came due during an outage was read whole by every acquire.)
 SELECT id FROM jobs FORCE INDEX (jobs_scheduled)
 WHERE queue = %(queue)s AND state = 'scheduled' AND run_at <= %(now)s
 ORDER BY run_at
 LIMIT 1000
-FOR UPDATE
+FOR UPDATE SKIP LOCKED
 
 -- name: jobs_promote
--- The picked jobs become pending, so that the acquire that follows sees them.
-UPDATE jobs AS j
-JOIN JSON_TABLE(%(ids)s, '$[*]' COLUMNS (id CHAR(36) CHARACTER SET ascii PATH '$')) AS p ON j.id = p.id
-SET j.state = 'pending'
+-- The picked jobs become pending, so that the acquire that follows sees them. Rows are named by primary
+-- key (a tuple): joined to a JSON_TABLE, a jobs table of fewer rows than MariaDB's estimate of the JSON
+-- (40) was scanned whole, and an UPDATE locks every row it scans (another queue's, an open transaction's).
+UPDATE jobs SET state = 'pending' WHERE id IN %(ids)s
 
 -- name: jobs_next_scheduled
 SELECT run_at FROM jobs WHERE queue = %(queue)s AND state = 'scheduled' ORDER BY run_at LIMIT 1
@@ -132,6 +134,7 @@ SET j.state = 'processing',
     j.worker_id = %(worker_id)s,
     j.started_at = %(now)s,
     j.first_started_at = coalesce(j.first_started_at, %(now)s)
+WHERE j.id IN %(ids)s
 
 -- name: leases_lock
 -- The deliveries of a batch that still hold their lease (same id and receipt, still processing),
@@ -142,7 +145,7 @@ JOIN JSON_TABLE(%(items)s, '$[*]' COLUMNS (
     id      CHAR(36) CHARACTER SET ascii PATH '$.id',
     receipt VARCHAR(64) PATH '$.receipt'
 )) AS r ON j.id = r.id AND j.receipt = r.receipt
-WHERE j.state = 'processing'
+WHERE j.id IN %(ids)s AND j.state = 'processing'
 FOR UPDATE
 
 -- name: leases_lock_skip_locked
@@ -153,20 +156,27 @@ JOIN JSON_TABLE(%(items)s, '$[*]' COLUMNS (
     id      CHAR(36) CHARACTER SET ascii PATH '$.id',
     receipt VARCHAR(64) PATH '$.receipt'
 )) AS r ON j.id = r.id AND j.receipt = r.receipt
-WHERE j.state = 'processing'
+WHERE j.id IN %(ids)s AND j.state = 'processing'
 FOR UPDATE SKIP LOCKED
 
 -- name: jobs_start_many
--- Count deliveries as started before their outcome, for the rows leases_lock returned (a JSON array
--- of ids).
-UPDATE jobs AS j
-JOIN JSON_TABLE(%(ids)s, '$[*]' COLUMNS (id CHAR(36) CHARACTER SET ascii PATH '$')) AS r ON j.id = r.id
-SET j.deliveries = j.deliveries + 1
+-- Count deliveries as started before their outcome, for the rows leases_lock returned (named by primary
+-- key, as in jobs_promote).
+UPDATE jobs SET deliveries = deliveries + 1 WHERE id IN %(ids)s
 
 -- name: leases_extend_many
-UPDATE jobs AS j
-JOIN JSON_TABLE(%(ids)s, '$[*]' COLUMNS (id CHAR(36) CHARACTER SET ascii PATH '$')) AS r ON j.id = r.id
-SET j.lease_expires_at = %(lease_expires_at)s
+UPDATE jobs SET lease_expires_at = %(lease_expires_at)s WHERE id IN %(ids)s
+
+-- name: leases_held
+-- The deliveries of a batch still leased by them, read without locking (the heartbeat's: a row another
+-- transaction holds is still held by its delivery, and is extended at the next beat).
+SELECT j.id, j.receipt
+FROM jobs AS j
+JOIN JSON_TABLE(%(items)s, '$[*]' COLUMNS (
+    id      CHAR(36) CHARACTER SET ascii PATH '$.id',
+    receipt VARCHAR(64) CHARACTER SET utf8mb4 PATH '$.receipt'
+)) AS r ON j.id = r.id AND j.receipt = r.receipt
+WHERE j.id IN %(ids)s AND j.state = 'processing'
 
 -- name: jobs_finish_count
 -- Before the archive insert, in the same transaction: add the outcomes of exactly the deliveries it
@@ -180,7 +190,7 @@ JOIN JSON_TABLE(%(items)s, '$[*]' COLUMNS (
     receipt VARCHAR(64) PATH '$.receipt',
     state   VARCHAR(12) PATH '$.state'
 )) AS f ON j.id = f.id AND j.receipt = f.receipt
-WHERE j.state = 'processing'
+WHERE j.id IN %(ids)s AND j.state = 'processing'
 GROUP BY j.queue, j.task
 ON DUPLICATE KEY UPDATE
     completed = completed + VALUES(completed), dead = dead + VALUES(dead),
@@ -214,7 +224,7 @@ JOIN JSON_TABLE(%(items)s, '$[*]' COLUMNS (
     ran           INT PATH '$.ran',
     counted       INT PATH '$.counted'
 )) AS f ON j.id = f.id AND j.receipt = f.receipt
-WHERE j.state = 'processing'
+WHERE j.id IN %(ids)s AND j.state = 'processing'
 
 -- name: jobs_finish_delete
 -- In the same transaction: remove exactly the rows just archived (same id, receipt and state test).
@@ -223,7 +233,7 @@ JOIN JSON_TABLE(%(items)s, '$[*]' COLUMNS (
     id      CHAR(36) CHARACTER SET ascii PATH '$.id',
     receipt VARCHAR(64) PATH '$.receipt'
 )) AS f ON j.id = f.id AND j.receipt = f.receipt
-WHERE j.state = 'processing'
+WHERE j.id IN %(ids)s AND j.state = 'processing'
 
 -- name: jobs_retry_many
 -- Back to pending at the item's run_at (scheduled while that is ahead) with the attempt counted and
@@ -247,7 +257,7 @@ SET j.state = CASE WHEN r.run_at > %(now)s THEN 'scheduled' ELSE 'pending' END,
     j.traceback = r.traceback,
     j.receipt = NULL,
     j.lease_expires_at = NULL
-WHERE j.state = 'processing'
+WHERE j.id IN %(ids)s AND j.state = 'processing'
 
 -- name: jobs_release_many
 -- Hand back leased jobs that never started (graceful shutdown): ready again at once. A lease is not
@@ -263,7 +273,7 @@ SET j.state = 'pending',
     j.first_started_at = CASE WHEN j.deliveries = 0 THEN NULL ELSE j.first_started_at END,
     j.started_at = CASE WHEN j.deliveries = 0 THEN NULL ELSE j.started_at END,
     j.worker_id = NULL
-WHERE j.state = 'processing'
+WHERE j.id IN %(ids)s AND j.state = 'processing'
 
 -- name: jobs_rescue_expired
 -- Expired leases go back to pending, oldest lease first, through jobs_lease. deliveries is kept (a

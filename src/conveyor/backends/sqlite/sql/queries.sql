@@ -142,7 +142,7 @@ FROM (
     FROM json_each(:items)
 ) AS r
 WHERE jobs.id = r.id AND jobs.receipt = r.receipt AND jobs.state = 'processing'
-RETURNING jobs.id, jobs.receipt
+RETURNING jobs.id AS id, jobs.receipt AS receipt
 
 -- name: jobs_finish_count
 -- Before the archive insert, in the same transaction: add the outcomes of exactly the deliveries
@@ -259,7 +259,7 @@ FROM (
     FROM json_each(:items)
 ) AS r
 WHERE jobs.id = r.id AND jobs.receipt = r.receipt AND jobs.state = 'processing'
-RETURNING jobs.id, jobs.receipt
+RETURNING jobs.id AS id, jobs.receipt AS receipt
 
 -- name: jobs_rescue_expired
 -- Expired leases go back to pending, oldest lease first, through the jobs_lease partial index.
