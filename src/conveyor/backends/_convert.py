@@ -79,7 +79,8 @@ def from_db_id_or_none(value: str | None) -> UUID | None:
 
 
 def delivery(row: Row) -> Delivery:
-    """A ``jobs_acquire`` RETURNING row as a Delivery."""
+    """A row leased by ``jobs_acquire`` (SQLite's RETURNING row; MySQL's picked row with its receipt and
+    lease end) as a Delivery."""
     return Delivery(
         id=UUID(row["id"]),
         queue=row["queue"],

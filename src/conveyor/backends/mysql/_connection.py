@@ -340,8 +340,3 @@ def migrate(pool: Pool, queries: dict[str, str], package: str) -> list[str]:
     finally:
         pool._give_back(conn)
     return applied
-
-
-def rows(cur: Cursor) -> list[dict[str, Any]]:
-    """The rows the cursor's last statement returned."""
-    return list(cur.fetchall())
