@@ -277,25 +277,7 @@ class MysqlBackend:
 
     def jobs_finish_many(self, params: base.JobsFinishParams) -> int:
         """Archive deliveries in their terminal state; return how many applied (the rest were stale)."""
-        items = []
-        for item in base.one_outcome_per_job(params.items):
-            error = item.error
-            items.append(
-                _present(
-                    {
-                        "id": cv.to_db_id(item.id),
-                        "receipt": item.receipt,
-                        "state": item.state,
-                        "result": item.result,
-                        "reason": item.reason,
-                        "error_type": None if error is None else error.type,
-                        "error_message": None if error is None else error.message,
-                        "traceback": None if error is None else error.traceback,
-                        "ran": 1 if item.ran else 0,
-                        "counted": 1 if item.counted else 0,
-                    }
-                )
-            )
+        items = cv.finish_items(params)
         if not items:
             return 0
         args = {
