@@ -23,8 +23,9 @@ fi
 export SPARK_LOCAL_IP=127.0.0.1 PYSPARK_PYTHON="$ROOT/.venv/bin/python"
 
 # One EXIT trap stops whichever throwaway servers were started, also when a later step fails.
-PG_DATADIR="-" MYSQL_DATADIR="-"
+PG_DATADIR="-" MYSQL_DATADIR="-" AMQP_DIR="-"
 stop_throwaways() {
+  if [ "$AMQP_DIR" != "-" ]; then python scripts/ensure_rabbitmq.py stop "$AMQP_DIR"; fi
   if [ "$MYSQL_DATADIR" != "-" ]; then python scripts/ensure_mysql.py stop "$MYSQL_DATADIR"; fi
   if [ "$PG_DATADIR" != "-" ]; then python scripts/ensure_postgres.py stop "$PG_DATADIR"; fi
 }
@@ -41,6 +42,12 @@ MYSQL_URL="${MYSQL_LINE% *}"; MYSQL_DATADIR="${MYSQL_LINE##* }"
 export CONVEYOR_TEST_MYSQL_URL="$MYSQL_URL"
 if [ "$MYSQL_DATADIR" != "-" ]; then
   echo "started a throwaway MariaDB at $MYSQL_URL ($MYSQL_DATADIR)"
+fi
+AMQP_LINE="$(python scripts/ensure_rabbitmq.py)"
+AMQP_URL="${AMQP_LINE% *}"; AMQP_DIR="${AMQP_LINE##* }"
+export CONVEYOR_TEST_AMQP_URL="$AMQP_URL"
+if [ "$AMQP_DIR" != "-" ]; then
+  echo "started a throwaway RabbitMQ at 127.0.0.1 ($AMQP_DIR)"
 fi
 
 echo "== ruff"; ruff check src tests bench && ruff format --check src tests bench

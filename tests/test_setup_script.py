@@ -181,7 +181,10 @@ case "$(basename "$0") $1 $2" in
   "python scripts/ensure_postgres.py ") echo "postgresql://pg/test $FAKE_PG_DATADIR" ;;
   "python scripts/ensure_mysql.py ") [ -z "${FAKE_MYSQL_FAILS:-}" ] || exit 1
     echo "mysql://my/test $FAKE_MYSQL_DATADIR" ;;
+  "python scripts/ensure_rabbitmq.py ") [ -z "${FAKE_AMQP_FAILS:-}" ] || exit 1
+    echo "amqp://mq/ $FAKE_AMQP_DIR" ;;
   "python -m pytest") echo "pytest pg=$CONVEYOR_TEST_POSTGRES_URL mysql=$CONVEYOR_TEST_MYSQL_URL" \\
+    "amqp=$CONVEYOR_TEST_AMQP_URL" \\
     >> "$(dirname "$0")/../../calls.log"; exit "${FAKE_PYTEST_EXIT:-0}" ;;
 esac
 """
@@ -198,7 +201,7 @@ def _run_test_sh(tmp_path: Path, **fakes: str) -> tuple[int, list[str]]:
         fake.write_text(FAKE_TOOL)
         fake.chmod(0o755)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CONVEYOR_", "FAKE_"))}
-    env |= {"FAKE_PG_DATADIR": "-", "FAKE_MYSQL_DATADIR": "-", **fakes}
+    env |= {"FAKE_PG_DATADIR": "-", "FAKE_MYSQL_DATADIR": "-", "FAKE_AMQP_DIR": "-", **fakes}
     done = subprocess.run(
         ["bash", "scripts/test.sh", "-q"], cwd=project, env=env, capture_output=True, text=True, timeout=60
     )
@@ -206,13 +209,33 @@ def _run_test_sh(tmp_path: Path, **fakes: str) -> tuple[int, list[str]]:
     return done.returncode, [c for c in calls if c.startswith(("python scripts/", "pytest "))]
 
 
-def test_test_sh_exports_both_urls_and_stops_both_throwaway_servers_on_exit(tmp_path: Path) -> None:
-    code, calls = _run_test_sh(tmp_path, FAKE_PG_DATADIR="/tmp/pg", FAKE_MYSQL_DATADIR="/tmp/my", FAKE_PYTEST_EXIT="3")
+def test_test_sh_exports_the_urls_and_stops_every_throwaway_server_on_exit(tmp_path: Path) -> None:
+    code, calls = _run_test_sh(
+        tmp_path,
+        FAKE_PG_DATADIR="/tmp/pg",
+        FAKE_MYSQL_DATADIR="/tmp/my",
+        FAKE_AMQP_DIR="/tmp/mq",
+        FAKE_PYTEST_EXIT="3",
+    )
     assert code == 3  # pytest's failure is the script's, the trap notwithstanding
     assert calls == [
         "python scripts/ensure_postgres.py",
         "python scripts/ensure_mysql.py",
-        "pytest pg=postgresql://pg/test mysql=mysql://my/test",
+        "python scripts/ensure_rabbitmq.py",
+        "pytest pg=postgresql://pg/test mysql=mysql://my/test amqp=amqp://mq/",
+        "python scripts/ensure_rabbitmq.py stop /tmp/mq",
+        "python scripts/ensure_mysql.py stop /tmp/my",
+        "python scripts/ensure_postgres.py stop /tmp/pg",
+    ]
+
+
+def test_test_sh_stops_the_throwaway_databases_when_rabbitmq_cannot_be_had(tmp_path: Path) -> None:
+    code, calls = _run_test_sh(tmp_path, FAKE_PG_DATADIR="/tmp/pg", FAKE_MYSQL_DATADIR="/tmp/my", FAKE_AMQP_FAILS="1")
+    assert code != 0
+    assert calls == [
+        "python scripts/ensure_postgres.py",
+        "python scripts/ensure_mysql.py",
+        "python scripts/ensure_rabbitmq.py",
         "python scripts/ensure_mysql.py stop /tmp/my",
         "python scripts/ensure_postgres.py stop /tmp/pg",
     ]
@@ -234,5 +257,6 @@ def test_test_sh_stops_nothing_it_did_not_start(tmp_path: Path) -> None:
     assert calls == [
         "python scripts/ensure_postgres.py",
         "python scripts/ensure_mysql.py",
-        "pytest pg=postgresql://pg/test mysql=mysql://my/test",
+        "python scripts/ensure_rabbitmq.py",
+        "pytest pg=postgresql://pg/test mysql=mysql://my/test amqp=amqp://mq/",
     ]

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from conveyor._context import JobContext
 from conveyor._errors import ConfigurationError, ConveyorError, PayloadError
+from conveyor._ids import uuid7
 from conveyor._job import Job
 from conveyor._limits import check_name, check_seconds, is_utf8, preview
 
@@ -107,12 +108,12 @@ def _check_value(value: Any, where: str) -> None:
             _check_value(item, f"{where}[{i}]")
 
 
-def _read_job(payload: Mapping[str, Any], relay_exchange: str) -> tuple[str, str, bytes]:
-    """The exchange, routing key and body of a relay job; PayloadError (the job is dead at once) for a job
-    that no retry could publish (one sent with ``app.send`` directly, or by older code)."""
-    unknown = sorted(set(payload) - {"routing_key", "body", "exchange"})
+def _read_job(payload: Mapping[str, Any], relay_exchange: str) -> tuple[str, str, bytes, str | None]:
+    """The exchange, routing key, body and message id of a relay job; PayloadError (the job is dead at once)
+    for a job that no retry could publish (one sent with ``app.send`` directly, or by older code)."""
+    unknown = sorted(set(payload) - {"routing_key", "body", "exchange", "message_id"})
     if unknown:
-        raise PayloadError(f"a {TASK_NAME} job takes routing_key, body and exchange; got also {unknown}")
+        raise PayloadError(f"a {TASK_NAME} job takes routing_key, body, exchange and message_id; got also {unknown}")
     if "routing_key" not in payload:
         raise PayloadError(f"a {TASK_NAME} job needs a routing_key (send it with Relay.publish)")
     routing_key = check_shortstr(payload["routing_key"], "routing_key")
@@ -121,7 +122,11 @@ def _read_job(payload: Mapping[str, Any], relay_exchange: str) -> tuple[str, str
     body = payload.get("body", {})
     if not isinstance(body, Mapping):
         raise PayloadError(f"a {TASK_NAME} job's body must be a JSON object, got {type(body).__name__}")
-    return exchange, routing_key, json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    message_id = payload.get("message_id")
+    if message_id is not None:
+        message_id = check_shortstr(message_id, "message_id")
+    encoded = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    return exchange, routing_key, encoded, message_id
 
 
 def _describe(exchange: str, routing_key: str) -> str:
@@ -175,9 +180,10 @@ class Relay:
     ``url`` is the broker's (``amqp://user:password@host:5672/vhost``); ``exchange`` is the exchange a
     :meth:`publish` without one goes to (``""``: the default exchange, which routes by queue name);
     ``queue`` is the Conveyor queue of the relay's jobs; ``confirm_timeout`` bounds, in seconds, both the
-    connection attempt and the wait for the broker's confirm. Registers the task ``conveyor.relay`` on
-    ``app`` (one Relay per App). Raises ConfigurationError for a bad option, and ImportError without aio-pika
-    (``pip install 'conveyor[rabbitmq]'``)."""
+    connection attempt and the wait for the broker's confirm; ``task_options`` go to :meth:`App.task`
+    (``max_attempts``, ``backoff``, ``visibility_timeout``...: how the relay retries a broker that refuses).
+    Registers the task ``conveyor.relay`` on ``app`` (one Relay per App). Raises ConfigurationError for a bad
+    option. Importing this module without aio-pika raises ImportError (``pip install 'conveyor[rabbitmq]'``)."""
 
     def __init__(
         self,
@@ -187,6 +193,7 @@ class Relay:
         exchange: str = "",
         queue: str = "outbox",
         confirm_timeout: float = 30.0,
+        **task_options: Any,
     ) -> None:
         if not isinstance(url, str) or not url.startswith(("amqp://", "amqps://")):
             raise ConfigurationError(f"the relay's url must be an amqp:// or amqps:// URL, got {url!r}")
@@ -196,7 +203,9 @@ class Relay:
         self.queue = check_name(queue, "the relay's queue", ConfigurationError)
         self.confirm_timeout = check_seconds(confirm_timeout, "confirm_timeout", ConfigurationError, strict=True)
         self._links: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Link] = weakref.WeakKeyDictionary()
-        self.task = app.task(name=TASK_NAME, queue=self.queue)(self._handle)
+        if "name" in task_options or "queue" in task_options:
+            raise ConfigurationError("the relay's task is named conveyor.relay and runs on the relay's queue")
+        self.task = app.task(name=TASK_NAME, queue=self.queue, **task_options)(self._handle)
 
     def __repr__(self) -> str:
         return f"<Relay queue={self.queue} exchange={self.exchange!r}>"
@@ -235,10 +244,16 @@ class Relay:
             if not isinstance(headers, Mapping):
                 raise PayloadError(f"headers must be a JSON object (a dict), got {type(headers).__name__}")
             check_amqp_headers(headers)
-        payload = {"routing_key": routing_key, "body": body, "exchange": exchange}
+        if "id" in envelope:
+            raise PayloadError("a relayed message's id is its job's, minted here: give no id")
+        # The job's id is minted here and written into the payload as the message's id, so that a replay of
+        # the dead letter (a new job) publishes the message with the id it was first published with.
+        job_id = uuid7()
+        payload = {"routing_key": routing_key, "body": body, "exchange": exchange, "message_id": str(job_id)}
         return self.app.send(
             TASK_NAME,
             payload,
+            id=job_id,
             conn=conn,
             queue=self.queue,
             headers=headers,
@@ -280,7 +295,7 @@ class Relay:
 
         A job that no retry could publish raises PayloadError (dead at once, saying what is wrong); whatever
         the broker or the network does raises RelayError (retried with backoff)."""
-        exchange, routing_key, body = _read_job(payload, self.exchange)
+        exchange, routing_key, body, message_id = _read_job(payload, self.exchange)
         headers = ctx.headers
         check_amqp_headers(headers)
         message = aio_pika.Message(
@@ -289,8 +304,8 @@ class Relay:
             content_type="application/json",
             delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
             # The consumer's deduplication key: a message published again (a relay that died between the
-            # broker's confirm and the job's ack) carries the same id.
-            message_id=str(ctx.job_id),
+            # broker's confirm and the job's ack, a replay of its dead letter) carries the same id.
+            message_id=message_id if message_id is not None else str(ctx.job_id),
             timestamp=datetime.now(UTC),
         )
         link = self._link()

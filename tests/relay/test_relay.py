@@ -1,0 +1,278 @@
+"""The outbox relay (conveyor.relay) against a real RabbitMQ and real databases: what commits arrives once, with its
+job id as message_id; what rolls back never arrives; a broker that refuses or is away gets retries and a dead letter
+that names why, never a lost message; what the broker would refuse is refused at publish, with nothing written."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import socket
+import uuid
+from typing import Any
+
+import pytest
+from tests.conftest import driver_connection
+
+from conveyor import App, PayloadError
+from conveyor._errors import ConfigurationError, PayloadTooLarge
+from conveyor.backends.base import QueuesStatsParams
+from conveyor.relay import TASK_NAME, Relay
+from conveyor.testing import drain
+
+from .conftest import Broker
+
+
+def _live_jobs(app: App) -> int:
+    stats = app.backend.queues_stats(QueuesStatsParams(app.clock.now()))
+    return sum(s.pending + s.scheduled + s.processing for s in stats)
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _business_table(url: str) -> None:
+    with driver_connection(url, autocommit=True) as conn:
+        statement = "CREATE TABLE orders (id VARCHAR(64) PRIMARY KEY, total INT NOT NULL)"
+        if url.startswith("mysql://"):
+            with conn.cursor() as cur:
+                cur.execute(statement)
+        else:
+            conn.execute(statement)
+
+
+def _insert_order(conn: Any, url: str, order: str) -> None:
+    if url.startswith("mysql://"):
+        with conn.cursor() as cur:
+            cur.execute("INSERT INTO orders (id, total) VALUES (%s, 42)", (order,))
+    else:
+        conn.execute("INSERT INTO orders (id, total) VALUES (%s, 42)", (order,))
+
+
+@pytest.mark.parametrize("engine", ["postgres", "mysql"])
+def test_publish_in_a_transaction_arrives_once_if_it_commits_and_never_if_it_rolls_back(
+    engine: str, request: pytest.FixtureRequest, broker: Broker
+) -> None:
+    url = str(request.getfixturevalue("postgres_database" if engine == "postgres" else "mysql_database"))
+    _business_table(url)
+    with App(url, migrate=True) as app:
+        relay = Relay(app, broker.url, exchange=broker.exchange)
+        with driver_connection(url) as conn:
+            _insert_order(conn, url, "committed")
+            kept = relay.publish(broker.key, {"order": "committed", "total": 42}, conn=conn, headers={"tenant": "acme"})
+            conn.commit()
+        with driver_connection(url) as conn:
+            _insert_order(conn, url, "rolled-back")
+            gone = relay.publish(broker.key, {"order": "rolled-back"}, conn=conn)
+            conn.rollback()
+        result = drain(app, ["outbox"])
+        assert (result.completed, result.dead, result.retried) == (1, 0, 0)
+        assert app.job(kept.id).state == "completed"
+        with pytest.raises(LookupError):
+            app.job(gone.id)
+    got = broker.drain()
+    assert len(got) == 1
+    message = got[0]
+    assert message.message_id == str(kept.id)
+    assert json.loads(message.body) == {"order": "committed", "total": 42}
+    assert message.content_type == "application/json"
+    assert message.delivery_mode == 2  # persistent
+    assert (message.exchange, message.routing_key) == (broker.exchange, broker.key)
+    assert message.headers["tenant"] == "acme"
+    assert message.headers["correlation_id"] == str(kept.id)
+    assert message.headers["traceparent"].startswith("00-")
+
+
+def test_publish_on_sqlite_through_the_default_exchange(sqlite_url: str, broker: Broker) -> None:
+    """Without ``conn``: the message is its own transaction. The default exchange routes by queue name."""
+    with App(sqlite_url) as app:
+        relay = Relay(app, broker.url)
+        jobs = [relay.publish(broker.queue, {"n": n}, ordering_key="one-key") for n in range(20)]
+        assert drain(app, ["outbox"]).completed == 20
+    got = broker.drain()
+    # One ordering key: published in the order they were enqueued.
+    assert [r.message_id for r in got] == [str(j.id) for j in jobs]
+    assert [json.loads(r.body) for r in got] == [{"n": n} for n in range(20)]
+
+
+def test_a_missing_exchange_retries_then_dead_letters_naming_it_and_a_replay_after_it_exists_publishes(
+    sqlite_url: str, broker: Broker
+) -> None:
+    missing = f"{broker.exchange}-later"
+    with App(sqlite_url) as app:
+        relay = Relay(app, broker.url, backoff=[0.05])
+        job = relay.publish(broker.key, {"n": 1}, exchange=missing, max_attempts=3)
+        # Good messages on the same worker at the same time are not harmed by the bad one: the broker closes a
+        # channel that publishes to a missing exchange, so the relay checks the exchange on a channel of its own.
+        good = [relay.publish(broker.key, {"n": n}, exchange=broker.exchange) for n in range(10)]
+        result = drain(app, ["outbox"])
+        assert (result.completed, result.dead, result.retried) == (10, 1, 2)
+        assert all(app.job(g.id).attempts == 1 for g in good)
+        status = app.job(job.id)
+        assert (status.state, status.attempts) == ("dead", 3)
+        assert status.error is not None and status.error.type == "RelayError"
+        assert repr(missing) in status.error.message and "NOT_FOUND" in status.error.message
+        assert repr(broker.key) in status.error.message
+        assert len(broker.drain()) == 10
+
+        broker.extra_exchanges.append(missing)
+        broker.declare(exchange=missing)  # the test's queue bound to it by the test's key
+        assert len(app.admin.replay([job.id], reason="exchange created", actor="test").replayed) == 1
+        assert drain(app, ["outbox"]).completed == 1
+    got = broker.drain()
+    assert len(got) == 1 and json.loads(got[0].body) == {"n": 1}
+    assert (got[0].exchange, got[0].message_id) == (missing, str(job.id))
+
+
+def test_an_unroutable_message_is_retried_then_dead_lettered_naming_the_routing_key(
+    sqlite_url: str, broker: Broker
+) -> None:
+    """mandatory=True: a message no queue is bound for is returned, not dropped by the broker."""
+    with App(sqlite_url) as app:
+        relay = Relay(app, broker.url, exchange=broker.exchange, backoff=[0.05])
+        job = relay.publish("no-queue-bound-for-this", {"n": 1}, max_attempts=2)
+        result = drain(app, ["outbox"])
+        assert (result.dead, result.retried) == (1, 1)
+        status = app.job(job.id)
+        assert status.error is not None
+        assert "unroutable" in status.error.message and "'no-queue-bound-for-this'" in status.error.message
+        assert repr(broker.exchange) in status.error.message and "NO_ROUTE" in status.error.message
+    assert broker.drain() == []
+
+
+def test_an_unreachable_broker_is_retried_not_lost_and_a_replay_publishes_once_it_is_back(
+    sqlite_url: str, broker: Broker
+) -> None:
+    closed = f"amqp://guest:guest@127.0.0.1:{_closed_port()}/"
+    with App(sqlite_url) as app:
+        relay = Relay(app, closed, exchange=broker.exchange, confirm_timeout=2, backoff=[0.05], max_attempts=4)
+        job = relay.publish(broker.key, {"n": 7})
+        result = drain(app, ["outbox"])
+        assert (result.dead, result.retried, result.completed) == (1, 3, 0)
+        status = app.job(job.id)
+        assert (status.state, status.attempts) == ("dead", 4)
+        assert status.error is not None and status.error.type == "RelayError"
+        assert "cannot connect to the broker" in status.error.message
+    # The broker is back (another relay on the same database, pointed at the real one): replay publishes it.
+    with App(sqlite_url) as app:
+        Relay(app, broker.url, exchange=broker.exchange)
+        [(_, new_id)] = app.admin.replay([job.id], reason="broker back", actor="test").replayed
+        assert new_id != job.id
+        assert drain(app, ["outbox"]).completed == 1
+    got = broker.drain()
+    assert [json.loads(r.body) for r in got] == [{"n": 7}]
+    # The replay is a new job, but the message keeps the id it was first sent with: a consumer that saw it
+    # (a confirm lost on the way back) drops the copy.
+    assert got[0].message_id == str(job.id)
+
+
+@pytest.mark.parametrize(
+    ("routing_key", "exchange", "why"),
+    [
+        ("é" * 128, None, "256 bytes of UTF-8, over AMQP's 255-byte limit"),
+        ("a\x00b", None, "NUL"),
+        ("a\ud800", None, "lone surrogate"),
+        (b"bytes", None, "must be a string, got bytes"),
+        (42, None, "must be a string, got int"),
+        (None, None, "must be a string, got NoneType"),
+        ("ok", "x" * 256, "exchange is 256 bytes"),
+        ("ok", "\udfff", "exchange is not valid Unicode"),
+        ("ok", 3.5, "exchange must be a string, got float"),
+    ],
+)
+def test_publish_refuses_what_the_broker_would_refuse_with_nothing_written(
+    sqlite_url: str, routing_key: Any, exchange: Any, why: str
+) -> None:
+    with App(sqlite_url) as app:
+        relay = Relay(app, "amqp://guest:guest@127.0.0.1:5672/")
+        with pytest.raises(PayloadError, match=why):
+            relay.publish(routing_key, {"n": 1}, exchange=exchange)
+        assert _live_jobs(app) == 0
+
+
+def test_publish_refuses_bad_bodies_and_headers_with_nothing_written(sqlite_url: str) -> None:
+    with App(sqlite_url) as app:
+        relay = Relay(app, "amqp://guest:guest@127.0.0.1:5672/")
+        relay.publish("k" * 255, {"n": 1})  # 255 bytes: the limit itself is fine
+        assert _live_jobs(app) == 1
+        with pytest.raises(PayloadTooLarge, match="over the 262144-byte limit"):
+            relay.publish("k", {"blob": "x" * 300_000})
+        with pytest.raises(PayloadError, match="body must be a JSON object"):
+            relay.publish("k", ["not", "an", "object"])  # type: ignore[arg-type]
+        with pytest.raises(PayloadError, match="not JSON-serialisable"):
+            relay.publish("k", {"n": float("nan")})
+        with pytest.raises(PayloadError, match="NUL"):
+            relay.publish("k", {"s": "a\x00b"})
+        with pytest.raises(PayloadError, match="over AMQP's 128-byte limit for header names"):
+            relay.publish("k", {}, headers={"h" * 129: 1})
+        with pytest.raises(PayloadError, match="over AMQP's 128-byte limit for header names"):
+            relay.publish("k", {}, headers={"outer": {"h" * 129: 1}})
+        with pytest.raises(PayloadError, match="signed 64-bit"):
+            relay.publish("k", {}, headers={"big": 2**64})
+        with pytest.raises(PayloadError, match="its own queue"):
+            relay.publish("k", {}, queue="elsewhere")
+        with pytest.raises(PayloadError, match="give no id"):
+            relay.publish("k", {}, id=uuid.uuid4())
+        with pytest.raises(PayloadError, match="bad send option"):
+            relay.publish("k", {}, no_such_option=1)
+        assert _live_jobs(app) == 1
+
+
+def test_a_bad_job_sent_around_publish_is_dead_at_once_saying_what_is_wrong(sqlite_url: str, broker: Broker) -> None:
+    """A job that no retry could publish (sent with app.send directly, or by older code) never loops."""
+    bad = [
+        ({"body": {}}, "needs a routing_key"),
+        ({"routing_key": "é" * 200, "body": {}}, "over AMQP's 255-byte limit"),
+        ({"routing_key": 5, "body": {}}, "routing_key must be a string"),
+        ({"routing_key": "k", "body": [1, 2]}, "body must be a JSON object"),
+        ({"routing_key": "k", "body": {}, "exchange": 7}, "exchange must be a string"),
+        ({"routing_key": "k", "body": {}, "colour": "red"}, "got also \\['colour'\\]"),
+        ({"routing_key": "k", "body": {}, "message_id": "m" * 256}, "message_id is 256 bytes"),
+    ]
+    with App(sqlite_url) as app:
+        Relay(app, broker.url, exchange=broker.exchange)
+        jobs = [(app.send(TASK_NAME, payload, queue="outbox"), why) for payload, why in bad]
+        huge_header = app.send(TASK_NAME, {"routing_key": broker.key, "body": {}}, queue="outbox", headers={"n": 2**70})
+        result = drain(app, ["outbox"])
+        assert (result.dead, result.retried, result.completed) == (len(bad) + 1, 0, 0)
+        for job, why in jobs:
+            status = app.job(job.id)
+            assert (status.state, status.attempts) == ("dead", 1)
+            assert status.error is not None and status.error.type == "PayloadError"
+            assert re.search(why, status.error.message), (why, status.error.message)
+        status = app.job(huge_header.id)
+        assert status.error is not None and "signed 64-bit" in status.error.message
+    assert broker.drain() == []
+
+
+def test_relay_options_are_checked(sqlite_url: str) -> None:
+    with App(sqlite_url) as app:
+        for bad, why in [
+            ({"url": "http://broker"}, "amqp://"),
+            ({"exchange": "x" * 300}, "255-byte"),
+            ({"queue": ""}, "must not be empty"),
+            ({"confirm_timeout": float("nan")}, "confirm_timeout"),
+            ({"confirm_timeout": 0}, "confirm_timeout"),
+            ({"name": "other"}, "named conveyor.relay"),
+        ]:
+            options: dict[str, Any] = {"url": "amqp://guest:guest@127.0.0.1:5672/", **bad}
+            url = options.pop("url")
+            with pytest.raises(ConfigurationError, match=why):
+                Relay(app, url, **options)
+        Relay(app, "amqp://guest:guest@127.0.0.1:5672/")
+        with pytest.raises(ConfigurationError, match="already registered"):
+            Relay(app, "amqp://guest:guest@127.0.0.1:5672/", queue="other")
+
+
+def test_publish_async_enqueues_like_publish(sqlite_url: str, broker: Broker) -> None:
+    with App(sqlite_url) as app:
+        relay = Relay(app, broker.url, exchange=broker.exchange)
+        job = asyncio.run(relay.publish_async(broker.key, {"n": 1}, headers={"tenant": "t"}, priority=5))
+        with pytest.raises(PayloadError, match="NUL"):
+            asyncio.run(relay.publish_async("a\x00", {}))
+        assert drain(app, ["outbox"]).completed == 1
+    got = broker.drain()
+    assert [(r.message_id, r.headers["tenant"]) for r in got] == [(str(job.id), "t")]
