@@ -8,10 +8,12 @@ import uuid
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import aio_pika
 import pytest
+from tests.e2e._support import Procs
 
 AMQP_URL = os.environ.get("CONVEYOR_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
 
@@ -147,3 +149,13 @@ def broker(amqp_url: str) -> Iterator[Broker]:
         yield b
     finally:
         b.delete([b.exchange, *b.extra_exchanges], [b.queue, *b.extra_queues])
+
+
+@pytest.fixture
+def procs(tmp_path: Path) -> Iterator[Procs]:
+    """Starts real subprocesses; kills (by process group) any left running at teardown."""
+    p = Procs(tmp_path)
+    try:
+        yield p
+    finally:
+        p.cleanup()
