@@ -334,7 +334,9 @@ class Relay:
                 raise RelayError(f"cannot connect to the broker: {_reason(exc)}") from exc
             try:
                 # on_return_raises: a message returned as unroutable (mandatory) fails its publish.
-                channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
+                channel = await asyncio.wait_for(
+                    connection.channel(publisher_confirms=True, on_return_raises=True), self.confirm_timeout
+                )
             except BaseException as exc:
                 await _close(connection)
                 if isinstance(exc, Exception):
@@ -358,12 +360,15 @@ class Relay:
             connection = link.connection
             if connection is None:
                 raise RelayError("the connection to the broker was closed")
-            probe = await connection.channel(publisher_confirms=False)
-            try:
-                await probe.get_exchange(name, ensure=True)
-            finally:
-                if not probe.is_closed:
-                    await probe.close()
+            # Bounded as a publish is: a broker that takes the connection but answers nothing (a resource
+            # alarm) must fail the attempt, not hold the job for ever.
+            async with asyncio.timeout(self.confirm_timeout):
+                probe = await connection.channel(publisher_confirms=False)
+                try:
+                    await probe.get_exchange(name, ensure=True)
+                finally:
+                    if not probe.is_closed:
+                        await probe.close()
             link.exchanges.add(name)
         return await channel.get_exchange(name, ensure=False)
 
@@ -394,7 +399,7 @@ class Relay:
             # Not confirmed in time: the connection may be dead (a half-open socket); open another.
             await link.drop(channel)
             raise RelayError(
-                f"the broker did not confirm the message within {self.confirm_timeout:g}s ({where})"
+                f"the broker did not answer (confirm the message) within {self.confirm_timeout:g}s ({where})"
             ) from exc
         except Exception as exc:
             await link.drop(channel)

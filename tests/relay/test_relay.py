@@ -5,6 +5,7 @@ that names why, never a lost message; what the broker would refuse is refused at
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import re
 import socket
@@ -14,7 +15,7 @@ from typing import Any
 import pytest
 from tests.conftest import driver_connection
 
-from conveyor import App, PayloadError
+from conveyor import App, PayloadError, Worker
 from conveyor._errors import ConfigurationError, PayloadTooLarge
 from conveyor.backends.base import QueuesStatsParams
 from conveyor.relay import TASK_NAME, Relay
@@ -276,3 +277,23 @@ def test_publish_async_enqueues_like_publish(sqlite_url: str, broker: Broker) ->
         assert drain(app, ["outbox"]).completed == 1
     got = broker.drain()
     assert [(r.message_id, r.headers["tenant"]) for r in got] == [(str(job.id), "t")]
+
+
+def test_the_connection_closes_with_the_event_loop_of_a_worker_run(sqlite_url: str, broker: Broker) -> None:
+    """The worker has no stop hook for handlers: the relay's connection (one per event loop, shared by the slots)
+    is closed when the loop shuts down, as Worker.run_sync, asyncio.run and the testing kit's drain do it, and
+    nothing is left for the garbage collector to complain about."""
+    with App(sqlite_url) as app:
+        relay = Relay(app, broker.url, exchange=broker.exchange)
+        for n in range(30):
+            relay.publish(broker.key, {"n": n})
+        worker = Worker(app, ["outbox"], burst=True, concurrency=5)
+        with asyncio.Runner() as runner:
+            runner.run(worker.run())
+            link = relay._links[runner.get_loop()]
+            connection = link.connection
+            assert connection is not None and not connection.is_closed  # kept open across the jobs
+        assert connection.is_closed
+        assert worker.counters.completed == 30
+        gc.collect()  # an unclosed connection's tasks would be reported here (warnings are errors)
+    assert len(broker.drain()) == 30
