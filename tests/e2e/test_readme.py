@@ -183,6 +183,15 @@ SPECS = [
         "conveyor topics subscribe orders audit",
         after=lambda reader, names: _assert(len(reader.live("billing")) == 2 and reader.live("eu-shipping")),
     ),
+    Spec(
+        'relay.publish("order.shipped"',
+        given=_app_and_url,
+        before=lambda reader: _create(reader, "shipments (order_id integer)"),
+        after=lambda reader, names: _assert(
+            reader.sql("SELECT order_id FROM shipments") == [(7,)]
+            and [(j.task, j.ordering_key) for j in reader.live("outbox")] == [("conveyor.relay", "order-7")]
+        ),
+    ),
     Spec("conveyor contract --app myproject.tasks:app"),
     Spec("conveyor export --out history/", "pipeline", "Spark: see test_readme_pipeline_block_runs_as_written"),
     Spec("from conveyor.testing import assert_enqueued", after=_run_the_tests),
