@@ -330,6 +330,8 @@ class Relay:
                 connection = await aio_pika.connect(self.url, timeout=self.confirm_timeout)
             except asyncio.CancelledError:
                 raise
+            except TimeoutError as exc:
+                raise RelayError(f"cannot connect to the broker: no answer within {self.confirm_timeout:g}s") from exc
             except Exception as exc:
                 raise RelayError(f"cannot connect to the broker: {_reason(exc)}") from exc
             try:

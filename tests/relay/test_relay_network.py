@@ -1,0 +1,115 @@
+"""The relay behind a real TCP proxy to the real broker: a network that swallows everything (no confirm ever
+comes) fails the attempt after ``confirm_timeout`` and the message waits in the DLQ for a replay; a connection cut
+under a running worker is reopened by the next attempt on the same event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import threading
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+from tests.chaos._proxy import TcpProxy
+from tests.e2e._support import wait_until
+
+from conveyor import App, Worker
+from conveyor.relay import Relay
+from conveyor.testing import drain
+
+from .conftest import Broker
+
+
+class SwallowingProxy(TcpProxy):
+    """A TcpProxy that, while ``swallowing``, reads what either side sends and forwards nothing: a network that
+    keeps the sockets open and loses every byte (a broker blocked by a resource alarm looks the same)."""
+
+    swallowing = False
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:  # type: ignore[override]
+        try:
+            while data := await reader.read(65536):
+                if self.swallowing:
+                    continue
+                writer.write(data)
+                await writer.drain()
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            with contextlib.suppress(Exception):
+                writer.transport.abort()
+
+
+def _through(proxy: TcpProxy, url: str) -> str:
+    parts = urlsplit(url)
+    netloc = f"{parts.username}:{parts.password}@127.0.0.1:{proxy.port}"
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+@pytest.fixture
+def proxy(broker: Broker) -> SwallowingProxy:
+    parts = urlsplit(broker.url)
+    with SwallowingProxy(parts.hostname or "127.0.0.1", parts.port or 5672) as p:
+        yield p  # type: ignore[misc]
+
+
+@pytest.mark.timeout(60)
+def test_no_confirm_within_confirm_timeout_fails_the_attempt_and_a_replay_publishes(
+    sqlite_url: str, broker: Broker, proxy: SwallowingProxy
+) -> None:
+    with App(sqlite_url) as app:
+        relay = Relay(app, _through(proxy, broker.url), exchange=broker.exchange, confirm_timeout=1)
+        first = relay.publish(broker.key, {"n": 1})
+        swallowed = relay.publish(broker.key, {"n": 2}, delay=1.5, max_attempts=1)
+        worker = Worker(app, ["outbox"], burst=True, concurrency=2)
+        thread = threading.Thread(target=worker.run_sync, kwargs={"install_signals": False})
+        thread.start()
+        try:
+            wait_until(lambda: broker.depth() >= 1, 10, "the first message at the broker")
+            # The connection is open and stays so; from now on nothing gets through, no confirm comes back.
+            proxy.swallowing = True
+        finally:
+            thread.join(30)
+        assert not thread.is_alive()
+        assert app.job(first.id).state == "completed"
+        status = app.job(swallowed.id)
+        assert status.state == "dead" and status.error is not None and status.error.type == "RelayError"
+        assert "did not answer (confirm the message) within 1s" in status.error.message
+        assert repr(broker.key) in status.error.message
+        # A fresh connection attempt is refused the same way, in one line.
+        proxy.swallowing = True
+        dead_connect = relay.publish(broker.key, {"n": 3}, max_attempts=1)
+        assert drain(app, ["outbox"]).dead == 1
+        error = app.job(dead_connect.id).error
+        assert error is not None and error.message == "cannot connect to the broker: no answer within 1s"
+        # The network is back: a replay publishes both, with the ids they were first sent with.
+        proxy.swallowing = False
+        assert len(app.admin.replay([swallowed.id, dead_connect.id], reason="network back", actor="test").replayed) == 2
+        assert drain(app, ["outbox"]).completed == 2
+    got = broker.drain()
+    assert sorted((r.message_id or "", json.loads(r.body)["n"]) for r in got) == sorted(
+        [(str(first.id), 1), (str(swallowed.id), 2), (str(dead_connect.id), 3)]
+    )
+
+
+@pytest.mark.timeout(60)
+def test_a_connection_cut_under_a_running_worker_is_reopened_by_the_next_attempt(
+    sqlite_url: str, broker: Broker, proxy: SwallowingProxy
+) -> None:
+    with App(sqlite_url) as app:
+        relay = Relay(app, _through(proxy, broker.url), exchange=broker.exchange, backoff=[0.05])
+        first = relay.publish(broker.key, {"n": 1})
+        second = relay.publish(broker.key, {"n": 2}, delay=1.5)  # keeps the burst running past the cut
+        worker = Worker(app, ["outbox"], burst=True, concurrency=2)
+        thread = threading.Thread(target=worker.run_sync, kwargs={"install_signals": False})
+        thread.start()
+        try:
+            wait_until(lambda: broker.depth() >= 1, 10, "the first message at the broker")
+            assert proxy.cut() == 1  # the loop's one connection, shared by its slots
+        finally:
+            thread.join(30)
+        assert not thread.is_alive()
+        assert app.job(first.id).state == app.job(second.id).state == "completed"
+        assert proxy.connections_total == 2
+    assert {r.message_id for r in broker.drain()} == {str(first.id), str(second.id)}
