@@ -394,7 +394,9 @@ class Relay:
             raise RelayError(f"the broker returned the message as unroutable ({where}): {_reason(exc)}") from exc
         except aiormq.exceptions.DeliveryError as exc:
             raise RelayError(f"the broker nacked the message ({where}): {_reason(exc)}") from exc
-        except aiormq.exceptions.ChannelNotFoundEntity as exc:
+        except aiormq.exceptions.ChannelClosed as exc:
+            # A refusal (404 no exchange, 403 access refused) closes the channel it came on: the probe's, or the
+            # shared one when the exchange was deleted since it was checked.
             await self._after_channel_error(link, channel)
             raise RelayError(f"the broker refused the message ({where}): {_reason(exc)}") from exc
         except TimeoutError as exc:

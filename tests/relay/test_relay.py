@@ -9,11 +9,13 @@ import gc
 import json
 import re
 import socket
+import threading
 import uuid
 from typing import Any
 
 import pytest
 from tests.conftest import driver_connection
+from tests.e2e._support import wait_until
 
 from conveyor import App, PayloadError, Worker
 from conveyor._errors import ConfigurationError, PayloadTooLarge
@@ -297,3 +299,33 @@ def test_the_connection_closes_with_the_event_loop_of_a_worker_run(sqlite_url: s
         assert worker.counters.completed == 30
         gc.collect()  # an unclosed connection's tasks would be reported here (warnings are errors)
     assert len(broker.drain()) == 30
+
+
+@pytest.mark.timeout(60)
+def test_an_exchange_deleted_after_it_was_checked_fails_its_jobs_and_the_relay_recovers(
+    sqlite_url: str, broker: Broker
+) -> None:
+    """The relay checks an exchange once per connection; deleted later, the broker closes the shared channel on
+    the next publish to it: that attempt fails, the connection is reopened, and the other messages go on."""
+    doomed = f"{broker.exchange}-doomed"
+    broker.extra_exchanges.append(doomed)
+    broker.declare(exchange=doomed)
+    with App(sqlite_url) as app:
+        relay = Relay(app, broker.url, backoff=[0.05])
+        first = relay.publish(broker.key, {"n": 1}, exchange=doomed)
+        later = relay.publish(broker.key, {"n": 2}, exchange=doomed, delay=1.5, max_attempts=2)
+        after = relay.publish(broker.key, {"n": 3}, exchange=broker.exchange, delay=2.5)
+        worker = Worker(app, ["outbox"], burst=True, concurrency=2)
+        thread = threading.Thread(target=worker.run_sync, kwargs={"install_signals": False})
+        thread.start()
+        try:
+            wait_until(lambda: broker.depth() >= 1, 10, "the first message at the broker")
+            broker.delete([doomed], [])
+        finally:
+            thread.join(30)
+        assert not thread.is_alive()
+        assert app.job(first.id).state == app.job(after.id).state == "completed"
+        status = app.job(later.id)
+        assert (status.state, status.attempts) == ("dead", 2)
+        assert status.error is not None and f"no exchange {doomed!r}" in status.error.message
+    assert sorted(json.loads(r.body)["n"] for r in broker.drain()) == [1, 3]
