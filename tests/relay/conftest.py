@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import uuid
 from collections import Counter
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,8 @@ from typing import Any
 import aio_pika
 import pytest
 from tests.e2e._support import Procs
+
+from conveyor import App, Worker
 
 AMQP_URL = os.environ.get("CONVEYOR_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
 
@@ -159,3 +163,28 @@ def procs(tmp_path: Path) -> Iterator[Procs]:
         yield p
     finally:
         p.cleanup()
+
+
+@contextmanager
+def running_worker(app: App, concurrency: int = 2) -> Iterator[Worker]:
+    """A worker on the queue ``outbox`` running in a thread of its own (its own event loop, so one broker
+    connection throughout) until the block ends; then stopped gracefully, its loop shut down."""
+    worker = Worker(app, ["outbox"], concurrency=concurrency)
+    loops: list[asyncio.AbstractEventLoop] = []
+    started = threading.Event()
+
+    def run() -> None:
+        with asyncio.Runner() as runner:
+            loops.append(runner.get_loop())
+            started.set()
+            runner.run(worker.run())
+
+    thread = threading.Thread(target=run, name="relay-worker")
+    thread.start()
+    assert started.wait(10)
+    try:
+        yield worker
+    finally:
+        loops[0].call_soon_threadsafe(worker.stop)
+        thread.join(30)
+        assert not thread.is_alive(), "the worker did not stop"

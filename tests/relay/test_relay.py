@@ -9,7 +9,6 @@ import gc
 import json
 import re
 import socket
-import threading
 import uuid
 from typing import Any
 
@@ -23,7 +22,7 @@ from conveyor.backends.base import QueuesStatsParams
 from conveyor.relay import TASK_NAME, Relay
 from conveyor.testing import drain
 
-from .conftest import Broker
+from .conftest import Broker, running_worker
 
 
 def _live_jobs(app: App) -> int:
@@ -313,18 +312,14 @@ def test_an_exchange_deleted_after_it_was_checked_fails_its_jobs_and_the_relay_r
     with App(sqlite_url) as app:
         relay = Relay(app, broker.url, backoff=[0.05])
         first = relay.publish(broker.key, {"n": 1}, exchange=doomed)
-        later = relay.publish(broker.key, {"n": 2}, exchange=doomed, delay=1.5, max_attempts=2)
-        after = relay.publish(broker.key, {"n": 3}, exchange=broker.exchange, delay=2.5)
-        worker = Worker(app, ["outbox"], burst=True, concurrency=2)
-        thread = threading.Thread(target=worker.run_sync, kwargs={"install_signals": False})
-        thread.start()
-        try:
+        with running_worker(app):
             wait_until(lambda: broker.depth() >= 1, 10, "the first message at the broker")
             broker.delete([doomed], [])
-        finally:
-            thread.join(30)
-        assert not thread.is_alive()
-        assert app.job(first.id).state == app.job(after.id).state == "completed"
+            later = relay.publish(broker.key, {"n": 2}, exchange=doomed, max_attempts=2)
+            wait_until(lambda: app.job(later.id).state == "dead", 20, "the job of the deleted exchange dead")
+            after = relay.publish(broker.key, {"n": 3}, exchange=broker.exchange)
+            wait_until(lambda: app.job(after.id).state == "completed", 20, "the next message's job completed")
+        assert app.job(first.id).state == "completed"
         status = app.job(later.id)
         assert (status.state, status.attempts) == ("dead", 2)
         assert status.error is not None and f"no exchange {doomed!r}" in status.error.message

@@ -7,18 +7,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import threading
 from urllib.parse import urlsplit, urlunsplit
+from uuid import UUID
 
 import pytest
 from tests.chaos._proxy import TcpProxy
 from tests.e2e._support import wait_until
 
-from conveyor import App, Worker
+from conveyor import App
 from conveyor.relay import Relay
 from conveyor.testing import drain
 
-from .conftest import Broker
+from .conftest import Broker, running_worker
 
 
 class SwallowingProxy(TcpProxy):
@@ -54,6 +54,10 @@ def proxy(broker: Broker) -> SwallowingProxy:
         yield p  # type: ignore[misc]
 
 
+def _state(app: App, job_id: UUID, state: str) -> bool:
+    return app.job(job_id).state == state
+
+
 @pytest.mark.timeout(60)
 def test_no_confirm_within_confirm_timeout_fails_the_attempt_and_a_replay_publishes(
     sqlite_url: str, broker: Broker, proxy: SwallowingProxy
@@ -61,24 +65,18 @@ def test_no_confirm_within_confirm_timeout_fails_the_attempt_and_a_replay_publis
     with App(sqlite_url) as app:
         relay = Relay(app, _through(proxy, broker.url), exchange=broker.exchange, confirm_timeout=1)
         first = relay.publish(broker.key, {"n": 1})
-        swallowed = relay.publish(broker.key, {"n": 2}, delay=1.5, max_attempts=1)
-        worker = Worker(app, ["outbox"], burst=True, concurrency=2)
-        thread = threading.Thread(target=worker.run_sync, kwargs={"install_signals": False})
-        thread.start()
-        try:
+        with running_worker(app):
             wait_until(lambda: broker.depth() >= 1, 10, "the first message at the broker")
             # The connection is open and stays so; from now on nothing gets through, no confirm comes back.
             proxy.swallowing = True
-        finally:
-            thread.join(30)
-        assert not thread.is_alive()
+            swallowed = relay.publish(broker.key, {"n": 2}, max_attempts=1)
+            wait_until(lambda: _state(app, swallowed.id, "dead"), 20, "the swallowed message's job dead")
         assert app.job(first.id).state == "completed"
         status = app.job(swallowed.id)
-        assert status.state == "dead" and status.error is not None and status.error.type == "RelayError"
+        assert status.error is not None and status.error.type == "RelayError"
         assert "did not answer (confirm the message) within 1s" in status.error.message
         assert repr(broker.key) in status.error.message
         # A fresh connection attempt is refused the same way, in one line.
-        proxy.swallowing = True
         dead_connect = relay.publish(broker.key, {"n": 3}, max_attempts=1)
         assert drain(app, ["outbox"]).dead == 1
         error = app.job(dead_connect.id).error
@@ -100,16 +98,11 @@ def test_a_connection_cut_under_a_running_worker_is_reopened_by_the_next_attempt
     with App(sqlite_url) as app:
         relay = Relay(app, _through(proxy, broker.url), exchange=broker.exchange, backoff=[0.05])
         first = relay.publish(broker.key, {"n": 1})
-        second = relay.publish(broker.key, {"n": 2}, delay=1.5)  # keeps the burst running past the cut
-        worker = Worker(app, ["outbox"], burst=True, concurrency=2)
-        thread = threading.Thread(target=worker.run_sync, kwargs={"install_signals": False})
-        thread.start()
-        try:
+        with running_worker(app):
             wait_until(lambda: broker.depth() >= 1, 10, "the first message at the broker")
             assert proxy.cut() == 1  # the loop's one connection, shared by its slots
-        finally:
-            thread.join(30)
-        assert not thread.is_alive()
-        assert app.job(first.id).state == app.job(second.id).state == "completed"
+            second = relay.publish(broker.key, {"n": 2})
+            wait_until(lambda: _state(app, second.id, "completed"), 20, "the second message's job completed")
+        assert app.job(first.id).state == "completed"
         assert proxy.connections_total == 2
     assert {r.message_id for r in broker.drain()} == {str(first.id), str(second.id)}
