@@ -18,6 +18,7 @@ import pytest
 from tests.e2e._support import Procs
 
 from conveyor import App, Worker
+from conveyor.backends._redact import redact_url
 
 AMQP_URL = os.environ.get("CONVEYOR_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
 
@@ -136,7 +137,7 @@ def amqp_url() -> str:
         asyncio.run(check())
     except Exception as exc:  # pragma: no cover - a broken environment
         pytest.fail(
-            f"RabbitMQ at {AMQP_URL} is required and unreachable ({type(exc).__name__}: {exc}); "
+            f"RabbitMQ at {redact_url(AMQP_URL)} is required and unreachable ({type(exc).__name__}: {exc}); "
             "start one (scripts/ensure_rabbitmq.py) or set CONVEYOR_TEST_AMQP_URL"
         )
     return AMQP_URL

@@ -324,3 +324,18 @@ def test_an_exchange_deleted_after_it_was_checked_fails_its_jobs_and_the_relay_r
         assert (status.state, status.attempts) == ("dead", 2)
         assert status.error is not None and f"no exchange {doomed!r}" in status.error.message
     assert sorted(json.loads(r.body)["n"] for r in broker.drain()) == [1, 3]
+
+
+def test_a_refused_login_is_retried_and_its_dead_letter_does_not_show_the_password(
+    sqlite_url: str, broker: Broker
+) -> None:
+    wrong = broker.url.replace("guest:guest@", "guest:hunter2@")
+    assert wrong != broker.url
+    with App(sqlite_url) as app:
+        relay = Relay(app, wrong, exchange=broker.exchange, backoff=[0.05], max_attempts=2)
+        job = relay.publish(broker.key, {"n": 1})
+        assert drain(app, ["outbox"]).dead == 1
+        status = app.job(job.id)
+        assert status.attempts == 2 and status.error is not None
+        assert "cannot connect to the broker" in status.error.message and "ACCESS_REFUSED" in status.error.message
+        assert "hunter2" not in status.error.message + status.error.traceback
