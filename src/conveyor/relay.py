@@ -61,7 +61,7 @@ class RelayError(ConveyorError):
     message, never lost."""
 
 
-def check_shortstr(value: object, what: str, error: type[ConveyorError] = PayloadError) -> str:
+def _check_shortstr(value: object, what: str, error: type[ConveyorError] = PayloadError) -> str:
     """``value`` as a plain ``str`` if the broker takes it as an AMQP short string (exchange name, routing
     key): at most 255 bytes of UTF-8, valid Unicode; else raise ``error``. Empty is allowed (the default
     exchange; a fanout's routing key)."""
@@ -78,7 +78,7 @@ def check_shortstr(value: object, what: str, error: type[ConveyorError] = Payloa
     return value
 
 
-def check_amqp_headers(headers: Mapping[str, Any], what: str = "headers") -> None:
+def _check_amqp_headers(headers: Mapping[str, Any], what: str = "headers") -> None:
     """Raise PayloadError for JSON headers that an AMQP table cannot carry as they are: a name (at any
     depth) over 128 bytes of UTF-8, which the client would truncate, or an integer outside 64 bits."""
     _check_table(headers, what)
@@ -116,15 +116,15 @@ def _read_job(payload: Mapping[str, Any], relay_exchange: str) -> tuple[str, str
         raise PayloadError(f"a {TASK_NAME} job takes routing_key, body, exchange and message_id; got also {unknown}")
     if "routing_key" not in payload:
         raise PayloadError(f"a {TASK_NAME} job needs a routing_key (send it with Relay.publish)")
-    routing_key = check_shortstr(payload["routing_key"], "routing_key")
+    routing_key = _check_shortstr(payload["routing_key"], "routing_key")
     exchange = payload.get("exchange")
-    exchange = relay_exchange if exchange is None else check_shortstr(exchange, "exchange")
+    exchange = relay_exchange if exchange is None else _check_shortstr(exchange, "exchange")
     body = payload.get("body", {})
     if not isinstance(body, Mapping):
         raise PayloadError(f"a {TASK_NAME} job's body must be a JSON object, got {type(body).__name__}")
     message_id = payload.get("message_id")
     if message_id is not None:
-        message_id = check_shortstr(message_id, "message_id")
+        message_id = _check_shortstr(message_id, "message_id")
     encoded = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     return exchange, routing_key, encoded, message_id
 
@@ -199,7 +199,7 @@ class Relay:
             raise ConfigurationError(f"the relay's url must be an amqp:// or amqps:// URL, got {url!r}")
         self.app = app
         self.url = url
-        self.exchange = check_shortstr(exchange, "the relay's exchange", ConfigurationError)
+        self.exchange = _check_shortstr(exchange, "the relay's exchange", ConfigurationError)
         self.queue = check_name(queue, "the relay's queue", ConfigurationError)
         self.confirm_timeout = check_seconds(confirm_timeout, "confirm_timeout", ConfigurationError, strict=True)
         self._links: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Link] = weakref.WeakKeyDictionary()
@@ -234,8 +234,8 @@ class Relay:
         Raises PayloadError, with nothing written, for what the broker would refuse later: a routing key or
         exchange that is not a string of at most 255 bytes of valid UTF-8, a header name over 128 bytes or
         an integer outside 64 bits, and for anything :meth:`App.send` refuses (a body over the size limit)."""
-        routing_key = check_shortstr(routing_key, "routing_key")
-        exchange = self.exchange if exchange is None else check_shortstr(exchange, "exchange")
+        routing_key = _check_shortstr(routing_key, "routing_key")
+        exchange = self.exchange if exchange is None else _check_shortstr(exchange, "exchange")
         if not isinstance(body, Mapping):
             raise PayloadError(f"body must be a JSON object (a dict), got {type(body).__name__}")
         if "queue" in envelope or "task" in envelope:
@@ -243,7 +243,7 @@ class Relay:
         if headers is not None:
             if not isinstance(headers, Mapping):
                 raise PayloadError(f"headers must be a JSON object (a dict), got {type(headers).__name__}")
-            check_amqp_headers(headers)
+            _check_amqp_headers(headers)
         if "id" in envelope:
             raise PayloadError("a relayed message's id is its job's, minted here: give no id")
         # The job's id is minted here and written into the payload as the message's id, so that a replay of
@@ -297,7 +297,7 @@ class Relay:
         the broker or the network does raises RelayError (retried with backoff)."""
         exchange, routing_key, body, message_id = _read_job(payload, self.exchange)
         headers = ctx.headers
-        check_amqp_headers(headers)
+        _check_amqp_headers(headers)
         message = aio_pika.Message(
             body,
             headers=headers,
