@@ -24,6 +24,7 @@ from conveyor._errors import BackendUnavailable, ConfigurationError, JobNotFound
 from conveyor._ids import uuid7
 from conveyor._job import JobStatus
 from conveyor._limits import check_name
+from conveyor._scaling import ScalingDecision, ScalingPolicy, sum_load
 from conveyor.backends import open_backend
 from conveyor.backends.base import (
     AlertsSetParams,
@@ -65,6 +66,8 @@ __all__ = [
     "PurgeResult",
     "QueueStats",
     "ReplayResult",
+    "ScalingDecision",
+    "ScalingPolicy",
     "Schedule",
     "Subscription",
     "TaskTotals",
@@ -109,7 +112,7 @@ class Admin:
 
     Reads: :meth:`queues`, :meth:`task_totals`, :meth:`workers`, :meth:`alerts`,
     :meth:`database_health`, :meth:`job`, :meth:`dead_letters`, :meth:`dead_letter`, :meth:`audit`,
-    :meth:`schedules`, :meth:`subscriptions`. Actions, each audited under ``actor``: :meth:`replay`,
+    :meth:`schedules`, :meth:`subscriptions`, :meth:`scaling`. Actions, each audited under ``actor``: :meth:`replay`,
     :meth:`purge`, :meth:`add_schedule`, :meth:`pause_schedule`, :meth:`resume_schedule`,
     :meth:`set_schedule`, :meth:`remove_schedule`, :meth:`subscribe`, :meth:`unsubscribe`,
     :meth:`create_token`, :meth:`revoke_token`. Bad input
@@ -179,6 +182,34 @@ class Admin:
         now = self.app.clock.now()
         states = evaluate(rules, self.queues(), self.workers(), self.database_health(), now)
         return self.app.backend.alerts_set(AlertsSetParams(states, now))
+
+    def scaling(
+        self,
+        policy: ScalingPolicy,
+        *,
+        queues: Sequence[str] | None = None,
+        current: int | None = None,
+        concurrency: int | None = None,
+    ) -> ScalingDecision:
+        """How many worker processes the load of ``queues`` (None: every queue) asks for under ``policy``, now:
+        the recommendation for an external autoscaler (KEDA, an HPA on an external metric, a step policy).
+
+        ``current``: the processes running now (None: ``policy.minimum``); target tracking does not depend on
+        it, steps add to it. ``concurrency``: slots per process (None: the worker's default, 10). Stateless:
+        no cool-downs apply (the caller has no memory here); the external autoscaler's own stabilisation
+        window does that work. Raises ConfigurationError on a bad queue name or number."""
+        from conveyor.worker._config import DEFAULT_CONCURRENCY
+
+        names = None if queues is None else [check_name(q, "queue", ConfigurationError) for q in queues]
+        if names is not None and not names:
+            raise ConfigurationError("queues: give at least one queue name (or None for every queue)")
+        ready, in_flight = sum_load(self.queues(), names)
+        return policy.decide(
+            ready=ready,
+            in_flight=in_flight,
+            current=policy.minimum if current is None else current,
+            concurrency=DEFAULT_CONCURRENCY if concurrency is None else concurrency,
+        )
 
     def job(self, job_id: UUID | str) -> JobStatus:
         """One job, live or archived. Raises JobNotFoundError."""

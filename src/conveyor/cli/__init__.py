@@ -15,6 +15,7 @@ from conveyor.cli._common import configure_logging, settings
 from conveyor.cli.dlq import audit, dlq
 from conveyor.cli.jobs import contract, job, migrate, publish, send, stats
 from conveyor.cli.monitor import alerts, workers
+from conveyor.cli.scale import scale
 from conveyor.cli.schedules import schedules
 from conveyor.cli.serve import serve
 from conveyor.cli.tokens import tokens
@@ -119,6 +120,7 @@ for _command in (
     contract,
     workers,
     alerts,
+    scale,
 ):
     cli.add_command(_command)
 

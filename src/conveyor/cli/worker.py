@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from conveyor.cli._common import fail, given_database, shared
+from conveyor.cli._common import FiniteFloat, fail, given_database, shared
 from conveyor.worker import WorkerConfig
 
 
@@ -62,6 +62,47 @@ from conveyor.worker import WorkerConfig
     help="Run each process on one CPU (Linux): much less CPU per job for def handlers waiting on I/O; "
     "costs the parallelism of handler code that releases the GIL.",
 )
+@click.option(
+    "--autoscale",
+    metavar="MIN:MAX",
+    default=None,
+    help="Grow and shrink the worker processes between MIN and MAX on the load of the queues "
+    "(target tracking: one job per slot; see --scale-steps). Not with --processes or --burst.",
+)
+@click.option(
+    "--scale-target",
+    type=FiniteFloat(min=0, min_open=True),
+    default=None,
+    help="With --autoscale: jobs (ready + in flight) per process (default: --concurrency).",
+)
+@click.option(
+    "--scale-steps",
+    metavar="N:K,...",
+    default=None,
+    help="With --autoscale: step scaling instead: a backlog of N ready jobs or more adds K processes "
+    "(e.g. 100:1,1000:2,10000:4); none matching and the jobs in flight fit in one fewer: one fewer.",
+)
+@click.option(
+    "--scale-interval",
+    type=FiniteFloat(min=0.05, max=3600),
+    default=5.0,
+    show_default=True,
+    help="With --autoscale: seconds between two reads of the load.",
+)
+@click.option(
+    "--scale-out-cooldown",
+    type=FiniteFloat(min=0, max=86400),
+    default=15.0,
+    show_default=True,
+    help="With --autoscale: seconds after a scale-out before the next one.",
+)
+@click.option(
+    "--scale-in-cooldown",
+    type=FiniteFloat(min=0, max=86400),
+    default=60.0,
+    show_default=True,
+    help="With --autoscale: seconds the load must ask for fewer processes before one stops (one at a time).",
+)
 @click.pass_context
 def worker(
     ctx: click.Context,
@@ -76,9 +117,34 @@ def worker(
     metrics_port: int | None,
     metrics_host: str,
     pin: bool,
+    autoscale: str | None,
+    scale_target: float | None,
+    scale_steps: str | None,
+    scale_interval: float,
+    scale_out_cooldown: float,
+    scale_in_cooldown: float,
 ) -> None:
     """Run workers for APP (module:attribute, e.g. myproject.tasks:app)."""
+    from conveyor._scaling import ScalingPolicy
     from conveyor.worker.supervisor import load_app, run_processes
+
+    policy = None
+    if autoscale is not None:
+        if ctx.get_parameter_source("processes") not in (None, click.core.ParameterSource.DEFAULT):
+            fail("--autoscale MIN:MAX sets the number of processes: give it or --processes, not both")
+        if burst:
+            fail("--autoscale cannot be combined with --burst (a burst drains its queues and exits)")
+        policy = ScalingPolicy.parse(
+            autoscale,
+            steps=scale_steps,
+            target=scale_target,
+            scale_out_cooldown=scale_out_cooldown,
+            scale_in_cooldown=scale_in_cooldown,
+        )
+    else:
+        for name in ("scale_target", "scale_steps", "scale_interval", "scale_out_cooldown", "scale_in_cooldown"):
+            if ctx.get_parameter_source(name) not in (None, click.core.ParameterSource.DEFAULT):
+                fail(f"--{name.replace('_', '-')} needs --autoscale MIN:MAX")
 
     loaded = load_app(app_path)
     db = given_database(ctx, loaded)
@@ -96,7 +162,7 @@ def worker(
         metrics_port=metrics_port,
         metrics_host=metrics_host,
     )
-    ctx.exit(run_processes(app_path, db, processes, config, pin=pin))
+    ctx.exit(run_processes(app_path, db, processes, config, pin=pin, autoscale=policy, scale_interval=scale_interval))
 
 
 def _lanes(text: str | None) -> tuple[list[str] | None, dict[str, int] | None]:

@@ -52,6 +52,7 @@ from conveyor._job import JobStatus
 from conveyor._limits import check_name, check_seconds
 from conveyor._message import TRACEPARENT, Message, new_traceparent
 from conveyor._otel import first_task, send_span, valid_traceparent
+from conveyor._scaling import MAX_PROCESSES, ScalingPolicy, parse_steps
 from conveyor._topics import published
 from conveyor.admin import QueueStats, Schedule, Token, WorkerInfo
 from conveyor.http import _parse
@@ -59,6 +60,7 @@ from conveyor.http._dashboard import SESSION_COOKIE, Dashboard, register_convert
 from conveyor.http._group import GroupCommit
 from conveyor.http._openapi import document
 from conveyor.http._parse import BadRequest
+from conveyor.worker._config import DEFAULT_CONCURRENCY
 
 log = logging.getLogger("conveyor.http")
 
@@ -77,6 +79,8 @@ MAX_BATCH = 1000
 #: this work comes after that wait, so a budget of its own kept a stop under 30 s.
 SHUTDOWN_SECONDS = 6.0
 MAX_IDS = 10_000
+#: The query parameters of ``GET /v1/scaling``.
+_SCALING_PARAMS = ("queues", "min", "max", "current", "concurrency", "target", "steps")
 #: Most seconds a replay over HTTP may spend waiting between chunks to keep to its ``rate``: the
 #: request and a server thread are held until the replay ends, and a stopping service gives the
 #: requests under way 24 s (``_serve``). A slower replay is the CLI's (``conveyor dlq replay --rate``).
@@ -503,6 +507,43 @@ class Service:
             visible.append(dataclasses.replace(w, queues=queues, in_flight=tuple(held)))
         return visible
 
+    async def scaling(self, request: Request) -> Response:
+        """GET /v1/scaling: the worker processes the load of ``queues`` asks for now under the policy the
+        parameters give (``min``, ``max``, ``current``, ``concurrency``, ``target`` or ``steps``): the
+        recommendation for an external autoscaler. Stateless: no cool-downs (the autoscaler has its own)."""
+        token = await self.token(request)
+        params = request.query_params
+        unknown = sorted(set(params) - set(_SCALING_PARAMS))
+        if unknown:
+            raise BadRequest(f"unknown parameter {unknown[0]!r:.60}; /v1/scaling takes {', '.join(_SCALING_PARAMS)}")
+        text = _parse.str_param(params, "queues")
+        queues = [check_name(q.strip(), "queues") for q in text.split(",")] if text is not None else None
+        if queues is not None:
+            for queue in queues:
+                _tokens.require(token, "operator", queue)
+        else:
+            _tokens.require(token, "operator", None)
+        maximum = _parse.int_param(params, "max", -1, 1, MAX_PROCESSES)
+        if maximum < 0:
+            raise BadRequest("max is required: the most processes (1 to 256)", "max")
+        try:
+            policy = ScalingPolicy(
+                _parse.int_param(params, "min", 1, 1, MAX_PROCESSES),
+                maximum,
+                target=_parse.float_param(params, "target"),
+                steps=parse_steps(params["steps"]) if params.get("steps") is not None else (),
+            )
+        except ConfigurationError as exc:
+            raise BadRequest(first_line(exc)) from None
+        decision = await self.run(
+            self.app.admin.scaling,
+            policy,
+            queues=queues,
+            current=_parse.int_param(params, "current", policy.minimum, 0, MAX_PROCESSES),
+            concurrency=_parse.int_param(params, "concurrency", DEFAULT_CONCURRENCY, 1, 10_000),
+        )
+        return json_response(decision.to_json())
+
     async def alerts(self, request: Request) -> Response:
         """GET /v1/alerts (also /api/alerts): alert states, firing and resolved (a token limited to
         queues sees theirs and the database-wide ones)."""
@@ -782,6 +823,7 @@ def routes(service: Service) -> list[Route]:
         r("/v1/queues", s.queues, ["GET"]),
         r("/v1/workers", s.workers, ["GET"]),
         r("/v1/alerts", s.alerts, ["GET"]),
+        r("/v1/scaling", s.scaling, ["GET"]),
         # The dashboard's names for the same two reads.
         r("/api/workers", s.workers, ["GET"]),
         r("/api/alerts", s.alerts, ["GET"]),

@@ -12,6 +12,7 @@ from typing import Any
 from conveyor import __version__
 from conveyor._admin import MAX_REPLAY_RATE, MIN_REPLAY_RATE
 from conveyor._limits import INT32_MAX, INT32_MIN, MAX_ATTEMPTS, MAX_KEY_BYTES, MAX_NAME_CHARS, MAX_SECONDS
+from conveyor._scaling import MAX_PROCESSES
 from conveyor.http._parse import RFC3339_FORM
 
 _NAME = {"type": "string", "minLength": 1, "maxLength": MAX_NAME_CHARS}
@@ -98,6 +99,17 @@ _SCHEMAS: dict[str, Any] = {
                     "field": {"type": "string"},
                 },
             }
+        },
+    },
+    "Scaling": {
+        "type": "object",
+        "required": ["desired", "current", "ready", "in_flight", "reason"],
+        "properties": {
+            "desired": {"type": "integer", "minimum": 1, "maximum": MAX_PROCESSES},
+            "current": {"type": "integer", "minimum": 0},
+            "ready": {"type": "integer", "minimum": 0},
+            "in_flight": {"type": "integer", "minimum": 0},
+            "reason": {"type": "string"},
         },
     },
     "NewJob": {
@@ -281,6 +293,56 @@ def document(auth: bool = True) -> dict[str, Any]:
                 ("workers", "Worker processes with their in-flight job ids (operator)"),
                 ("alerts", "Alert states, firing and resolved (operator)"),
             )
+        },
+        "/v1/scaling": {
+            "get": {
+                "summary": "Worker processes the load of the queues asks for now, and why: a recommendation for an "
+                "external autoscaler; no cool-downs (operator)",
+                "operationId": "scaling",
+                **sec,
+                "parameters": [
+                    {
+                        "name": "queues",
+                        "in": "query",
+                        "schema": {"type": "string", "minLength": 1},
+                        "description": "a,b (default: every queue)",
+                    },
+                    {
+                        "name": "max",
+                        "in": "query",
+                        "required": True,
+                        "schema": {"type": "integer", "minimum": 1, "maximum": MAX_PROCESSES},
+                    },
+                    {
+                        "name": "min",
+                        "in": "query",
+                        "schema": {"type": "integer", "minimum": 1, "maximum": MAX_PROCESSES},
+                    },
+                    {
+                        "name": "current",
+                        "in": "query",
+                        "schema": {"type": "integer", "minimum": 0, "maximum": MAX_PROCESSES},
+                    },
+                    {
+                        "name": "concurrency",
+                        "in": "query",
+                        "schema": {"type": "integer", "minimum": 1, "maximum": 10000},
+                    },
+                    {
+                        "name": "target",
+                        "in": "query",
+                        "schema": {"type": "string", "pattern": "^[0-9]{1,12}(\\.[0-9]{1,12})?$"},
+                        "description": "jobs per process (default: concurrency)",
+                    },
+                    {
+                        "name": "steps",
+                        "in": "query",
+                        "schema": {"type": "string"},
+                        "description": "step scaling: BACKLOG:ADD,... (e.g. 100:1,1000:2)",
+                    },
+                ],
+                "responses": {"200": _json(_ref("Scaling")), **_errors(400, *_AUTH, 503)},
+            }
         },
         "/v1/dead-letters": {
             "get": {

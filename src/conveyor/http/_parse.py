@@ -211,6 +211,20 @@ def int_param(params: Mapping[str, str], name: str, default: int, low: int, high
     return value
 
 
+_DECIMAL = re.compile(r"[0-9]{1,12}(?:\.[0-9]{1,12})?")
+
+
+def float_param(params: Mapping[str, str], name: str) -> float | None:
+    """An optional query parameter that must be a positive decimal number (``2``, ``2.5``; not ``nan``, ``inf``,
+    ``1e3``): None when absent."""
+    text = params.get(name)
+    if text is None:
+        return None
+    if not _DECIMAL.fullmatch(text) or float(text) <= 0:
+        raise BadRequest(f"{name} must be a positive decimal number (e.g. 2.5)", name)
+    return float(text)
+
+
 def str_param(params: Mapping[str, str], name: str) -> str | None:
     """An optional text query parameter (empty means absent)."""
     return params.get(name) or None

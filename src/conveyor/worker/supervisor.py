@@ -7,6 +7,7 @@ import ctypes
 import dataclasses
 import importlib
 import logging
+import math
 import multiprocessing
 import multiprocessing.process
 import os
@@ -18,6 +19,7 @@ from collections.abc import MutableSequence
 
 from conveyor._app import App
 from conveyor._errors import EXIT_DAMAGED, ConfigurationError, ConveyorError, exit_code, first_line
+from conveyor._scaling import ScalingPolicy, ScalingState, sum_load
 from conveyor.backends import check_url
 from conveyor.worker import _cpu
 from conveyor.worker._config import WorkerConfig
@@ -215,6 +217,8 @@ class _Slot:
     restart_at: float | None = None
     #: The process is stopped (SIGSTOP, SIGTSTP): seen by waitid, logged once per stop.
     stopped: bool = False
+    #: Autoscaling stopped this slot's process (SIGTERM): once it exits, the slot is gone, never restarted.
+    retiring: bool = False
 
     def died(self, was_up: bool, now: float) -> float | None:
         """Count the death of this slot's process; return the delay before its restart, or None when
@@ -246,8 +250,50 @@ def _stop_change(pid: int) -> int | None:
     return 0 if info.si_code == os.CLD_CONTINUED else None
 
 
+class _LoadReader:
+    """Reads the load of the worker's queues (ready and in-flight jobs) every ``interval`` seconds, in a thread
+    of its own: a database that hangs must not hold up the supervisor's restarts and signals. The supervisor
+    takes each reading (or the exception that read raised) from the main thread."""
+
+    def __init__(self, app: App, queues: list[str], interval: float) -> None:
+        self.app, self.queues, self.interval = app, queues, interval
+        self.lock = threading.Lock()
+        self.reading: tuple[float, tuple[int, int] | Exception] | None = None
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self.run, name="conveyor-autoscale", daemon=True)
+
+    def run(self) -> None:
+        while True:
+            result: tuple[int, int] | Exception
+            try:
+                result = sum_load(self.app.admin.queues(), self.queues)
+            except Exception as exc:  # the database is away, or refuses: the supervisor keeps its count
+                result = exc
+            with self.lock:
+                self.reading = (time.monotonic(), result)
+            if self.done.wait(self.interval):
+                return
+
+    def take(self) -> tuple[float, tuple[int, int] | Exception] | None:
+        with self.lock:
+            reading, self.reading = self.reading, None
+        return reading
+
+    def stop(self) -> bool:
+        """Stop reading; True once the thread has ended (then the App may be closed)."""
+        self.done.set()
+        self.thread.join(timeout=1.0)
+        return not self.thread.is_alive()
+
+
 def run_processes(
-    app_path: str, database_url: str | None, processes: int, config: WorkerConfig, pin: bool = False
+    app_path: str,
+    database_url: str | None,
+    processes: int,
+    config: WorkerConfig,
+    pin: bool = False,
+    autoscale: ScalingPolicy | None = None,
+    scale_interval: float = 5.0,
 ) -> int:
     """Run ``processes`` worker processes and supervise them until a signal (or, with burst, until
     all have drained). A child that dies unexpectedly is restarted: at once if it ran ``RAN_A_WHILE``,
@@ -257,9 +303,22 @@ def run_processes(
     ``FAILED_STARTS_LIMIT`` times in a row. A stopped child (SIGSTOP) is logged, never killed. Each
     child stops as on SIGTERM if the supervisor dies. Returns 0 when every child stopped cleanly,
     ``EXIT_DAMAGED`` when one found the database damaged, else 1. ``pin``: each process on a CPU of
-    its own (round robin; a restarted child on its predecessor's)."""
+    its own (round robin; a restarted child on its predecessor's).
+
+    ``autoscale``: ``processes`` is ignored; the supervisor starts ``autoscale.minimum`` processes and every
+    ``scale_interval`` seconds reads the load of the worker's queues (``app.admin.queues()``) and applies the
+    policy: a scale-out starts new slots (the lowest free index: metrics ports and CPUs are laid out for
+    ``autoscale.maximum`` processes); a scale-in stops the newest process gracefully (SIGTERM: its buffered jobs
+    go back at once, its running ones finish) and does not restart it, however it ends. While the load cannot be
+    read, the count stays as it is (logged once per outage)."""
+    if autoscale is not None:
+        if config.burst:
+            raise ConfigurationError("--autoscale cannot be combined with --burst (a burst drains and exits)")
+        if not (math.isfinite(scale_interval) and 0.05 <= scale_interval <= 3600):
+            raise ConfigurationError(f"--scale-interval must be from 0.05 to 3600 seconds, got {scale_interval!r}")
+        processes = autoscale.maximum
     cpus = _cpu.spread(processes) if pin else None
-    if processes <= 1:
+    if processes <= 1 and autoscale is None:
         if cpus is not None:
             config = dataclasses.replace(config, cpu=cpus[0])
         return run_worker(app_path, database_url, config)
@@ -270,8 +329,18 @@ def run_processes(
     if config.metrics_port is not None and config.metrics_port + processes - 1 > 65535:
         last = config.metrics_port + processes - 1
         raise ConfigurationError(f"--metrics-port: ports {config.metrics_port}..{last} go past 65535")
+    reader: _LoadReader | None = None
+    if autoscale is not None:
+        if database_url and not app._backend_given:
+            app.database_url = database_url
+        queues = list(config.queues) if config.queues else app.catalogue.declared_queues()
+        reader = _LoadReader(app, queues, scale_interval)
+        log.info(
+            "autoscale: %s; load read from queues %s every %gs", autoscale.describe(), ",".join(queues), scale_interval
+        )
     ctx = multiprocessing.get_context("spawn")
     # One flag per slot that its worker process sets once it is up (see _Up): shared memory, one writer.
+    # With autoscale, one per slot the maximum may use.
     up = ctx.RawArray("b", processes)
     supervisor = os.getpid()
     slots: list[_Slot] = []
@@ -319,17 +388,57 @@ def run_processes(
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    for index in range(processes):
+    # With autoscale: the processes the policy asks for now (slots that are not retiring), its memory, and
+    # whether the load could not be read at the last try (an outage is logged once, and its end).
+    target = autoscale.minimum if autoscale is not None else processes
+    scaling = ScalingState()
+    outage = False
+
+    def retire() -> None:
+        """Scale in by one: the newest slot (its highest index, so that the metrics ports in use stay
+        contiguous) stops gracefully as on SIGTERM and is not restarted; one waiting to be restarted just goes."""
+        slot = max((s for s in slots if not s.retiring), key=lambda s: s.index)
+        p = slot.process
+        if not p.is_alive():
+            slots.remove(slot)
+            log.info("autoscale: worker process slot %d, waiting for its restart, is not restarted", slot.index)
+            return
+        slot.retiring = True
+        if p.pid:
+            # Counted as a forwarded signal: a later SIGTERM to the supervisor must not make it this
+            # process's second one (which stops at once); a second one to the supervisor still does.
+            forwarded[p.pid] = forwarded.get(p.pid, 0) + 1
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p.pid, signal.SIGTERM)
+                os.kill(p.pid, signal.SIGCONT)
+        log.info("autoscale: stopping worker process %s gracefully (scale-in; it is not restarted)", p.pid)
+
+    def start_slots() -> None:
+        """Scale out to ``target``: new slots on the lowest free indices (a retiring one keeps its index, and
+        its metrics port, until it has exited)."""
+        while not stopping[0] and sum(1 for s in slots if not s.retiring) < target:
+            taken = {s.index for s in slots}
+            free = [i for i in range(processes) if i not in taken]
+            if not free:
+                return  # every index is held, some by retiring processes: the next pass, once they exit
+            slots.append(_Slot(free[0], spawn(free[0]), time.monotonic()))
+            slots.sort(key=lambda s: s.index)
+            forward(next(s for s in slots if s.index == free[0]).process)
+
+    for index in range(target):
         if stopping[0]:
             break
         slots.append(_Slot(index, spawn(index), time.monotonic()))
         forward(slots[-1].process)  # a signal that came while it was being started
     burst = config.burst
     failed = damaged = waiting_logged = False
+    if reader is not None:
+        reader.thread.start()
     try:
         while True:
             alive = False
             now = time.monotonic()
+            gone: list[_Slot] = []
             for slot in slots:
                 p = slot.process
                 if p.is_alive():
@@ -338,6 +447,17 @@ def run_processes(
                     continue
                 slot.stopped = False
                 code = p.exitcode
+                if slot.retiring:
+                    # Scaled in: never restarted, whatever its exit (a non-zero one is logged: its leases
+                    # expire and rescue returns its jobs, as for any death).
+                    gone.append(slot)
+                    if _stopped_cleanly(code, True):
+                        log.info("autoscale: worker process %s stopped (scale-in)", p.pid)
+                    else:
+                        log.warning(
+                            "autoscale: retiring worker process %s ended with %s; not restarted", p.pid, _how(code)
+                        )
+                    continue
                 if stopping[0] or (burst and code == 0 and up[slot.index] == _STOPPED):
                     failed = failed or not _stopped_cleanly(code, bool(stopping[0]))
                     continue
@@ -367,6 +487,44 @@ def run_processes(
                 if now >= slot.restart_at:
                     slot.process, slot.started, slot.restart_at = spawn(slot.index), time.monotonic(), None
                     forward(slot.process)  # a signal that came while it was being started
+            if gone:
+                slots[:] = [s for s in slots if s not in gone]
+            if reader is not None and autoscale is not None and not stopping[0] and not failed:
+                reading = reader.take()
+                if reading is not None:
+                    at, result = reading
+                    if isinstance(result, Exception):
+                        if not outage:
+                            log.warning(
+                                "autoscale: cannot read the load of the queues (%s); keeping %d worker process(es) "
+                                "until the database answers",
+                                first_line(result),
+                                target,
+                            )
+                        outage = True
+                    else:
+                        if outage:
+                            log.warning("autoscale: the load of the queues can be read again")
+                        outage = False
+                        ready, in_flight = result
+                        decision = autoscale.decide(
+                            ready=ready,
+                            in_flight=in_flight,
+                            current=target,
+                            concurrency=config.concurrency,
+                            now=at,
+                            state=scaling,
+                        )
+                        scaling = decision.state
+                        if decision.desired != target:
+                            log.info(
+                                "autoscale: %d -> %d worker processes (%s)", target, decision.desired, decision.reason
+                            )
+                            target = decision.desired
+                while sum(1 for s in slots if not s.retiring) > target:
+                    retire()
+                start_slots()
+                alive = alive or any(not s.retiring for s in slots)
             if not alive:
                 break
             # A burst ends when every child has drained and exited: one that is stopped holds it up for as
@@ -391,9 +549,13 @@ def run_processes(
             if slot.process.is_alive():
                 slot.process.kill()
         raise
+    finally:
+        if reader is not None and reader.stop():
+            app.close()
     for slot in slots:
         slot.process.join()
-        failed = failed or not _stopped_cleanly(slot.process.exitcode, bool(stopping[0]))
+        if not slot.retiring:
+            failed = failed or not _stopped_cleanly(slot.process.exitcode, bool(stopping[0]))
     return EXIT_DAMAGED if damaged else 1 if failed else 0
 
 
