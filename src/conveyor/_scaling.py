@@ -308,7 +308,8 @@ def _check_number(value: object, name: str, *, low: float, high: float, open_low
 
 
 def _num(value: float | None) -> str:
-    return "-" if value is None else f"{value:g}"
+    """A number for a reason: ``10``, ``2.5``, ``2.02`` (seconds to 0.01)."""
+    return "-" if value is None else f"{value:.2f}".rstrip("0").rstrip(".")
 
 
 def _show(text: object) -> str:

@@ -421,9 +421,11 @@ def run_processes(
             free = [i for i in range(processes) if i not in taken]
             if not free:
                 return  # every index is held, some by retiring processes: the next pass, once they exit
-            slots.append(_Slot(free[0], spawn(free[0]), time.monotonic()))
+            slot = _Slot(free[0], spawn(free[0]), time.monotonic())
+            slots.append(slot)
             slots.sort(key=lambda s: s.index)
-            forward(next(s for s in slots if s.index == free[0]).process)
+            log.info("autoscale: started worker process %s (slot %d)", slot.process.pid, slot.index)
+            forward(slot.process)  # a signal that came while it was being started
 
     for index in range(target):
         if stopping[0]:

@@ -1,0 +1,222 @@
+"""``conveyor worker APP --autoscale MIN:MAX``: real supervisor and worker processes on PostgreSQL grow on the
+load of their queues, shrink back one at a time after the cool-down, lose and repeat no job; SIGTERM stops
+everything mid-scale; a killed worker process is restarted unless autoscaling was stopping it."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+from collections import Counter
+from pathlib import Path
+from uuid import UUID
+
+from conveyor import App, Message
+
+from . import e2e_app
+from ._support import Db, Procs, iter_lines, wait_until, worker_argv
+
+JOBS = 300
+#: Short intervals and cool-downs, so that a test sees a whole grow-and-shrink cycle in seconds.
+FAST = ("--scale-interval", "0.2", "--scale-out-cooldown", "0.5")
+
+
+def worker_children(pid: int) -> list[int]:
+    """The supervisor's live worker processes (not multiprocessing's resource tracker, not zombies)."""
+    out = []
+    try:
+        children = [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return out
+    for child in children:
+        try:
+            if b"spawn_main" in Path(f"/proc/{child}/cmdline").read_bytes():
+                state = Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0]
+                if state != "Z":
+                    out.append(child)
+        except OSError:
+            continue
+    return out
+
+
+def count_is(pid: int, n: int) -> list[int] | None:
+    found = worker_children(pid)
+    return found if len(found) == n else None
+
+
+def test_autoscale_grows_on_load_and_shrinks_back_one_at_a_time(
+    postgres_database: str, procs: Procs, tmp_path: Path
+) -> None:
+    producer = App(postgres_database, migrate=True)
+    e2e_app.register(producer)
+    run_log = tmp_path / "runs.log"
+    db = Db(postgres_database)
+    try:
+        messages = [Message(task=e2e_app.WORK, payload={"kind": e2e_app.OK, "n": n}) for n in range(JOBS)]
+        ids = {j.id for j in producer.send_many(messages)}
+        supervisor = procs.start(
+            "autoscale",
+            worker_argv(
+                postgres_database,
+                "--queues",
+                "e2e",
+                "--concurrency",
+                "2",
+                "--autoscale",
+                "1:3",
+                *FAST,
+                "--scale-in-cooldown",
+                "2",
+            ),  # fmt: skip
+            # 50 ms a job at 2 slots a process: one process would take 7.5 s; long leases rule out any
+            # redelivery, so every job must run exactly once.
+            env={"E2E_RUN_LOG": str(run_log), "E2E_WORK_SLEEP": "0.05", "E2E_VISIBILITY_TIMEOUT": "30"},
+        )
+        wait_until(lambda: count_is(supervisor.pid, 3), 60, "three worker processes", interval=0.02)
+        assert re.search(r"INFO conveyor.worker: autoscale: 1 -> 3 worker processes \(ready \d+", supervisor.output())
+        wait_until(lambda: len(db.archived()) == JOBS, 120, "every job completed", interval=0.2)
+        # Back to one: 3 -> 2 -> 1, one at a time, each after the load asked for fewer for the cool-down.
+        stopped = re.compile(r"autoscale: worker process \d+ stopped \(scale-in\)")
+        wait_until(lambda: len(stopped.findall(supervisor.output())) == 2, 60, "two processes scaled in")
+        assert count_is(supervisor.pid, 1), worker_children(supervisor.pid)
+        output = supervisor.output()
+        assert "autoscale: 3 -> 2 worker processes" in output
+        assert "autoscale: 2 -> 1 worker processes" in output
+        assert "3 -> 1" not in output
+        assert "restarting it" not in output  # a scaled-in process is never restarted
+        supervisor.signal(signal.SIGTERM)
+        assert supervisor.wait(timeout=60) == 0, supervisor.output()
+
+        runs = Counter(UUID(f[1]) for f in iter_lines(run_log) if f[0] == "run")
+        assert set(runs) == ids
+        assert set(runs.values()) == {1}, {i: n for i, n in runs.items() if n != 1}
+        assert len({int(f[4]) for f in iter_lines(run_log)}) == 3  # the work was shared by three processes
+        assert db.live() == []
+        archived = db.archived()
+        assert {(r.state, r.attempts, r.deliveries) for r in archived} == {("completed", 1, 1)}
+        assert db.terminal_counts()["dead"] == 0
+        assert "Traceback" not in supervisor.output()
+    finally:
+        db.close()
+        producer.close()
+
+
+def test_sigterm_while_scaling_out_stops_everything_and_loses_nothing(
+    postgres_database: str, procs: Procs, tmp_path: Path
+) -> None:
+    producer = App(postgres_database, migrate=True)
+    e2e_app.register(producer)
+    db = Db(postgres_database)
+    try:
+        messages = [Message(task=e2e_app.WORK, payload={"kind": e2e_app.OK, "n": n}) for n in range(JOBS)]
+        ids = {j.id for j in producer.send_many(messages)}
+        supervisor = procs.start(
+            "autoscale",
+            worker_argv(postgres_database, "--queues", "e2e", "--concurrency", "2", "--autoscale", "1:3", *FAST),
+            env={"E2E_WORK_SLEEP": "0.05", "E2E_VISIBILITY_TIMEOUT": "30"},
+        )
+        # The moment it decided to grow: the new processes are being spawned (or are still importing).
+        wait_until(lambda: "autoscale: 1 -> 3" in supervisor.output(), 60, "the scale-out", interval=0.005)
+        supervisor.signal(signal.SIGTERM)
+        assert supervisor.wait(timeout=60) == 0, supervisor.output()
+        assert worker_children(supervisor.pid) == []
+
+        archived = db.archived()
+        live = db.live()
+        assert {r.state for r in archived} <= {"completed"}
+        # Nothing is lost and nothing is left leased: what did not run is ready again at once.
+        assert {r.id for r in archived} | {r.id for r in live} == ids
+        assert {(r.state, r.lease_expires_at) for r in live} <= {("pending", None)}
+        assert "Traceback" not in supervisor.output()
+    finally:
+        db.close()
+        producer.close()
+
+
+def test_a_killed_worker_process_is_restarted_unless_it_was_retiring(
+    postgres_database: str, procs: Procs, tmp_path: Path
+) -> None:
+    """At 3 processes, one killed with SIGKILL is restarted (autoscaling still wants it). The process a
+    scale-in stops (here while its job runs, so that it lingers) is not, even when it is killed."""
+    producer = App(postgres_database, migrate=True)
+    e2e_app.register(producer)
+    run_log = tmp_path / "runs.log"
+    db = Db(postgres_database)
+    try:
+        producer.send_many([Message(task=e2e_app.SLOW, payload={"seconds": 0.1})])
+        supervisor = procs.start(
+            "autoscale",
+            worker_argv(
+                postgres_database,
+                "--queues",
+                "slow",
+                "--concurrency",
+                "1",
+                "--prefetch",
+                "1",
+                "--autoscale",
+                "1:3",
+                "--scale-steps",
+                "1:2",
+                *FAST,
+                "--scale-in-cooldown",
+                "15",
+            ),  # fmt: skip
+            env={"E2E_RUN_LOG": str(run_log)},
+        )
+        wait_until(lambda: count_is(supervisor.pid, 3), 60, "three worker processes", interval=0.02)
+        wait_until(lambda: "(slot 2)" in supervisor.output(), 10, "the supervisor's log of its slots")
+        started = dict(
+            (int(slot), int(pid))
+            for pid, slot in re.findall(r"autoscale: started worker process (\d+) \(slot (\d+)\)", supervisor.output())
+        )
+        assert set(started) == {1, 2}, supervisor.output()
+        # Wait for every worker to be up (its start line), then kill the one in slot 1.
+        wait_until(lambda: supervisor.output().count(": queues slow,") >= 3, 60, "three workers up")
+        os.kill(started[1], signal.SIGKILL)
+        wait_until(
+            lambda: f"worker process {started[1]} exited with -9; restarting it" in supervisor.output(), 30, "restart"
+        )
+        wait_until(lambda: count_is(supervisor.pid, 3), 30, "three worker processes again", interval=0.02)
+        wait_until(lambda: supervisor.output().count(": queues slow,") >= 4, 60, "the replacement up")
+
+        # Make the process a scale-in stops first (the newest slot, 2) busy: the others are stopped while
+        # it takes a 20 s job.
+        newest = started[2]
+        others = [p for p in worker_children(supervisor.pid) if p != newest]
+        for pid in others:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            long_job = producer.send_many([Message(task=e2e_app.SLOW, payload={"seconds": 20.0})])[0].id
+            wait_until(
+                lambda: [f for f in iter_lines(run_log) if f[:2] == ["start", str(long_job)]], 30, "the long job"
+            )
+        finally:
+            for pid in others:
+                os.kill(pid, signal.SIGCONT)
+        assert [int(f[4]) for f in iter_lines(run_log) if f[:2] == ["start", str(long_job)]] == [newest]
+
+        retiring = f"autoscale: stopping worker process {newest} gracefully"
+        wait_until(lambda: retiring in supervisor.output(), 60, "the scale-in", interval=0.02)
+        assert "autoscale: 3 -> 2 worker processes" in supervisor.output()
+        os.kill(newest, signal.SIGKILL)
+        wait_until(
+            lambda: f"retiring worker process {newest} ended with signal SIGKILL; not restarted" in supervisor.output(),
+            30,
+            "the retiring process's death",
+        )
+        assert count_is(supervisor.pid, 2), worker_children(supervisor.pid)
+        assert f"worker process {newest} exited" not in supervisor.output()
+
+        # Its job comes back through lease expiry and runs again elsewhere; SIGTERM then waits for it.
+        wait_until(
+            lambda: len([f for f in iter_lines(run_log) if f[:2] == ["start", str(long_job)]]) == 2, 60, "the rerun"
+        )
+        supervisor.signal(signal.SIGTERM)
+        assert supervisor.wait(timeout=60) == 0, supervisor.output()
+        assert [(r.state, r.deliveries) for r in db.archived() if r.id == long_job] == [("completed", 2)]
+        assert db.live() == []
+        assert "Traceback" not in supervisor.output()
+    finally:
+        db.close()
+        producer.close()
