@@ -67,7 +67,7 @@ def test_autoscale_grows_on_load_and_shrinks_back_one_at_a_time(
                 *FAST,
                 "--scale-in-cooldown",
                 "2",
-            ),  # fmt: skip
+            ),
             # 50 ms a job at 2 slots a process: one process would take 7.5 s; long leases rule out any
             # redelivery, so every job must run exactly once.
             env={"E2E_RUN_LOG": str(run_log), "E2E_WORK_SLEEP": "0.05", "E2E_VISIBILITY_TIMEOUT": "30"},
@@ -161,7 +161,7 @@ def test_a_killed_worker_process_is_restarted_unless_it_was_retiring(
                 *FAST,
                 "--scale-in-cooldown",
                 "15",
-            ),  # fmt: skip
+            ),
             env={"E2E_RUN_LOG": str(run_log)},
         )
         wait_until(lambda: count_is(supervisor.pid, 3), 60, "three worker processes", interval=0.02)
