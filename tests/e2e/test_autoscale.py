@@ -7,9 +7,13 @@ from __future__ import annotations
 import os
 import re
 import signal
+import time
 from collections import Counter
 from pathlib import Path
 from uuid import UUID
+
+import psycopg
+from psycopg import sql
 
 from conveyor import App, Message
 
@@ -219,4 +223,47 @@ def test_a_killed_worker_process_is_restarted_unless_it_was_retiring(
         assert "Traceback" not in supervisor.output()
     finally:
         db.close()
+        producer.close()
+
+
+def test_a_database_that_does_not_answer_keeps_the_count_and_is_logged_once(
+    postgres_database: str, postgres_server_url: str, procs: Procs, tmp_path: Path
+) -> None:
+    """The load cannot be read (the database refuses every connection): the supervisor keeps its processes, says
+    so once for the whole outage, and scales again once the database answers."""
+    producer = App(postgres_database, migrate=True)
+    e2e_app.register(producer)
+    producer.admin.migrate()
+    name = postgres_database.rpartition("/")[2].partition("?")[0]
+    try:
+        supervisor = procs.start(
+            "autoscale",
+            worker_argv(
+                postgres_database, "--queues", "slow", "--concurrency", "1", "--autoscale", "1:2", *FAST,
+                "--scale-in-cooldown", "1",
+            ),
+        )  # fmt: skip
+        wait_until(lambda: ": queues slow," in supervisor.output(), 60, "the worker up")
+        with psycopg.connect(postgres_server_url, autocommit=True) as conn:
+            conn.execute(sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS false").format(sql.Identifier(name)))
+            conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (name,))
+        try:
+            outage = "autoscale: cannot read the load of the queues ("
+            wait_until(lambda: outage in supervisor.output(), 60, "the outage logged")
+            # Many intervals (0.2 s) later: still one line, the same processes, the supervisor running.
+            before = worker_children(supervisor.pid)
+            time.sleep(11)
+            assert supervisor.output().count(outage) == 1, supervisor.output()
+            assert worker_children(supervisor.pid) == before and len(before) == 1
+            assert supervisor.popen.poll() is None
+        finally:
+            with psycopg.connect(postgres_server_url, autocommit=True) as conn:
+                conn.execute(sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS true").format(sql.Identifier(name)))
+        wait_until(lambda: "the load of the queues can be read again" in supervisor.output(), 60, "the recovery")
+        producer.send_many([Message(task=e2e_app.SLOW, payload={"seconds": 1.0}) for _ in range(6)])
+        wait_until(lambda: "autoscale: 1 -> 2 worker processes" in supervisor.output(), 60, "a scale-out after it")
+        supervisor.signal(signal.SIGTERM)
+        assert supervisor.wait(timeout=60) == 0, supervisor.output()
+        assert "Traceback" not in supervisor.output()
+    finally:
         producer.close()
