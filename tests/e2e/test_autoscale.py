@@ -23,6 +23,8 @@ from ._support import Db, Procs, iter_lines, wait_until, worker_argv
 JOBS = 300
 #: Short intervals and cool-downs, so that a test sees a whole grow-and-shrink cycle in seconds.
 FAST = ("--scale-interval", "0.2", "--scale-out-cooldown", "0.5")
+#: Seconds of the job that keeps a retiring process busy: past its 20 s scale-in cool-down.
+LONG = 40.0
 
 
 def worker_children(pid: int) -> list[int]:
@@ -163,8 +165,12 @@ def test_a_killed_worker_process_is_restarted_unless_it_was_retiring(
                 "--scale-steps",
                 "1:2",
                 *FAST,
+                # Long enough for the kill, the restart and the busy-making below on a loaded machine: the first
+                # scale-in must come after them.
                 "--scale-in-cooldown",
-                "15",
+                "20",
+                "--graceful-timeout",
+                "90",
             ),
             env={"E2E_RUN_LOG": str(run_log)},
         )
@@ -185,13 +191,13 @@ def test_a_killed_worker_process_is_restarted_unless_it_was_retiring(
         wait_until(lambda: supervisor.output().count(": queues slow,") >= 4, 60, "the replacement up")
 
         # Make the process a scale-in stops first (the newest slot, 2) busy: the others are stopped while
-        # it takes a 20 s job.
+        # it takes a job that outlasts the scale-in cool-down.
         newest = started[2]
         others = [p for p in worker_children(supervisor.pid) if p != newest]
         for pid in others:
             os.kill(pid, signal.SIGSTOP)
         try:
-            long_job = producer.send_many([Message(task=e2e_app.SLOW, payload={"seconds": 20.0})])[0].id
+            long_job = producer.send_many([Message(task=e2e_app.SLOW, payload={"seconds": LONG})])[0].id
             wait_until(
                 lambda: [f for f in iter_lines(run_log) if f[:2] == ["start", str(long_job)]], 30, "the long job"
             )
@@ -201,7 +207,7 @@ def test_a_killed_worker_process_is_restarted_unless_it_was_retiring(
         assert [int(f[4]) for f in iter_lines(run_log) if f[:2] == ["start", str(long_job)]] == [newest]
 
         retiring = f"autoscale: stopping worker process {newest} gracefully"
-        wait_until(lambda: retiring in supervisor.output(), 60, "the scale-in", interval=0.02)
+        wait_until(lambda: retiring in supervisor.output(), 90, "the scale-in", interval=0.02)
         assert "autoscale: 3 -> 2 worker processes" in supervisor.output()
         os.kill(newest, signal.SIGKILL)
         wait_until(
@@ -217,7 +223,7 @@ def test_a_killed_worker_process_is_restarted_unless_it_was_retiring(
             lambda: len([f for f in iter_lines(run_log) if f[:2] == ["start", str(long_job)]]) == 2, 60, "the rerun"
         )
         supervisor.signal(signal.SIGTERM)
-        assert supervisor.wait(timeout=60) == 0, supervisor.output()
+        assert supervisor.wait(timeout=LONG + 30) == 0, supervisor.output()
         assert [(r.state, r.deliveries) for r in db.archived() if r.id == long_job] == [("completed", 2)]
         assert db.live() == []
         assert "Traceback" not in supervisor.output()
