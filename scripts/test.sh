@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The full test suite: sets up .venv, Java (for Spark), PostgreSQL and MariaDB if missing, then runs pytest.
+# The full test suite: sets up .venv, Java (for Spark), PostgreSQL, MariaDB and RabbitMQ if missing, then runs pytest.
 # Extra arguments go to pytest (e.g. ./scripts/test.sh -x tests/conformance).
 CONVEYOR_EXTRAS="dev,pipeline,http,metrics,otel,mysql,rabbitmq" source "$(dirname "$0")/_setup.sh"
 
