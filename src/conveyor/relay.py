@@ -108,6 +108,18 @@ def _check_value(value: Any, where: str) -> None:
             _check_value(item, f"{where}[{i}]")
 
 
+def _check_url(url: object) -> str:
+    """``url`` with its scheme in lower case if it is an ``amqp://`` or ``amqps://`` URL (a scheme is
+    case-insensitive); else ConfigurationError naming only the scheme: the URL may hold a password."""
+    if not isinstance(url, str):
+        raise ConfigurationError(f"the relay's url must be an amqp:// or amqps:// URL, got {type(url).__name__}")
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme.lower() not in ("amqp", "amqps"):
+        got = f"scheme {scheme.lower()!r}" if sep and scheme.isalnum() else "no amqp:// scheme"
+        raise ConfigurationError(f"the relay's url must be an amqp:// or amqps:// URL, got {got}")
+    return f"{scheme.lower()}://{rest}"
+
+
 def _read_job(payload: Mapping[str, Any], relay_exchange: str) -> tuple[str, str, bytes, str | None]:
     """The exchange, routing key, body and message id of a relay job; PayloadError (the job is dead at once)
     for a job that no retry could publish (one sent with ``app.send`` directly, or by older code)."""
@@ -195,10 +207,8 @@ class Relay:
         confirm_timeout: float = 30.0,
         **task_options: Any,
     ) -> None:
-        if not isinstance(url, str) or not url.startswith(("amqp://", "amqps://")):
-            raise ConfigurationError(f"the relay's url must be an amqp:// or amqps:// URL, got {url!r}")
         self.app = app
-        self.url = url
+        self.url = _check_url(url)
         self.exchange = _check_shortstr(exchange, "the relay's exchange", ConfigurationError)
         self.queue = check_name(queue, "the relay's queue", ConfigurationError)
         self.confirm_timeout = check_seconds(confirm_timeout, "confirm_timeout", ConfigurationError, strict=True)

@@ -269,6 +269,16 @@ def test_relay_options_are_checked(sqlite_url: str) -> None:
             Relay(app, "amqp://guest:guest@127.0.0.1:5672/", queue="other")
 
 
+def test_a_relay_url_refused_for_its_scheme_does_not_show_the_password(sqlite_url: str) -> None:
+    with App(sqlite_url) as app:
+        for url in ["http://guest:s3cret-pw@broker/", "amqp:/guest:s3cret-pw@broker/", "amqp//guest:s3cret-pw@broker/"]:
+            with pytest.raises(ConfigurationError, match="amqp://") as caught:
+                Relay(app, url)
+            assert "s3cret-pw" not in str(caught.value)
+        # A scheme is case-insensitive (RFC 3986): AMQP:// is the broker's URL all the same.
+        assert Relay(app, "AMQP://guest:guest@127.0.0.1:5672/").queue == "outbox"
+
+
 def test_publish_async_enqueues_like_publish(sqlite_url: str, broker: Broker) -> None:
     with App(sqlite_url) as app:
         relay = Relay(app, broker.url, exchange=broker.exchange)
