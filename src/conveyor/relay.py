@@ -157,6 +157,9 @@ class _Link:
         #: Exchanges known to exist on this connection (see :meth:`Relay._exchange`).
         self.exchanges: set[str] = set()
         self.closer: AsyncIterator[None] | None = None
+        #: Message ids being published on this connection: aio-pika matches a return (unroutable) to its publish
+        #: by message id, so two publishes of one id at once could see each other's return.
+        self.in_flight: set[str] = set()
 
     async def drop(self, channel: aio_pika.abc.AbstractChannel | None = None) -> None:
         """Close the connection (if ``channel`` is given: only if it is still the one in use, so that a slot
@@ -393,6 +396,25 @@ class Relay:
         message: aio_pika.Message,
     ) -> None:
         where = _describe(exchange, routing_key)
+        message_id = message.message_id or ""
+        if message_id in link.in_flight:
+            # A dead letter replayed twice, or a job sent by hand: one at a time, the other retries.
+            raise RelayError(f"a message with id {message_id!r} is already in flight; retrying later ({where})")
+        link.in_flight.add(message_id)
+        try:
+            await self._send(link, channel, exchange, routing_key, message, where)
+        finally:
+            link.in_flight.discard(message_id)
+
+    async def _send(
+        self,
+        link: _Link,
+        channel: aio_pika.abc.AbstractChannel,
+        exchange: str,
+        routing_key: str,
+        message: aio_pika.Message,
+        where: str,
+    ) -> None:
         try:
             target = await self._exchange(link, channel, exchange)
             confirm = await target.publish(message, routing_key, mandatory=True, timeout=self.confirm_timeout)

@@ -12,6 +12,7 @@ import socket
 import uuid
 from typing import Any
 
+import aio_pika
 import pytest
 from tests.conftest import driver_connection
 from tests.e2e._support import wait_until
@@ -349,3 +350,36 @@ def test_a_refused_login_is_retried_and_its_dead_letter_does_not_show_the_passwo
         assert status.attempts == 2 and status.error is not None
         assert "cannot connect to the broker" in status.error.message and "ACCESS_REFUSED" in status.error.message
         assert "hunter2" not in status.error.message + status.error.traceback
+
+
+def test_a_returned_message_is_never_acked_for_a_publish_of_the_same_id_in_flight(
+    sqlite_url: str, broker: Broker
+) -> None:
+    """aio-pika matches a return to its publish by message_id: with two publishes of one id in flight on the
+    shared channel (a dead letter replayed twice, a job sent by hand), the return of the unroutable one failed the
+    routable one and the unroutable one was confirmed, its job acked with its message dropped (lost)."""
+    with App(sqlite_url) as app:
+        relay = Relay(app, broker.url, exchange=broker.exchange)
+
+        async def both() -> list[BaseException | None]:
+            link = relay._link()
+            channel = await relay._channel(link)
+
+            def message() -> Any:
+                return aio_pika.Message(b"{}", message_id="same-id")
+
+            results = await asyncio.gather(
+                relay._publish(link, channel, broker.exchange, "no-queue-bound-for-this", message()),
+                relay._publish(link, channel, broker.exchange, broker.key, message()),
+                return_exceptions=True,
+            )
+            await link.drop()
+            return list(results)
+
+        for _ in range(5):
+            unroutable, routable = asyncio.run(both())
+            # Never: the unroutable publish taken as confirmed. A routable one failing is a retry (at least once).
+            assert isinstance(unroutable, Exception), "a returned message was taken as confirmed"
+            assert "unroutable" in str(unroutable) or "in flight" in str(unroutable)
+            assert routable is None or "in flight" in str(routable)
+    assert len(broker.drain()) <= 5
