@@ -5,34 +5,64 @@ table too. SQLite locks the whole file, not rows: these are the server engines' 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
-from _factory import T0, acquire, at, complete, insert, new_job
+from _factory import T0, acquire, at, complete, insert, make_dead, new_job
 from tests.conftest import driver_connection
 
+from conveyor._ids import uuid7
 from conveyor.backends import open_backend
-from conveyor.backends.base import Backend, JobsInsertParams, JobsStartParams, LeaseRef, LeasesExtendParams
+from conveyor.backends.base import (
+    ArchivePruneParams,
+    Backend,
+    DeadPurgeParams,
+    DeadReplayParams,
+    JobGetParams,
+    JobsInsertParams,
+    JobsStartParams,
+    LeaseRef,
+    LeasesExtendParams,
+)
+
+_T = TypeVar("_T")
 
 #: Long enough for a statement that does not wait; far below the servers' lock wait timeouts (30 s).
 _AT_ONCE = 5.0
 
 
 @contextmanager
-def _row_locked(database_url: str, job_id: Any) -> Iterator[None]:
-    """Another session holds the job's row locked until the block ends."""
+def _row_locked(database_url: str, job_id: Any, table: str = "jobs") -> Iterator[Any]:
+    """Another session holds the row of ``table`` (jobs or archive) locked until the block ends; yields
+    the release (a rollback), which the block may call earlier."""
     with driver_connection(database_url) as conn:
         if database_url.startswith("mysql"):
-            conn.cursor().execute("SELECT id FROM jobs WHERE id = %s FOR UPDATE", (str(job_id),))
+            conn.cursor().execute(f"SELECT id FROM {table} WHERE id = %s FOR UPDATE", (str(job_id),))
         else:
-            conn.execute("SELECT id FROM jobs WHERE id = %s FOR UPDATE", (job_id,))
+            conn.execute(f"SELECT id FROM {table} WHERE id = %s FOR UPDATE", (job_id,))
         try:
-            yield
+            yield conn.rollback
         finally:
             conn.rollback()
+
+
+def _without_waiting(release: Callable[[], None], call: Callable[[], _T]) -> _T:
+    """``call``'s answer, which must come while another session still holds its row: if it waits, the row is
+    released (so that the call ends rather than wait out a lock timeout, which PostgreSQL has none of) and the
+    test fails."""
+    with ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(call)
+        try:
+            return answer.result(timeout=_AT_ONCE)
+        except FutureTimeout:
+            release()
+            answer.result(timeout=60)
+            pytest.fail(f"the call waited for a row another transaction held (more than {_AT_ONCE:g} s)")
 
 
 @pytest.fixture(params=["postgres", "mysql"])
@@ -81,3 +111,36 @@ def test_an_open_transactions_scheduled_job_holds_up_no_acquire(server: Backend,
         assert [d.id for d in acquire(server, queue="q", limit=10, now=at(10))] == [ready.id]
         assert time.monotonic() - began < _AT_ONCE
         conn.rollback()
+
+
+def test_a_locked_dead_letter_holds_up_no_replay_or_purge_of_another(server: Backend, database_url: str) -> None:
+    # Before (MySQL): replay and purge joined their JSON ids to the archive, which MariaDB scanned whole while
+    # it held fewer rows than its estimate of the JSON (40), locking every dead letter: one an operator's
+    # session (or another replay) held stalled every other replay and purge until the lock wait timeout.
+    # (Named by a secondary index, the dead letters of a small archive were read whole as well.)
+    held, *replayed, purged, purged_too = make_dead(server, 5, queue="q")
+    pairs = [(dead_id, uuid7()) for dead_id in replayed]
+    with _row_locked(database_url, held, table="archive") as release:
+        replay = DeadReplayParams(replays=pairs, actor="ops", reason="fixed", now=at(10))
+        assert _without_waiting(release, lambda: server.dead_replay_many(replay)) == pairs
+        purge = DeadPurgeParams(ids=[purged, purged_too], actor="ops", reason="junk", now=at(11))
+        assert _without_waiting(release, lambda: server.dead_purge_many(purge)) == 2
+    assert server.job_get(JobGetParams(id=purged)) is None
+    assert [server.job_get(JobGetParams(id=new)) is not None for _, new in pairs] == [True, True]
+
+
+# MySQL only: on PostgreSQL a prune drops the archive's old daily partitions first, and a drop waits (a lock
+# timeout of 1 s, then BackendUnavailable) for any transaction holding a row of the archive.
+@pytest.mark.parametrize("database_url", ["mysql"], indirect=True)
+def test_a_locked_archived_row_holds_up_no_prune(server: Backend, database_url: str) -> None:
+    # Before (MySQL): the prune deleted the rows it picked through a join of their JSON ids to the archive,
+    # which MariaDB scanned whole on a small archive, waiting for a recent row an operator's session held.
+    insert(server, new_job("q"), new_job("q"))
+    first, second = acquire(server, queue="q", limit=2)
+    assert complete(server, first, now=at(1)) == 1
+    assert complete(server, second, now=at(3600)) == 1
+    with _row_locked(database_url, second.id, table="archive") as release:
+        prune = ArchivePruneParams(now=at(4000), default_before=at(60), default_dead_before=at(60))
+        assert _without_waiting(release, lambda: server.archive_prune(prune)) == 1
+    assert server.job_get(JobGetParams(id=first.id)) is None
+    assert server.job_get(JobGetParams(id=second.id)) is not None

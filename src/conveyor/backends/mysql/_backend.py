@@ -172,7 +172,7 @@ class MysqlBackend:
         """Which of ``ids`` are archived already: a resend of a job that ended inserts nothing."""
         if not ids:
             return set()
-        cur.execute(self._q["archive_ids_held"], {"ids": json.dumps([cv.to_db_id(i) for i in ids])})
+        cur.execute(self._q["archive_ids_held"], {"ids": tuple(cv.to_db_id(i) for i in ids)})
         return {UUID(row["id"]) for row in cur.fetchall()}
 
     def _claim_key(self, cur: Cursor, job: base.NewJob, now: float) -> UUID | None:
@@ -448,17 +448,21 @@ class MysqlBackend:
     def dead_replay_many(self, params: base.DeadReplayParams) -> list[tuple[UUID, UUID]]:
         """Re-enqueue dead letters with fresh attempts; return the pairs actually replayed."""
         pairs = cv.once_each(params.replays)
+        new_ids = dict(pairs)
         replays = json.dumps([[cv.to_db_id(d), cv.to_db_id(n)] for d, n in pairs])
         now = cv.to_db_time(params.now)
 
         def replay(cur: Cursor) -> list[tuple[UUID, UUID]]:
-            cur.execute(self._q["dead_replay_lock"], {"replays": replays})
-            replayed = {UUID(row["dead_id"]): UUID(row["new_id"]) for row in cur.fetchall()}
+            replayed: set[UUID] = set()
+            if pairs:
+                cur.execute(self._q["dead_replay_lock"], {"ids": tuple(cv.to_db_id(d) for d, _ in pairs)})
+                replayed = {UUID(row["id"]) for row in cur.fetchall()}
             if replayed:
-                cur.execute(self._q["dead_replay_insert"], {"replays": replays, "now": now})
-                cur.execute(self._q["dead_replay_mark"], {"replays": replays})
-                cur.execute(self._q["dead_replay_rekey"], {"replays": replays, "now": now})
-            done = [(d, replayed[d]) for d, _ in pairs if d in replayed]
+                args = {"replays": replays, "ids": tuple(sorted(cv.to_db_id(d) for d in replayed)), "now": now}
+                cur.execute(self._q["dead_replay_insert"], args)
+                cur.execute(self._q["dead_replay_mark"], args)
+                cur.execute(self._q["dead_replay_rekey"], args)
+            done = [(d, new_ids[d]) for d, _ in pairs if d in replayed]
             self._audit(
                 cur,
                 now,
@@ -474,14 +478,16 @@ class MysqlBackend:
 
     def dead_purge_many(self, params: base.DeadPurgeParams) -> int:
         """Delete dead letters for good (one audit row); return how many were deleted."""
-        ids = json.dumps([cv.to_db_id(i) for i in params.ids])
+        ids = tuple(cv.to_db_id(i) for i in params.ids)
         now = cv.to_db_time(params.now)
 
         def purge(cur: Cursor) -> int:
-            cur.execute(self._q["dead_purge_lock"], {"ids": ids})
-            purged = sorted(UUID(row["id"]) for row in cur.fetchall())
+            purged: list[UUID] = []
+            if ids:
+                cur.execute(self._q["dead_purge_lock"], {"ids": ids})
+                purged = sorted(UUID(row["id"]) for row in cur.fetchall())
             if purged:
-                cur.execute(self._q["dead_purge_many"], {"ids": ids})
+                cur.execute(self._q["dead_purge_many"], {"ids": tuple(cv.to_db_id(i) for i in purged)})
             self._audit(cur, now, params.actor, "purge", params.reason, purged, {"count": len(purged)})
             return len(purged)
 
@@ -704,7 +710,7 @@ class MysqlBackend:
             ids = [row["id"] for row in cur.fetchall()]
             if not ids:
                 return 0
-            return int(cur.execute(self._q["archive_delete"], {"ids": json.dumps(ids)}))
+            return int(cur.execute(self._q["archive_delete"], {"ids": tuple(ids)}))
 
         return self._pool.write("archive_prune", prune)
 
