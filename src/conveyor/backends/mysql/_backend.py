@@ -186,24 +186,35 @@ class MysqlBackend:
         other and deadlocked, the victim's whole transaction rolled back. The read sees the committed
         holder (a locking read reads the latest row); a holder deleted meanwhile (pruned) lets the
         insert be tried again."""
-        key = {"queue": job.queue, "key": job.idempotency_key}
-        claim = {**key, "job_id": cv.to_db_id(job.id), "expires_at": cv.to_db_time_or_none(job.dedup_until)}
+        claim = {
+            "queue": job.queue,
+            "key": job.idempotency_key,
+            "job_id": cv.to_db_id(job.id),
+            "expires_at": cv.to_db_time_or_none(job.dedup_until),
+        }
+        holder = self._claim(cur, "idempotency", claim, now)
+        return None if holder is None else UUID(holder["job_id"])
+
+    def _claim(self, cur: Cursor, kind: str, claim: dict[str, Any], now: float) -> dict[str, Any] | None:
+        """Take a key (``kind``: the statements ``{kind}_take``, ``{kind}_lock``, ``{kind}_retake``) if it is
+        free or its window has passed (None), else the unexpired holder's row, left share-locked. Insert
+        first, read only if taken: see :meth:`_claim_key`."""
         while True:
             try:
-                cur.execute(self._q["idempotency_take"], claim)
+                cur.execute(self._q[f"{kind}_take"], claim)
             except pymysql.err.IntegrityError as exc:
                 if not is_duplicate(exc):
                     raise
             else:
                 return None
-            cur.execute(self._q["idempotency_lock"], key)
+            cur.execute(self._q[f"{kind}_lock"], claim)
             row = cur.fetchone()
             if row is None:
-                continue
+                continue  # the holder was pruned meanwhile: take the key
             if row["expires_at"] is not None and row["expires_at"] <= now:
-                cur.execute(self._q["idempotency_retake"], claim)
+                cur.execute(self._q[f"{kind}_retake"], claim)
                 return None
-            return UUID(row["job_id"])
+            return dict(row)
 
     # ------------------------------------------------------------------ consuming
 
@@ -537,27 +548,12 @@ class MysqlBackend:
         """Claim the side effect ``key``; True if claimed now, False if an unexpired claim exists.
 
         With ``params.conn`` (a PyMySQL connection) the claim joins the caller's transaction."""
-        args = {"key": params.key, "expires_at": cv.to_db_time(params.expires_at), "now": cv.to_db_time(params.now)}
+        now = cv.to_db_time(params.now)
+        args = {"key": params.key, "expires_at": cv.to_db_time(params.expires_at), "now": now}
 
         def claim(cur: Cursor) -> bool:
-            # Inserted first, read (locked) only if taken: as in _claim_key, a locking read of a missing
-            # key would take a gap lock in a caller's REPEATABLE READ transaction.
-            while True:
-                try:
-                    cur.execute(self._q["processed_key_take"], args)
-                except pymysql.err.IntegrityError as exc:
-                    if not is_duplicate(exc):
-                        raise
-                else:
-                    return True
-                cur.execute(self._q["processed_key_lock"], args)
-                row = cur.fetchone()
-                if row is None:
-                    continue  # the claim was pruned meanwhile: take it
-                if row["expires_at"] <= args["now"]:
-                    cur.execute(self._q["processed_key_retake"], args)
-                    return True
-                return False
+            # Inserted first, read (locked) only if taken, as an idempotency key is (_claim).
+            return self._claim(cur, "processed_key", args, now) is None
 
         if params.conn is not None:
             conn = self._caller_connection(params.conn)
