@@ -269,7 +269,8 @@ class MysqlBackend:
     def _held_leases(self, cur: Cursor, items: Sequence[base.LeaseRef], wait: bool) -> list[dict[str, Any]]:
         """The rows of ``items`` still leased by their delivery (same receipt, processing), locked."""
         refs = cv.lease_refs(items)
-        cur.execute(self._q["leases_lock" if wait else "leases_lock_skip_locked"], {"items": refs, "ids": _keys(items)})
+        lock = self._q["leases_lock"] + ("" if wait else " SKIP LOCKED")  # the statement ends in FOR UPDATE
+        cur.execute(lock, {"items": refs, "ids": _keys(items)})
         return list(cur.fetchall())
 
     def jobs_start_many(self, params: base.JobsStartParams) -> list[UUID]:

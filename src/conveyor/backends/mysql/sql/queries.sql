@@ -140,7 +140,8 @@ WHERE j.id IN %(ids)s
 
 -- name: leases_lock
 -- The deliveries of a batch that still hold their lease (same id and receipt, still processing),
--- locked for the update that follows in the same transaction.
+-- locked for the update that follows in the same transaction. The heartbeat's call (wait=False) adds
+-- SKIP LOCKED in Python: a row another transaction holds is skipped (asked again next beat).
 SELECT j.id, j.receipt, j.queue
 FROM jobs AS j
 JOIN JSON_TABLE(%(items)s, '$[*]' COLUMNS (
@@ -149,17 +150,6 @@ JOIN JSON_TABLE(%(items)s, '$[*]' COLUMNS (
 )) AS r ON j.id = r.id AND j.receipt = r.receipt
 WHERE j.id IN %(ids)s AND j.state = 'processing'
 FOR UPDATE
-
--- name: leases_lock_skip_locked
--- The same, skipping rows another transaction holds (the heartbeat's: it asks again next beat).
-SELECT j.id, j.receipt, j.queue
-FROM jobs AS j
-JOIN JSON_TABLE(%(items)s, '$[*]' COLUMNS (
-    id      CHAR(36) CHARACTER SET ascii PATH '$.id',
-    receipt VARCHAR(64) PATH '$.receipt'
-)) AS r ON j.id = r.id AND j.receipt = r.receipt
-WHERE j.id IN %(ids)s AND j.state = 'processing'
-FOR UPDATE SKIP LOCKED
 
 -- name: jobs_start_many
 -- Count deliveries as started before their outcome, for the rows leases_lock returned (named by primary
