@@ -144,3 +144,16 @@ def test_a_locked_archived_row_holds_up_no_prune(server: Backend, database_url: 
         assert _without_waiting(release, lambda: server.archive_prune(prune)) == 1
     assert server.job_get(JobGetParams(id=first.id)) is None
     assert server.job_get(JobGetParams(id=second.id)) is not None
+
+
+@pytest.mark.parametrize("database_url", ["mysql"], indirect=True)
+def test_a_locked_archived_row_holds_up_no_prune_of_a_thousand(server: Backend, database_url: str) -> None:
+    # Before (MariaDB): an IN list of 1,000 ids or more became a subquery over a VALUES table
+    # (in_predicate_conversion_threshold), and the delete scanned the archive whole again, waiting for the row.
+    insert(server, *[new_job("q") for _ in range(1000)], new_job("r"))
+    assert complete(server, *acquire(server, queue="q", limit=1000), now=at(1)) == 1000
+    (recent,) = acquire(server, queue="r", limit=1)
+    assert complete(server, recent, now=at(3600)) == 1
+    with _row_locked(database_url, recent.id, table="archive") as release:
+        prune = ArchivePruneParams(now=at(4000), default_before=at(60), default_dead_before=at(60))
+        assert _without_waiting(release, lambda: server.archive_prune(prune)) == 1000

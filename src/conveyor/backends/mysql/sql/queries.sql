@@ -529,9 +529,10 @@ WHERE queue = %(queue)s
 -- Retention: each row's cutoff is its queue's (JSON arrays of [queue, seconds]) or the default, dead
 -- letters having their own. The outer finished_at bound (the latest cutoff of all) lets the scan
 -- walk archive_finished from the oldest row and stop early. Picked first, as a DELETE with a join
--- takes no LIMIT.
+-- takes no LIMIT. The index is named: MariaDB read the whole archive through archive_queue_state_finished
+-- and sorted it, locking every row read, so a recent row another transaction held stalled retention.
 SELECT a.id
-FROM archive AS a
+FROM archive AS a FORCE INDEX (archive_finished)
 LEFT JOIN JSON_TABLE(%(before)s, '$[*]' COLUMNS (
     queue  VARCHAR(200) CHARACTER SET utf8mb4 PATH '$[0]',
     cutoff DOUBLE PATH '$[1]'
