@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import weakref
 from collections.abc import AsyncIterator, Mapping
 from datetime import UTC, datetime
@@ -46,6 +47,9 @@ __all__ = ["TASK_NAME", "Relay", "RelayError"]
 TASK_NAME = "conveyor.relay"
 #: AMQP's short string: an exchange name and a routing key are at most 255 bytes of UTF-8.
 MAX_SHORTSTR_BYTES = 255
+#: The longest exchange name the AMQP client (pamqp) sends, and the characters it allows in one.
+MAX_EXCHANGE_CHARS = 127
+_EXCHANGE_NAME = re.compile(r"[A-Za-z0-9\-_.:@#,/+ ]*")
 #: RabbitMQ (and pamqp, which silently truncates longer ones) take header names of at most 128 bytes.
 MAX_HEADER_NAME_BYTES = 128
 #: AMQP tables carry integers as signed 64-bit numbers.
@@ -76,6 +80,18 @@ def _check_shortstr(value: object, what: str, error: type[ConveyorError] = Paylo
     if size > MAX_SHORTSTR_BYTES:
         raise error(f"{what} is {size} bytes of UTF-8, over AMQP's {MAX_SHORTSTR_BYTES}-byte limit: {preview(value)}")
     return value
+
+
+def _check_exchange(value: object, what: str, error: type[ConveyorError] = PayloadError) -> str:
+    """``value`` if the AMQP client (pamqp) will send it as an exchange name: a short string of at most
+    127 characters from ``[A-Za-z0-9-_.:@#,/+ ]``; else raise ``error``. The client refuses
+    any other name before it reaches the broker, so a job naming one could never be published."""
+    name = _check_shortstr(value, what, error)
+    if len(name) > MAX_EXCHANGE_CHARS:
+        raise error(f"{what} is {len(name)} characters, over the client's {MAX_EXCHANGE_CHARS}: {preview(name)}")
+    if not _EXCHANGE_NAME.fullmatch(name):
+        raise error(f"{what} may hold only ASCII letters, digits, spaces and -_.:@#,/+: {preview(name)}")
+    return name
 
 
 def _check_amqp_headers(headers: Mapping[str, Any], what: str = "headers") -> None:
@@ -130,7 +146,7 @@ def _read_job(payload: Mapping[str, Any], relay_exchange: str) -> tuple[str, str
         raise PayloadError(f"a {TASK_NAME} job needs a routing_key (send it with Relay.publish)")
     routing_key = _check_shortstr(payload["routing_key"], "routing_key")
     exchange = payload.get("exchange")
-    exchange = relay_exchange if exchange is None else _check_shortstr(exchange, "exchange")
+    exchange = relay_exchange if exchange is None else _check_exchange(exchange, "exchange")
     body = payload.get("body", {})
     if not isinstance(body, Mapping):
         raise PayloadError(f"a {TASK_NAME} job's body must be a JSON object, got {type(body).__name__}")
@@ -212,7 +228,7 @@ class Relay:
     ) -> None:
         self.app = app
         self.url = _check_url(url)
-        self.exchange = _check_shortstr(exchange, "the relay's exchange", ConfigurationError)
+        self.exchange = _check_exchange(exchange, "the relay's exchange", ConfigurationError)
         self.queue = check_name(queue, "the relay's queue", ConfigurationError)
         self.confirm_timeout = check_seconds(confirm_timeout, "confirm_timeout", ConfigurationError, strict=True)
         self._links: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Link] = weakref.WeakKeyDictionary()
@@ -245,10 +261,12 @@ class Relay:
         (``priority``, ``delay``, ``max_attempts``...).
 
         Raises PayloadError, with nothing written, for what the broker would refuse later: a routing key or
-        exchange that is not a string of at most 255 bytes of valid UTF-8, a header name over 128 bytes or
-        an integer outside 64 bits, and for anything :meth:`App.send` refuses (a body over the size limit)."""
+        exchange that is not a string of at most 255 bytes of valid UTF-8, an exchange name the client cannot
+        send (over 127 characters, or other than ASCII letters, digits, spaces and ``-_.:@#,/+``), a header
+        name over 128 bytes or an integer outside 64 bits, and for anything :meth:`App.send` refuses (a body
+        over the size limit)."""
         routing_key = _check_shortstr(routing_key, "routing_key")
-        exchange = self.exchange if exchange is None else _check_shortstr(exchange, "exchange")
+        exchange = self.exchange if exchange is None else _check_exchange(exchange, "exchange")
         if not isinstance(body, Mapping):
             raise PayloadError(f"body must be a JSON object (a dict), got {type(body).__name__}")
         if "queue" in envelope or "task" in envelope:

@@ -184,6 +184,10 @@ def test_an_unreachable_broker_is_retried_not_lost_and_a_replay_publishes_once_i
         ("ok", "x" * 256, "exchange is 256 bytes"),
         ("ok", "\udfff", "exchange is not valid Unicode"),
         ("ok", 3.5, "exchange must be a string, got float"),
+        # The client (pamqp) refuses to send these exchange names, so no retry could ever publish them.
+        ("ok", "café", "exchange may hold only"),
+        ("ok", "orders\tnew", "exchange may hold only"),
+        ("ok", "x" * 128, "exchange is 128 characters"),
     ],
 )
 def test_publish_refuses_what_the_broker_would_refuse_with_nothing_written(
@@ -383,3 +387,23 @@ def test_a_returned_message_is_never_acked_for_a_publish_of_the_same_id_in_fligh
             assert "unroutable" in str(unroutable) or "in flight" in str(unroutable)
             assert routable is None or "in flight" in str(routable)
     assert len(broker.drain()) <= 5
+
+
+@pytest.mark.parametrize("suffix", [" with spaces", "-a_b.c:d@e#f,g/h+i"])
+def test_an_exchange_name_with_spaces_or_punctuation_is_published_to(
+    sqlite_url: str, broker: Broker, suffix: str
+) -> None:
+    exchange = broker.exchange + suffix
+    broker.declare(exchange=exchange)
+    try:
+        with App(sqlite_url) as app:
+            job = Relay(app, broker.url).publish(broker.key, {"n": 1}, exchange=exchange)
+            assert drain(app, ["outbox"]).completed == 1
+        assert [(r.message_id, r.exchange) for r in broker.drain()] == [(str(job.id), exchange)]
+    finally:
+        broker.delete([exchange], [])
+
+
+def test_a_relay_exchange_the_client_cannot_send_is_a_configuration_error(sqlite_url: str) -> None:
+    with App(sqlite_url) as app, pytest.raises(ConfigurationError, match="may hold only"):
+        Relay(app, "amqp://guest:guest@127.0.0.1:5672/", exchange="événements")
