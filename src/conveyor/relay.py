@@ -94,13 +94,9 @@ def _check_exchange(value: object, what: str, error: type[ConveyorError] = Paylo
     return name
 
 
-def _check_amqp_headers(headers: Mapping[str, Any], what: str = "headers") -> None:
+def _check_table(table: Mapping[str, Any], where: str) -> None:
     """Raise PayloadError for JSON headers that an AMQP table cannot carry as they are: a name (at any
     depth) over 128 bytes of UTF-8, which the client would truncate, or an integer outside 64 bits."""
-    _check_table(headers, what)
-
-
-def _check_table(table: Mapping[str, Any], where: str) -> None:
     for name, value in table.items():
         if not isinstance(name, str):
             raise PayloadError(f"{where} names must be strings, got {type(name).__name__}")
@@ -274,7 +270,7 @@ class Relay:
         if headers is not None:
             if not isinstance(headers, Mapping):
                 raise PayloadError(f"headers must be a JSON object (a dict), got {type(headers).__name__}")
-            _check_amqp_headers(headers)
+            _check_table(headers, "headers")
         if "id" in envelope:
             raise PayloadError("a relayed message's id is its job's, minted here: give no id")
         # The job's id is minted here and written into the payload as the message's id, so that a replay of
@@ -328,7 +324,7 @@ class Relay:
         the broker or the network does raises RelayError (retried with backoff)."""
         exchange, routing_key, body, message_id = _read_job(payload, self.exchange)
         headers = ctx.headers
-        _check_amqp_headers(headers)
+        _check_table(headers, "headers")
         message = aio_pika.Message(
             body,
             headers=headers,
@@ -447,7 +443,8 @@ class Relay:
         except aiormq.exceptions.ChannelClosed as exc:
             # A refusal (404 no exchange, 403 access refused) closes the channel it came on: the probe's, or the
             # shared one when the exchange was deleted since it was checked.
-            await self._after_channel_error(link, channel)
+            if channel.is_closed:  # the shared one (the probe's needs nothing)
+                await link.drop(channel)
             raise RelayError(f"the broker refused the message ({where}): {_reason(exc)}") from exc
         except TimeoutError as exc:
             # Not confirmed in time: the connection may be dead (a half-open socket); open another.
@@ -460,11 +457,6 @@ class Relay:
             raise RelayError(f"publishing failed ({where}): {_reason(exc)}") from exc
         if confirm is not None and not _acked(confirm):
             raise RelayError(f"the broker did not take the message ({where}): {confirm!r}")
-
-    async def _after_channel_error(self, link: _Link, channel: aio_pika.abc.AbstractChannel) -> None:
-        """A refusal that closed a channel: the probe's (nothing to do) or the shared one (drop the link)."""
-        if channel.is_closed:
-            await link.drop(channel)
 
 
 def _acked(confirm: object) -> bool:

@@ -29,6 +29,9 @@ class TcpProxy:
         self.port = 0
         self.connections_total = 0
         self.cuts_total = 0
+        #: While True, what either side sends is read and dropped: the sockets stay open and every byte is
+        #: lost (a network that swallows everything; a broker blocked by a resource alarm looks the same).
+        self.swallowing = False
         self._pairs: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="chaos-proxy", daemon=True)
@@ -59,10 +62,11 @@ class TcpProxy:
             client_w.transport.abort()
             server_w.transport.abort()
 
-    @staticmethod
-    async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while data := await reader.read(65536):
+                if self.swallowing:
+                    continue
                 writer.write(data)
                 await writer.drain()
         except (ConnectionError, OSError):

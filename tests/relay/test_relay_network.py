@@ -4,8 +4,6 @@ under a running worker is reopened by the next attempt on the same event loop.""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 from urllib.parse import urlsplit, urlunsplit
 from uuid import UUID
@@ -21,26 +19,6 @@ from conveyor.testing import drain
 from .conftest import Broker, running_worker
 
 
-class SwallowingProxy(TcpProxy):
-    """A TcpProxy that, while ``swallowing``, reads what either side sends and forwards nothing: a network that
-    keeps the sockets open and loses every byte (a broker blocked by a resource alarm looks the same)."""
-
-    swallowing = False
-
-    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:  # type: ignore[override]
-        try:
-            while data := await reader.read(65536):
-                if self.swallowing:
-                    continue
-                writer.write(data)
-                await writer.drain()
-        except (ConnectionError, OSError):
-            pass
-        finally:
-            with contextlib.suppress(Exception):
-                writer.transport.abort()
-
-
 def _through(proxy: TcpProxy, url: str) -> str:
     parts = urlsplit(url)
     netloc = f"{parts.username}:{parts.password}@127.0.0.1:{proxy.port}"
@@ -48,9 +26,9 @@ def _through(proxy: TcpProxy, url: str) -> str:
 
 
 @pytest.fixture
-def proxy(broker: Broker) -> SwallowingProxy:
+def proxy(broker: Broker) -> TcpProxy:
     parts = urlsplit(broker.url)
-    with SwallowingProxy(parts.hostname or "127.0.0.1", parts.port or 5672) as p:
+    with TcpProxy(parts.hostname or "127.0.0.1", parts.port or 5672) as p:
         yield p  # type: ignore[misc]
 
 
@@ -60,7 +38,7 @@ def _state(app: App, job_id: UUID, state: str) -> bool:
 
 @pytest.mark.timeout(60)
 def test_no_confirm_within_confirm_timeout_fails_the_attempt_and_a_replay_publishes(
-    sqlite_url: str, broker: Broker, proxy: SwallowingProxy
+    sqlite_url: str, broker: Broker, proxy: TcpProxy
 ) -> None:
     with App(sqlite_url) as app:
         relay = Relay(app, _through(proxy, broker.url), exchange=broker.exchange, confirm_timeout=1)
@@ -93,7 +71,7 @@ def test_no_confirm_within_confirm_timeout_fails_the_attempt_and_a_replay_publis
 
 @pytest.mark.timeout(60)
 def test_a_connection_cut_under_a_running_worker_is_reopened_by_the_next_attempt(
-    sqlite_url: str, broker: Broker, proxy: SwallowingProxy
+    sqlite_url: str, broker: Broker, proxy: TcpProxy
 ) -> None:
     with App(sqlite_url) as app:
         relay = Relay(app, _through(proxy, broker.url), exchange=broker.exchange, backoff=[0.05])
