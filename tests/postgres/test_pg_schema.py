@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from datetime import UTC, date, datetime, timedelta
 
 import psycopg
-from _pg import T0, acquire, complete, insert, make_job
+import pytest
+from _pg import T0, acquire, at, complete, insert, make_job
 
 from conveyor.backends.base import ArchivePruneParams, ErrorInfo, Finish, JobsFinishParams
 from conveyor.backends.postgres import PostgresBackend
@@ -135,3 +140,82 @@ def test_archive_prune_drops_whole_partitions_and_keeps_young_dead_letters(pg: P
         (failed.id, "dead")
     ]
     assert pg.archive_prune(params) == 0
+
+
+def _only_partitions(admin: Conn, *days: date) -> None:
+    """Leave the archive with the DEFAULT partition and one daily partition per day named (migrate's,
+    around today, are dropped: empty and long past the cutoffs below, they would be dropped first)."""
+    for part in _partitions(admin):
+        if part != "archive_default":
+            admin.execute(f"DROP TABLE {part}")
+    for day in days:
+        bounds = f"FROM ('{day} 00:00+00') TO ('{day + timedelta(days=1)} 00:00+00')"
+        admin.execute(f"CREATE TABLE {_name(day)} PARTITION OF archive FOR VALUES {bounds}")
+
+
+def _before_release(holder: Conn, call: Callable[[], int]) -> int:
+    """``call``'s answer, which must come while ``holder`` still holds the archive: if it has not come
+    within 10 s, the holder is released (so that the call ends) and the test fails."""
+    with ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(call)
+        try:
+            return answer.result(timeout=10)
+        except FutureTimeout:
+            holder.rollback()
+            answer.result(timeout=60)
+            pytest.fail("archive_prune waited for the transaction holding the archive")
+
+
+def test_a_partition_drop_a_held_archive_blocks_is_skipped_and_the_rows_still_go(
+    pg: PostgresBackend, admin: Conn, postgres_database: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Before: the drop waited out its 1 s lock_timeout and raised BackendUnavailable, and nothing else of the
+    # call ran; the pruner retried the same call (the same wait, the same error) for as long as any transaction
+    # kept a row of the archive, and retention stalled.
+    day1, day2 = datetime(2031, 5, 1, 12, tzinfo=UTC), datetime(2031, 5, 2, 12, tzinfo=UTC)
+    _only_partitions(admin, day1.date(), day2.date())
+    insert(pg, make_job(), make_job())
+    complete(pg, *acquire(pg), now=T0)  # two rows in the DEFAULT partition, past retention
+    insert(pg, *[make_job(run_at=day1) for _ in range(3)], now=day1)
+    complete(pg, *acquire(pg, now=day1), now=day1)  # day 1: a partition due to be dropped
+    insert(pg, make_job(run_at=day2), now=day2)
+    (young,) = acquire(pg, now=day2)
+    complete(pg, young, now=day2)  # day 2: a row to keep, which an operator's session holds
+    cutoff = datetime(2031, 5, 2, tzinfo=UTC)
+    params = ArchivePruneParams(now=datetime(2031, 6, 1, tzinfo=UTC), default_before=cutoff, default_dead_before=cutoff)
+
+    with psycopg.connect(postgres_database) as holder, caplog.at_level(logging.WARNING, "conveyor"):
+        holder.execute("SELECT id FROM archive WHERE id = %s FOR UPDATE", (young.id,))
+        # The drop is skipped; the rows past retention go row by row, day 1's among them.
+        assert _before_release(holder, lambda: pg.archive_prune(params)) == 5
+        # A caller that prunes "until 0" is not kept calling by a partition it cannot drop.
+        assert _before_release(holder, lambda: pg.archive_prune(params)) == 0
+        assert _name(day1.date()) in _partitions(admin)
+        assert admin.execute("SELECT id FROM archive").fetchall() == [(young.id,)]
+    skipped = [r for r in caplog.records if r.levelno == logging.WARNING and _name(day1.date()) in r.getMessage()]
+    assert len(skipped) == 2  # once per call
+    assert all(r.exc_info is None for r in skipped)
+
+    # The holder is gone: the next call drops the (now empty) partition.
+    assert pg.archive_prune(params) == 0
+    assert _name(day1.date()) not in _partitions(admin)
+    assert _name(day2.date()) in _partitions(admin)
+
+
+def test_a_held_row_past_retention_is_skipped_not_waited_for(
+    pg: PostgresBackend, admin: Conn, postgres_database: str
+) -> None:
+    # Before: the row-by-row delete picked the held row among its victims and waited for its holder, with no
+    # timeout: the pruner (and every prune after it) hung until that transaction ended.
+    _only_partitions(admin)
+    insert(pg, make_job(), make_job(), make_job())
+    held, *others = acquire(pg)
+    complete(pg, held, *others, now=T0)
+    params = ArchivePruneParams(now=at(3600), default_before=at(60), default_dead_before=at(60))
+    with psycopg.connect(postgres_database) as holder:
+        holder.execute("SELECT id FROM archive WHERE id = %s FOR UPDATE", (held.id,))
+        assert _before_release(holder, lambda: pg.archive_prune(params)) == 2
+        assert _before_release(holder, lambda: pg.archive_prune(params)) == 0
+    assert pg.archive_prune(params) == 1
+    assert admin.execute("SELECT count(*) FROM archive").fetchone() == (0,)
+

@@ -997,9 +997,12 @@ class PostgresBackend:
 
         Daily partitions that hold only rows past retention are dropped whole (their rows count,
         so one call may return more than ``limit``); then up to ``limit`` rows are deleted one by
-        one from what is left (the DEFAULT partition, partitions that still hold rows to keep).
-        Raises BackendUnavailable when a partition drop waited too long for a lock (a long
-        transaction on the archive); call again later."""
+        one from what is left (the DEFAULT partition, partitions that still hold rows to keep, and
+        partitions whose drop was skipped). A drop that waits past its lock timeout (another
+        transaction holds the archive: an operator's session, a long report) is skipped, with one
+        warning, and tried again by the next call; the row deletes skip rows other transactions
+        hold locked. So the count is of rows gone, never of work left undone: a caller pruning
+        "until 0" gets 0 once nothing it can reach is past retention, held or not."""
         queues = sorted(set(params.before) | set(params.dead_before))
         cutoffs = {
             "queues": queues,
@@ -1017,13 +1020,28 @@ class PostgresBackend:
         deleted = 0
         with self._connection("archive_prune") as conn:
             old = conn.execute(self._q["archive_partitions_old"], {"before": max(every)}).fetchall()
-            for part, lo, hi in old:
+            for i, (part, lo, hi) in enumerate(old):
                 # Below every cutoff nothing can be kept; otherwise look for a row to keep.
                 if hi > min(every):
                     keeps = conn.execute(self._q["archive_range_keeps"], {**cutoffs, "lo": lo, "hi": hi}).fetchone()
                     if keeps is None or keeps[0]:
                         continue
-                dropped = conn.execute(self._q["archive_partition_drop"], {"part": part}).fetchone()
+                try:
+                    # Each drop is a transaction of its own (the connection is in autocommit).
+                    dropped = conn.execute(self._q["archive_partition_drop"], {"part": part}).fetchone()
+                except psycopg.errors.LockNotAvailable:
+                    # A drop locks the whole archive, so what held this one (any open transaction that
+                    # read or locked a row through the archive) holds the later ones too: they are left
+                    # for the next call rather than each waiting out its second. The rows past retention
+                    # go row by row below meanwhile, so retention does not wait for the holder.
+                    log.warning(
+                        "archive partition %s not dropped: another transaction holds the archive (lock wait "
+                        "past 1 s); it and %d later candidate(s) are tried again at the next prune, their rows "
+                        "past retention deleted row by row meanwhile",
+                        part,
+                        len(old) - i - 1,
+                    )
+                    break
                 deleted += int(dropped[0]) if dropped else 0
             if deleted < params.limit:
                 cur = conn.execute(

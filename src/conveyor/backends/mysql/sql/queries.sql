@@ -531,6 +531,8 @@ WHERE queue = %(queue)s
 -- walk archive_finished from the oldest row and stop early. Picked first, as a DELETE with a join
 -- takes no LIMIT. The index is named: MariaDB read the whole archive through archive_queue_state_finished
 -- and sorted it, locking every row read, so a recent row another transaction held stalled retention.
+-- SKIP LOCKED: a row past retention that another transaction holds (an operator's session) is left for
+-- a later prune; waited for, it failed the prune after the lock wait timeout, every time until released.
 SELECT a.id
 FROM archive AS a FORCE INDEX (archive_finished)
 LEFT JOIN JSON_TABLE(%(before)s, '$[*]' COLUMNS (
@@ -548,7 +550,7 @@ WHERE a.finished_at < %(latest_cutoff)s
   END
 ORDER BY a.finished_at
 LIMIT %(limit)s
-FOR UPDATE
+FOR UPDATE SKIP LOCKED
 
 -- name: archive_delete
 -- The rows archive_prune_pick locked, by primary key (joined to their JSON, a small archive was scanned

@@ -144,9 +144,11 @@ SELECT EXISTS (
 SELECT conveyor_archive_partition_drop(%(part)s)
 
 -- name: archive_prune_rows
--- Row-by-row retention, for what partition drops cannot take (the DEFAULT partition, and
--- partitions that still hold rows to keep): a bounded batch of victims by primary key. The
--- `finished_at < max_cutoff` range lets the scan use the primary key and prune partitions.
+-- Row-by-row retention, for what partition drops cannot take (the DEFAULT partition, partitions
+-- that still hold rows to keep, partitions whose drop a held lock put off): a bounded batch of
+-- victims by primary key. The `finished_at < max_cutoff` range lets the scan use the primary key
+-- and prune partitions. SKIP LOCKED: a row another transaction holds (an operator's session) is
+-- left for a later prune instead of stalling this one, with no timeout, until that transaction ends.
 WITH cut AS (
     SELECT *
     FROM unnest(%(queues)b::text[], %(befores)b::timestamptz[], %(dead_befores)b::timestamptz[])
@@ -161,6 +163,7 @@ victims AS (
                                THEN coalesce(c.dead_before, %(default_dead_before)s)
                                ELSE coalesce(c.before, %(default_before)s) END
     LIMIT %(limit)s
+    FOR UPDATE OF a SKIP LOCKED
 )
 DELETE FROM archive AS a
 USING victims AS v
