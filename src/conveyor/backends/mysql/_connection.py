@@ -131,12 +131,15 @@ def translate(exc: BaseException, action: str) -> BackendError:
         # Raised as BackendError it was the items' fault: a worker whose acquire was killed stopped, and
         # a finish batch past max_statement_time was split down to outcomes dead-lettered as refused.
         return StatementCancelled(f"MySQL cancelled {action}: {line}")
-    if (
-        code in (_DEADLOCK, _LOCK_WAIT)
-        or code in _GONE
-        or code in _LOGIN
-        or isinstance(exc, pymysql.err.InterfaceError)
-    ):
+    if code == _LOCK_WAIT:
+        # Another transaction (an operator's session, an application's open transaction) held a row this
+        # call must change: InnoDB rolled the statement back and the pool the transaction, so nothing of
+        # the call was written, and it passes once that transaction ends.
+        return BackendUnavailable(
+            f"MySQL unavailable ({action}): another transaction held a row it needs for more than "
+            f"{LOCK_WAIT_TIMEOUT_S} s; nothing was written, retry once it ends ({line})"
+        )
+    if code == _DEADLOCK or code in _GONE or code in _LOGIN or isinstance(exc, pymysql.err.InterfaceError):
         return BackendUnavailable(f"MySQL unavailable ({action}): {line}")
     if code in _DENIED:
         return BackendRefused(f"MySQL refused a privilege ({action}): {line} (a GRANT missing or revoked)")

@@ -384,10 +384,14 @@ WHERE a.id IN %(ids)s AND a.state = 'dead' AND a.replayed_by IS NULL
 -- name: dead_replay_rekey
 -- After dead_replay_mark: a replayed dead letter that still holds its idempotency key inside the
 -- dedup window gives it to its replay (see the SQLite statement of this name for why). The dead letters
--- are named by primary key (an IN list). Not yet shown enough: a key row another transaction holds
--- still made a replay wait in a test (Session 40, left open).
-UPDATE idempotency_keys AS k
-JOIN archive AS a FORCE INDEX (PRIMARY) ON k.queue = a.queue AND k.`key` = a.idempotency_key AND k.job_id = a.id
+-- are named by primary key (an IN list) and read first (STRAIGHT_JOIN), each key then by its primary key:
+-- with an IN list about as long as the keys table, MariaDB read idempotency_keys whole and the archive by
+-- k.job_id, and an UPDATE locks every row it reads, so a live job's key another session held stalled the
+-- replay for the lock wait timeout. The one key it still waits for is its own dead letter's, which it
+-- hands over (bounded by the lock wait timeout: unavailable, nothing written).
+UPDATE archive AS a FORCE INDEX (PRIMARY)
+STRAIGHT_JOIN idempotency_keys AS k FORCE INDEX (PRIMARY)
+    ON k.queue = a.queue AND k.`key` = a.idempotency_key AND k.job_id = a.id
 JOIN JSON_TABLE(%(replays)s, '$[*]' COLUMNS (
     dead_id CHAR(36) CHARACTER SET ascii PATH '$[0]',
     new_id  CHAR(36) CHARACTER SET ascii PATH '$[1]'
