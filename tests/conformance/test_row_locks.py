@@ -25,6 +25,7 @@ from conveyor.backends.base import (
     DeadReplayParams,
     JobGetParams,
     JobsInsertParams,
+    JobsRescueParams,
     JobsStartParams,
     LeaseRef,
     LeasesExtendParams,
@@ -172,3 +173,21 @@ def test_a_locked_archived_row_past_retention_is_left_for_a_later_prune(server: 
     assert server.job_get(JobGetParams(id=held.id)) is not None
     assert server.archive_prune(prune) == 1
     assert server.job_get(JobGetParams(id=held.id)) is None
+
+
+def test_a_locked_lease_holds_up_no_rescue_of_another(server: Backend, database_url: str) -> None:
+    # Before (MySQL): the rescue was one UPDATE ... ORDER BY lease_expires_at LIMIT, which waits for every
+    # expired lease it reads: one another transaction held (a worker finishing it late, an operator's session)
+    # stalled every rescue for the lock wait timeout. PostgreSQL's rescue skips it (SKIP LOCKED), as MySQL's now
+    # does; the live lease past the expired ones, held too, is not waited for either.
+    insert(server, new_job("q"), new_job("q"))
+    insert(server, new_job("q"), now=at(100))
+    held, free = acquire(server, queue="q", limit=2, visibility_timeout=10)
+    (live,) = acquire(server, queue="q", limit=1, now=at(100), visibility_timeout=3600)
+    with _row_locked(database_url, held.id) as release, _row_locked(database_url, live.id):
+        rescue = JobsRescueParams(now=at(200), limit=100)
+        assert _without_waiting(release, lambda: server.jobs_rescue_expired(rescue)) == 1
+    assert server.job_get(JobGetParams(id=free.id)).state == "pending"  # type: ignore[union-attr]
+    assert server.job_get(JobGetParams(id=held.id)).state == "processing"  # type: ignore[union-attr]
+    # Let go, the skipped lease is rescued by the next call.
+    assert server.jobs_rescue_expired(JobsRescueParams(now=at(201), limit=100)) == 1

@@ -382,10 +382,18 @@ class MysqlBackend:
 
     def jobs_rescue_expired(self, params: base.JobsRescueParams) -> int:
         """Return up to ``limit`` expired leases to pending; return how many."""
-        args = {"now": cv.to_db_time(params.now), "limit": params.limit}
-        return self._pool.write(
-            "jobs_rescue_expired", lambda cur: int(cur.execute(self._q["jobs_rescue_expired"], args))
-        )
+        now = cv.to_db_time(params.now)
+
+        def rescue(cur: Cursor) -> int:
+            # Picked first with SKIP LOCKED (an expired lease another transaction holds is rescued later),
+            # then named by primary key, as the other batch statements.
+            cur.execute(self._q["jobs_rescue_pick"], {"now": now, "limit": params.limit})
+            ids = tuple(row["id"] for row in cur.fetchall())
+            if not ids:
+                return 0
+            return int(cur.execute(self._q["jobs_rescue_expired"], {"ids": ids, "now": now}))
+
+        return self._pool.write("jobs_rescue_expired", rescue)
 
     # ------------------------------------------------------------------ reading
 

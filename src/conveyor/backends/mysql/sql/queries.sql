@@ -267,15 +267,24 @@ SET j.state = 'pending',
     j.worker_id = NULL
 WHERE j.id IN %(ids)s AND j.state = 'processing'
 
--- name: jobs_rescue_expired
--- Expired leases go back to pending, oldest lease first, through jobs_lease. deliveries is kept (a
--- lease is not a delivery); rescues + 1 makes the job a suspect. Clearing the receipt fences the
--- worker that lost the lease.
-UPDATE jobs
-SET state = 'pending', receipt = NULL, lease_expires_at = NULL, rescues = rescues + 1
+-- name: jobs_rescue_pick
+-- Expired leases, oldest first, through jobs_lease, locked for jobs_rescue_expired. SKIP LOCKED, as on
+-- PostgreSQL: one UPDATE ... ORDER BY ... LIMIT waited for every expired lease it read, so one another
+-- transaction held (a worker finishing it late, an operator's session) stalled every rescue for the lock
+-- wait timeout; a skipped row is rescued by a later call.
+SELECT id FROM jobs FORCE INDEX (jobs_lease)
 WHERE state = 'processing' AND lease_expires_at < %(now)s
 ORDER BY lease_expires_at
 LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED
+
+-- name: jobs_rescue_expired
+-- The rows jobs_rescue_pick locked, by primary key, back to pending. deliveries is kept (a lease is not a
+-- delivery); rescues + 1 makes the job a suspect. Clearing the receipt fences the worker that lost the
+-- lease.
+UPDATE jobs
+SET state = 'pending', receipt = NULL, lease_expires_at = NULL, rescues = rescues + 1
+WHERE id IN %(ids)s AND state = 'processing' AND lease_expires_at < %(now)s
 
 -- name: job_get_live
 -- A scheduled row is a pending job (the state only says which range holds it).
