@@ -9,7 +9,7 @@ from __future__ import annotations
 from _factory import T0, acquire, at, ids, insert, new_job, retry
 
 from conveyor.backends import open_backend
-from conveyor.backends.base import Backend
+from conveyor.backends.base import Backend, JobsAcquireParams
 
 
 def test_nothing_is_known_to_come_due_until_a_job_is_scheduled(backend: Backend) -> None:
@@ -72,3 +72,23 @@ def test_a_stale_retry_tells_nothing(backend: Backend) -> None:
 
     assert retry(backend, a, run_at=at(90), now=at(31)) == 0  # the first receipt: fenced
     assert backend.jobs_next_due(["default"]) is None
+
+
+def test_an_acquire_without_promote_leaves_due_scheduled_jobs_to_the_next_acquire(
+    backend: Backend, database_url: str
+) -> None:
+    # JobsAcquireParams.promote: False skips the promotion on every engine (before, SQLite and MySQL promoted
+    # anyway: the flag was ignored), and the next acquire that promotes hands the job out, once.
+    ready = new_job()
+    insert(backend, ready)
+    producer = open_backend(database_url)
+    try:
+        later = new_job(run_at=at(10))
+        insert(producer, later)
+    finally:
+        producer.close()
+    skipped = backend.jobs_acquire(JobsAcquireParams("default", 10, 30.0, "w", at(20), promote=False))
+    assert ids(skipped) == [ready.id]
+    assert backend.jobs_next_due(["default"]) is None  # no promotion: nothing learnt
+    assert ids(acquire(backend, now=at(20))) == [later.id]
+    assert acquire(backend, now=at(21)) == []

@@ -420,9 +420,11 @@ class JobsAcquireParams:
     acquire at most, the earliest first (a larger backlog that came due at once is handed out over
     several acquires, in run_at order before priority): SQLite in every acquire, PostgreSQL when one
     may be due (see ``backends/postgres/_promotion.py``: a job another process scheduled can wait up to
-    about a second). With ``promote`` False that step is skipped, so the acquire may leave out jobs that
-    came due since the engine last promoted: the worker's pickup after a notification passes False (it
-    is on the latency path; the fetch loop's next acquire promotes)."""
+    about a second), MySQL in every acquire (as SQLite). With ``promote`` False that step is skipped on
+    every engine, so the acquire leaves out jobs that came due since the engine last promoted (and
+    learns nothing for ``jobs_next_due``): the worker's pickup after a notification passes False (it is
+    on the latency path; the fetch loop's next acquire promotes). MySQL and a SQLite file never notify,
+    so their workers always promote."""
 
     queue: str
     limit: int

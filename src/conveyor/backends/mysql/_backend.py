@@ -226,8 +226,9 @@ class MysqlBackend:
         lease_end = cv.lease_end(params.now, params.visibility_timeout)
 
         def acquire(cur: Cursor) -> tuple[list[dict[str, Any]], tuple[int, int, datetime | None] | None]:
-            # In the acquire's transaction, so it sees them; one index probe when nothing is due.
-            moved = self._promote(cur, params.queue, now)
+            # In the acquire's transaction, so it sees them; one index probe when nothing is due. Skipped
+            # with promote False, as on the other engines (the caller's next acquire promotes).
+            moved = self._promote(cur, params.queue, now) if params.promote else None
             cur.execute(self._q["jobs_acquire_pick"], {"queue": params.queue, "now": now, "limit": params.limit})
             picked = list(cur.fetchall())
             if picked:
@@ -246,7 +247,7 @@ class MysqlBackend:
                     },
                 )
             seen = None
-            if len(picked) < params.limit:
+            if moved is not None and len(picked) < params.limit:
                 # The worker may go idle: note when the queue's next scheduled job is due (jobs_next_due).
                 cur.execute(self._q["jobs_next_scheduled"], {"queue": params.queue})
                 upcoming = cur.fetchone()

@@ -188,8 +188,13 @@ class SqliteBackend:
             return []
         now = cv.to_db_time(params.now)
         with self._pool.write() as conn:
-            # In the acquire's transaction, so it sees them; one index probe when nothing is due.
-            moved = conn.execute(self._q["jobs_promote"], {"queue": params.queue, "now": now}).rowcount
+            # In the acquire's transaction, so it sees them; one index probe when nothing is due. Skipped
+            # with promote False, as on the other engines (the caller's next acquire promotes).
+            moved = (
+                conn.execute(self._q["jobs_promote"], {"queue": params.queue, "now": now}).rowcount
+                if params.promote
+                else None
+            )
             rows = conn.execute(
                 self._q["jobs_acquire"],
                 {
@@ -200,7 +205,7 @@ class SqliteBackend:
                     "now": now,
                 },
             ).fetchall()
-            if len(rows) < params.limit:
+            if moved is not None and len(rows) < params.limit:
                 # The worker may go idle: note when the queue's next scheduled job is due (jobs_next_due).
                 upcoming = conn.execute(self._q["jobs_next_scheduled"], {"queue": params.queue}).fetchone()
                 next_run_at = None if upcoming is None else cv.from_db_time(upcoming[0])
