@@ -331,7 +331,7 @@ def test_bad_app_options_raise_configuration_error() -> None:
         ({"visibility_timeout": 0}, "visibility_timeout must be > 0"),
         ({"graceful_timeout": INF}, "graceful_timeout must be a finite number"),
         ({"concurrency": 0}, "concurrency must be between 1"),
-        ({"prefetch": 0}, "prefetch must be between 1"),
+        ({"prefetch": -1}, "prefetch must be between 0"),
         ({"worker_id": "w" * 513}, "worker_id is 513 bytes, over the 512-byte limit"),
         ({"worker_id": "host\x00:1"}, "worker_id contains a NUL character"),
         ({"worker_id": "host\ud800:1"}, "worker_id is not valid Unicode"),

@@ -179,7 +179,7 @@ def check_worker_options(
     before it forks, so that a bad option is one error, not a child restarted forever)."""
     check_int(concurrency, "concurrency", 1, 10_000, ConfigurationError)
     if prefetch is not None:
-        check_int(prefetch, "prefetch", 1, 1_000_000, ConfigurationError)
+        check_int(prefetch, "prefetch", 0, 1_000_000, ConfigurationError)
     check_seconds(visibility_timeout, "visibility_timeout", ConfigurationError, strict=True)
     check_seconds(graceful_timeout, "graceful_timeout", ConfigurationError)
 

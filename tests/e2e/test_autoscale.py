@@ -273,3 +273,48 @@ def test_a_database_that_does_not_answer_keeps_the_count_and_is_logged_once(
         assert "Traceback" not in supervisor.output()
     finally:
         producer.close()
+
+
+def test_a_short_job_does_not_wait_behind_a_long_one_in_an_elders_buffer(
+    postgres_database: str, procs: Procs, tmp_path: Path
+) -> None:
+    """-c 1 --autoscale 1:2, a 20 s job then a 1 s job: the load (two jobs, one slot) starts a second process,
+    which must find the short job ready. With the adaptive prefetch the first process leased both, and the short
+    one waited 20 s in its buffer while the new process idled."""
+    producer = App(postgres_database, migrate=True)
+    e2e_app.register(producer)
+    run_log = tmp_path / "runs.log"
+    db = Db(postgres_database)
+    try:
+        long_job = producer.send_many([Message(task=e2e_app.SLOW, payload={"seconds": 20.0})])[0].id
+        short_job = producer.send_many([Message(task=e2e_app.SLOW, payload={"seconds": 1.0})])[0].id
+        argv = worker_argv(
+            postgres_database, "--queues", "slow", "--concurrency", "1", "--autoscale", "1:2", *FAST,
+            "--scale-in-cooldown", "60",
+        )  # fmt: skip
+        supervisor = procs.start("autoscale", argv, env={"E2E_RUN_LOG": str(run_log)})
+
+        def ended(job: UUID) -> list[list[str]]:
+            return [f for f in iter_lines(run_log) if f[:2] == ["end", str(job)]]
+
+        wait_until(lambda: [f for f in iter_lines(run_log) if f[:2] == ["start", str(long_job)]], 60, "the long job")
+        long_started = time.monotonic()
+        wait_until(lambda: ended(short_job), 30, "the short job done")
+        assert not ended(long_job), "the short job waited for the long one"
+        # It ran in the process the scale-out started, within a few seconds of the long job's start.
+        assert time.monotonic() - long_started < 12
+        assert "autoscale: 1 -> 2 worker processes" in supervisor.output()
+        pids = {f[1]: int(f[4]) for f in iter_lines(run_log) if f[0] == "start"}
+        assert pids[str(long_job)] != pids[str(short_job)]
+        wait_until(lambda: ended(long_job), 30, "the long job done")
+        supervisor.signal(signal.SIGTERM)
+        assert supervisor.wait(timeout=30) == 0, supervisor.output()
+        assert {(r.id, r.state, r.deliveries) for r in db.archived()} == {
+            (long_job, "completed", 1),
+            (short_job, "completed", 1),
+        }
+        assert db.live() == []
+        assert "Traceback" not in supervisor.output()
+    finally:
+        db.close()
+        producer.close()

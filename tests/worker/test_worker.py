@@ -962,3 +962,41 @@ def test_outcomes_queued_during_a_flush_go_in_the_next_flush_together(sqlite_url
     finally:
         calls.shutdown()
         app.close()
+
+
+@pytest.mark.parametrize("weights", [None, {"a": 3, "b": 1}])
+def test_prefetch_zero_leases_only_for_free_slots(app: App, weights: dict[str, int] | None) -> None:
+    """``prefetch=0`` (the supervisor's default under --autoscale): while its one slot runs, nothing more is
+    leased, also with weighted lanes (whose shares round up to one job each); a finished job frees one lease."""
+    release = threading.Event()
+    started: list[int] = []
+
+    @app.task(queue="a")
+    def block_a(n: int) -> None:
+        started.append(n)
+        release.wait(10)
+
+    @app.task(queue="b")
+    def block_b(n: int) -> None:
+        started.append(n)
+        release.wait(10)
+
+    app.send_many([Message(block_a.name, {"n": n}) for n in range(3)] + [Message(block_b.name, {"n": 10})])
+    worker = Worker(app, ["a", "b"], weights=weights, concurrency=1, prefetch=0, poll_interval=0.02, burst=True)
+
+    async def scenario() -> None:
+        task = asyncio.create_task(worker.run())
+        for _ in range(250):
+            if started:
+                break
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.3)  # time for any further acquire
+        assert len(started) == 1
+        assert worker.counters.acquired == 1  # the other three are ready for another worker
+        assert sum(s.pending for s in app.admin.queues() if s.queue in ("a", "b")) == 3
+        release.set()
+        await asyncio.wait_for(task, 30)
+
+    asyncio.run(scenario())
+    assert sorted(started) == [0, 1, 2, 10]
+    assert worker.counters.completed == 4

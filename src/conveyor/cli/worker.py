@@ -29,8 +29,9 @@ from conveyor.worker import WorkerConfig
 @click.option(
     "--prefetch",
     default=None,
-    type=click.IntRange(1, 100_000),
-    help="Leased jobs buffered per process (default: adaptive, 4 to 16 x concurrency).",
+    type=click.IntRange(0, 100_000),
+    help="Leased jobs buffered per process (default: adaptive, 4 to 16 x concurrency; with --autoscale, 0). "
+    "0: a job is leased only for a free slot.",
 )
 @click.option("--burst", is_flag=True, help="Drain the queues (scheduled retries included) and exit.")
 @click.option(

@@ -64,6 +64,8 @@ class Buffer:
         #: Set when the buffer falls to the level the fetcher waits for (see :meth:`arm_low`).
         self.low = asyncio.Event()
         self._low_level: int | None = None
+        # Whether that level counts running jobs too (``arm_low(held=True)``): set also when a handler ends.
+        self._low_held = False
         #: The loop whose coroutines wait on this buffer (thread slots wake them through it).
         self.loop = LoopRef()
         # Suspects set aside while another runs (see the module's docstring), and the one running.
@@ -97,6 +99,7 @@ class Buffer:
         with self._lock:
             if release:
                 self._permits += 1
+                self._check_low()
             while not self._closed and self._turn() != "threads":
                 if release:
                     release = False
@@ -128,6 +131,7 @@ class Buffer:
         """Give back one permit (a handler ended, or its thread was given up)."""
         with self._lock:
             self._permits += 1
+            self._check_low()
             self._signal()
 
     def suspect_done(self, delivery: Delivery) -> None:
@@ -173,11 +177,19 @@ class Buffer:
         _, delivery = items.popleft()
         if delivery.rescues and self._suspect is None:
             self._suspect, self._suspect_since = delivery, time.monotonic()
-        if self._low_level is not None and self.qsize() <= self._low_level:
-            self._low_level = None
-            self.loop.call(self.low.set)
+        self._check_low()
         self._signal()
         return delivery
+
+    def _held(self) -> int:
+        """What :meth:`arm_low` compares with its level (the lock is held)."""
+        return self.qsize() + (self.running if self._low_held else 0)
+
+    def _check_low(self) -> None:
+        """Set :attr:`low` if the armed level is reached (the lock is held)."""
+        if self._low_level is not None and self._held() <= self._low_level:
+            self._low_level = None
+            self.loop.call(self.low.set)
 
     def _signal(self) -> None:
         """Wake a slot of the kind whose turn it is, if a permit is free (the lock is held)."""
@@ -188,11 +200,12 @@ class Buffer:
             # Cleared only by take(), under this lock: set already, the next take sees this change.
             self.loop.call(self._loop_ready.set)
 
-    def arm_low(self, level: int) -> bool:
-        """Have :attr:`low` set once at most ``level`` deliveries are buffered; False (nothing to
-        wait for) if there are no more than that already."""
+    def arm_low(self, level: int, held: bool = False) -> bool:
+        """Have :attr:`low` set once at most ``level`` deliveries are buffered (``held``: buffered or
+        running); False (nothing to wait for) if there are no more than that already."""
         with self._lock:
-            if self.qsize() <= level:
+            self._low_held = held
+            if self._held() <= level:
                 return False
             self._low_level = level
             self.low.clear()

@@ -24,7 +24,8 @@ class WorkerConfig:
 
     ``queues`` None: every queue a registered task declares. ``weights`` shares slots between lanes
     (else lanes are drained in strict order). ``prefetch`` None: adaptive, 4 to 16 per slot (see the
-    fetcher); a given number is fixed. ``poll_interval`` None: 1 s with notifications, else 0.25 s.
+    fetcher); a given number is fixed; 0: none, a job is leased only for a slot that is free (the prefork
+    supervisor's default under autoscaling). ``poll_interval`` None: 1 s with notifications, else 0.25 s.
     ``heartbeat_interval`` None: a third of the shortest lease held. ``burst``: stop once the queues
     hold no live job. ``worker_id`` None: ``host:pid``."""
 

@@ -73,6 +73,8 @@ class Fetcher(Service):
         # With max_capacity the buffer adapts between capacity and max_capacity (see _adapt).
         self.base_capacity = config.capacity
         self.max_capacity = config.max_capacity
+        #: ``prefetch=0``: lease only for free slots, never ahead of them (see ``_space``).
+        self.on_demand = config.prefetch == 0
         self._rate_at = time.monotonic()
         self._rate_started = 0
         self.worker_id = config.identity
@@ -101,6 +103,13 @@ class Fetcher(Service):
         task is only known per row after acquire), else the worker's default."""
         return self.catalogue.lease_for(queue, self.visibility_timeout)
 
+    def _space(self) -> int:
+        """How many more jobs to lease now: up to the buffer's capacity; on demand (``prefetch=0``), one
+        per slot that neither runs a job nor has one waiting for it."""
+        if self.on_demand:
+            return self.buffer.concurrency - self.buffer.running - self.buffer.qsize()
+        return self.capacity - self.buffer.qsize()
+
     def _adapt(self) -> None:
         """Size the buffer to hold about ``_BUFFER_SECONDS`` of work at the current start rate.
 
@@ -126,11 +135,13 @@ class Fetcher(Service):
         then what a lane left unused goes to the others in order."""
         got = 0
         if self.weights:
-            free = self.capacity - self.buffer.qsize()
+            free = self._space()
             total = sum(self.weights.get(q, 1) for q in self.queues)
             spare = 0
             for queue in self.queues:
                 share = max(1, free * self.weights.get(queue, 1) // total)
+                if self.on_demand:
+                    share = max(0, min(share, free - got))  # at most one lease per free slot, whatever the rounding
                 taken = await self._acquire(queue, share)
                 got += taken
                 spare += share - taken
@@ -144,7 +155,7 @@ class Fetcher(Service):
                 spare -= taken
         else:
             for queue in self.queues:
-                got += await self._acquire(queue, self.capacity - self.buffer.qsize())
+                got += await self._acquire(queue, self._space())
         return got
 
     async def _acquire(self, queue: str, limit: int) -> int:
@@ -183,7 +194,11 @@ class Fetcher(Service):
                 if self._holding_back():
                     await self._wait_for(self._stopped, _IDLE_STEP)
                     continue
-                if self.buffer.arm_low(self.capacity // 2):
+                if (
+                    self.buffer.arm_low(self.buffer.concurrency - 1, held=True)
+                    if self.on_demand
+                    else self.buffer.arm_low(self.capacity // 2)
+                ):
                     await self._wait_for(self.buffer.low, None)
                     continue
                 try:
@@ -318,7 +333,7 @@ class Fetcher(Service):
                     return []
             if queue is None or self.stopping:
                 return []
-            limit = self.capacity - self.buffer.qsize()
+            limit = self._space()
             if limit <= 0:
                 return []
             try:

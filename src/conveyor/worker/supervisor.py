@@ -317,6 +317,10 @@ def run_processes(
         if not (math.isfinite(scale_interval) and 0.05 <= scale_interval <= 3600):
             raise ConfigurationError(f"--scale-interval must be from 0.05 to 3600 seconds, got {scale_interval!r}")
         processes = autoscale.maximum
+        if config.prefetch is None:
+            # No prefetch (a job is leased only for a free slot): a job buffered behind a long one would be
+            # counted as load, start a process, and wait in its elder's buffer while the new one idles.
+            config = dataclasses.replace(config, prefetch=0)
     cpus = _cpu.spread(processes) if pin else None
     if processes <= 1 and autoscale is None:
         if cpus is not None:
