@@ -318,3 +318,54 @@ def test_a_short_job_does_not_wait_behind_a_long_one_in_an_elders_buffer(
     finally:
         db.close()
         producer.close()
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_sigkill_of_the_supervisor_stops_each_worker_process_gracefully_once(
+    postgres_database: str, procs: Procs, tmp_path: Path
+) -> None:
+    """The kernel's parent-death signal comes once per reparenting: a supervisor with a thread (the load reader)
+    that is killed sent SIGTERM twice, the first time while getppid() was still its pid. Each process took it as
+    an operator's SIGTERM, then the second as the supervisor's death, or as "second SIGTERM: exiting at once"
+    (running handlers dropped); one in its loop's close printed "Exception ignored ... signal wakeup fd"."""
+    producer = App(postgres_database, migrate=True)
+    e2e_app.register(producer)
+    run_log = tmp_path / "runs.log"
+    db = Db(postgres_database)
+    try:
+
+        def kill_round(n: int) -> None:
+            producer.send_many([Message(task=e2e_app.SLOW, payload={"seconds": 1.5}) for _ in range(2)])
+            supervisor = procs.start(
+                f"autoscale{n}",
+                worker_argv(postgres_database, "--queues", "slow", "--concurrency", "1", "--autoscale", "2:3", *FAST),
+                env={"E2E_RUN_LOG": str(run_log)},
+            )
+            wait_until(lambda: supervisor.output().count(": queues slow,") >= 2, 60, "two workers up")
+            wait_until(lambda: len([f for f in iter_lines(run_log) if f[0] == "start"]) >= 2 * n + 2, 30, "jobs")
+            children = worker_children(supervisor.pid)
+            supervisor.signal(signal.SIGKILL)
+            supervisor.wait(timeout=10)
+            wait_until(lambda: not group_alive(supervisor.pid), 30, "the worker processes gone")
+            output = supervisor.output()
+            assert output.count("is gone: stopping gracefully") == len(children), output
+            for wrong in ("SIGTERM: stopping", "exiting at once", "goes on", "Exception ignored", "Traceback"):
+                assert wrong not in output, output
+
+        for n in range(3):
+            kill_round(n)
+        # Every job that started ran to its end (gracefully), none is left leased.
+        runs = list(iter_lines(run_log))
+        assert len([f for f in runs if f[0] == "start"]) == len([f for f in runs if f[0] == "end"]) == 6
+        assert {r.state for r in db.archived()} == {"completed"}
+        assert db.live() == []
+    finally:
+        db.close()
+        producer.close()

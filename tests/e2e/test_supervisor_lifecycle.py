@@ -102,7 +102,7 @@ def test_a_supervisor_killed_during_a_graceful_stop_lets_its_worker_processes_fi
     sqlite_url: str, procs: Procs, tmp_path: Path
 ) -> None:
     """SIGTERM, then SIGKILL of the supervisor while its worker processes stop gracefully: its death
-    (PR_SET_PDEATHSIG, a SIGTERM) is no second signal. Before: each process took it for one and exited at
+    (PR_SET_PDEATHSIG) is no second signal. Before: each process took it for one and exited at
     once ("second SIGTERM: exiting at once"), its running job cut short and left to its lease."""
     with _prefork(sqlite_url, procs, tmp_path, jobs=6, seconds=3.0) as run:
         run.tree.signal(signal.SIGTERM)

@@ -85,6 +85,10 @@ class Worker:
         #: SIGTERM that finds it gone is the notice of its death (see supervisor._follow), not an
         #: operator's: it stops gracefully, and a graceful stop under way goes on.
         self.supervisor: int | None = None
+        #: The signal the kernel sends this process when its supervisor dies (``PR_SET_PDEATHSIG``, set by the
+        #: supervisor's child; None: none). It may come twice for one death (see ``_on_parent_death``).
+        self.parent_death_signal: signal.Signals | None = None
+        self._orphaned = False
         self.exit_code = 0
 
     def stop(self) -> None:
@@ -294,15 +298,29 @@ class Worker:
         can tell are a handler's) does not end it: the loop is run again where it stopped."""
 
         async def main() -> None:
+            loop = asyncio.get_running_loop()
+            installed: list[signal.Signals] = []
             if install_signals:
-                loop = asyncio.get_running_loop()
                 for sig in signals:
                     loop.add_signal_handler(sig, self._on_signal, sig)
+                    installed.append(sig)
                 _threads.keep_worker_signals(tuple(signals))
+            death = self.parent_death_signal
+            if death is not None and death not in installed:
+                loop.add_signal_handler(death, self._on_parent_death)
+                installed.append(death)
             try:
                 await self.run()
             finally:
                 _threads.keep_worker_signals(())
+                # While the loop's self-pipe is still open: asyncio closes it before it removes the handlers,
+                # and a signal in between printed "Exception ignored when trying to write to the signal wakeup
+                # fd: OSError: [Errno 9] Bad file descriptor". The worker is done: a late signal finds the
+                # default disposition (a late parent-death signal: ignored).
+                for sig in installed:
+                    loop.remove_signal_handler(sig)
+                if death is not None:
+                    signal.signal(death, signal.SIG_IGN)
 
         _run_to_the_end(main())
         return self.exit_code
@@ -314,6 +332,18 @@ class Worker:
             "%d handler thread(s) hang past their timeout; stopping so that a supervisor restarts this process", stuck
         )
         self.exit_code = 1
+        self.stop()
+
+    def _on_parent_death(self) -> None:
+        """The supervisor died: stop gracefully, once. The kernel sends the signal each time this process is
+        handed to a new parent: when a supervisor with several threads is killed, first (often) to another of
+        its threads, then to init; a second notice counted as an operator's second SIGTERM exited at once."""
+        if self._orphaned:
+            return
+        self._orphaned = True
+        then = "the graceful stop goes on" if self._stopping else "stopping gracefully"
+        log.warning("the worker supervisor (pid %s) is gone: %s", self.supervisor, then)
+        self.supervisor = None
         self.stop()
 
     def _on_signal(self, sig: signal.Signals) -> None:

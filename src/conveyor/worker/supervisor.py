@@ -52,6 +52,11 @@ _STOPPED = 2
 
 # prctl(2): the signal a process gets when the thread that created it exits.
 _PR_SET_PDEATHSIG = 1
+#: The signal a worker process gets from the kernel when its supervisor dies (Linux). Not SIGTERM: the kernel
+#: sends it at each reparenting, so a supervisor with threads (autoscaling's load reader) that is killed sends
+#: it twice, the first time while ``getppid()`` is still its pid; two SIGTERMs read as an operator's "exit at
+#: once". SIGHUP is the hang-up of the process's controller; the worker stops gracefully on the first, once.
+PARENT_DEATH_SIGNAL = signal.SIGHUP
 
 
 def load_app(path: str) -> App:
@@ -109,6 +114,8 @@ def run_worker(
         app.database_url = database_url
     worker = Worker(app, config=config, observer=observer)
     worker.supervisor = supervisor
+    if child and sys.platform == "linux":
+        worker.parent_death_signal = PARENT_DEATH_SIGNAL
     try:
         return worker.run_sync(signals=(signal.SIGTERM,) if child else (signal.SIGTERM, signal.SIGINT))
     finally:
@@ -164,12 +171,14 @@ def _child_main(
 def _follow(supervisor: int) -> None:
     """Stop this worker process as SIGTERM does (in-flight jobs finish, buffered ones go back) when its
     supervisor dies: an orphan would lease jobs for ever with no one left to stop it. Linux: the kernel
-    sends the SIGTERM (``PR_SET_PDEATHSIG``); elsewhere a thread polls the parent's pid every second."""
-    if sys.platform == "linux" and _set_parent_death_signal(signal.SIGTERM):
+    sends ``PARENT_DEATH_SIGNAL`` (``PR_SET_PDEATHSIG``); elsewhere a thread polls the parent's pid every
+    second and sends SIGTERM."""
+    if sys.platform == "linux" and _set_parent_death_signal(PARENT_DEATH_SIGNAL):
         # The supervisor may have died between this process's fork and the call: it then has another
-        # parent already, and no death is left to signal it.
+        # parent already, and no death is left to signal it (or it died during the call, and the kernel
+        # signalled too: the worker takes the second notice as the first).
         if os.getppid() != supervisor:
-            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), PARENT_DEATH_SIGNAL)
         return
     threading.Thread(target=_poll_parent, args=(supervisor,), name="conveyor-supervisor-watch", daemon=True).start()
 
