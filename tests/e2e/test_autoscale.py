@@ -369,3 +369,79 @@ def test_sigkill_of_the_supervisor_stops_each_worker_process_gracefully_once(
     finally:
         db.close()
         producer.close()
+
+
+def test_sigint_to_the_process_group_while_scaling_out_is_one_graceful_stop(
+    postgres_database: str, procs: Procs, tmp_path: Path
+) -> None:
+    """A terminal's Ctrl-C reaches every process of the group, processes being spawned by a scale-out included:
+    the supervisor stops everything gracefully, exits 0, and nothing is lost."""
+    producer = App(postgres_database, migrate=True)
+    e2e_app.register(producer)
+    db = Db(postgres_database)
+    try:
+        messages = [Message(task=e2e_app.WORK, payload={"kind": e2e_app.OK, "n": n}) for n in range(JOBS)]
+        ids = {j.id for j in producer.send_many(messages)}
+        supervisor = procs.start(
+            "autoscale",
+            worker_argv(postgres_database, "--queues", "e2e", "--concurrency", "2", "--autoscale", "1:3", *FAST),
+            env={"E2E_WORK_SLEEP": "0.05", "E2E_VISIBILITY_TIMEOUT": "30"},
+        )
+        # At once: the new processes are still starting (before, they died of it, and the supervisor exited 1).
+        wait_until(lambda: "autoscale: 1 -> 3" in supervisor.output(), 60, "the scale-out", interval=0.005)
+        os.killpg(supervisor.pid, signal.SIGINT)
+        assert supervisor.wait(timeout=60) == 0, supervisor.output()
+        assert worker_children(supervisor.pid) == []
+        archived = db.archived()
+        live = db.live()
+        assert {r.state for r in archived} <= {"completed"}
+        assert {r.id for r in archived} | {r.id for r in live} == ids
+        assert {(r.state, r.lease_expires_at) for r in live} <= {("pending", None)}
+        assert "Traceback" not in supervisor.output()
+        assert "KeyboardInterrupt" not in supervisor.output()
+    finally:
+        db.close()
+        producer.close()
+
+
+def test_a_second_sigterm_stops_a_retiring_worker_process_at_once(
+    postgres_database: str, procs: Procs, tmp_path: Path
+) -> None:
+    """A scale-in is stopping a busy process gracefully; SIGTERM to the supervisor stops the others, and a second
+    one reaches the retiring process too, which exits at once: the supervisor exits 1 (before: 0), the job it ran
+    is not lost (still leased, it comes back when its lease expires)."""
+    producer = App(postgres_database, migrate=True)
+    e2e_app.register(producer)
+    run_log = tmp_path / "runs.log"
+    db = Db(postgres_database)
+    try:
+        short = producer.send_many([Message(task=e2e_app.SLOW, payload={"seconds": 8.0})])[0].id
+        long = producer.send_many([Message(task=e2e_app.SLOW, payload={"seconds": 60.0})])[0].id
+        argv = worker_argv(
+            postgres_database, "--queues", "slow", "--concurrency", "1", "--autoscale", "1:2", *FAST,
+            "--scale-in-cooldown", "0.5", "--graceful-timeout", "90",
+        )  # fmt: skip
+        supervisor = procs.start("autoscale", argv, env={"E2E_RUN_LOG": str(run_log)})
+        wait_until(lambda: len([f for f in iter_lines(run_log) if f[0] == "start"]) == 2, 30, "both jobs running")
+        pids = {UUID(f[1]): int(f[4]) for f in iter_lines(run_log) if f[0] == "start"}
+        assert pids[long] != pids[short], supervisor.output()  # the long one in the process the scale-out started
+        retiring = f"autoscale: stopping worker process {pids[long]} gracefully"
+        wait_until(lambda: retiring in supervisor.output(), 30, "the scale-in of the busy process")
+        assert [f for f in iter_lines(run_log) if f[:2] == ["end", str(short)]]
+        supervisor.signal(signal.SIGTERM)
+        time.sleep(1.0)
+        assert supervisor.popen.poll() is None  # it waits for the retiring process's job
+        assert pids[long] in worker_children(supervisor.pid)
+        supervisor.signal(signal.SIGTERM)
+        code = supervisor.wait(timeout=15)
+        assert worker_children(supervisor.pid) == []
+        output = supervisor.output()
+        assert "second SIGTERM: exiting at once" in output, output
+        assert code == 1  # a job was cut short, as with --processes
+        assert "Traceback" not in output
+        # The long job is still leased by the process that exited: its lease (2 s) runs out, and it is ready again.
+        assert [(r.id, r.state) for r in db.live()] == [(long, "processing")]
+        assert not [f for f in iter_lines(run_log) if f[:2] == ["end", str(long)]]
+    finally:
+        db.close()
+        producer.close()

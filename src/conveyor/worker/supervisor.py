@@ -378,7 +378,18 @@ def run_processes(
             args=(app_path, database_url, own, _log_config(), supervisor, up, index),
             daemon=False,
         )
-        p.start()
+        # The child starts with SIGINT ignored (a disposition that fork and exec keep, and Python then leaves
+        # alone), as run_worker sets it anyway: a Ctrl-C to the process group while it started up (a scale-out,
+        # a restart) killed it (or raised KeyboardInterrupt in its imports), and the supervisor exited 1.
+        # SIGINT is blocked meanwhile, so that one sent to the supervisor itself waits for its handler (the
+        # kernel keeps a blocked signal even while it is ignored; the load reader's thread blocks it too).
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            p.start()
+        finally:
+            signal.signal(signal.SIGINT, handler)
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         return p
 
     forwarded: dict[int, int] = {}
@@ -448,7 +459,13 @@ def run_processes(
     burst = config.burst
     failed = damaged = waiting_logged = False
     if reader is not None:
-        reader.thread.start()
+        # Started with SIGINT blocked, as are the threads it starts (the App's pool): a SIGINT goes to the main
+        # thread, the only one that lets it through, also while spawn() has it ignored (see there).
+        unblocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            reader.thread.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, unblocked)
     try:
         while True:
             alive = False
@@ -466,6 +483,9 @@ def run_processes(
                     # Scaled in: never restarted, whatever its exit (a non-zero one is logged: its leases
                     # expire and rescue returns its jobs, as for any death).
                     gone.append(slot)
+                    # Once stopping (a second SIGTERM reached it too), it counts as any other process: one that
+                    # exited at once cut its jobs short, and the supervisor exits 1, as with --processes.
+                    failed = failed or bool(stopping[0] and not _stopped_cleanly(code, True))
                     if _stopped_cleanly(code, True):
                         log.info("autoscale: worker process %s stopped (scale-in)", p.pid)
                     else:
@@ -569,8 +589,10 @@ def run_processes(
             app.close()
     for slot in slots:
         slot.process.join()
-        if not slot.retiring:
-            failed = failed or not _stopped_cleanly(slot.process.exitcode, bool(stopping[0]))
+        code = slot.process.exitcode
+        if not slot.retiring and not _stopped_cleanly(code, bool(stopping[0])):
+            failed = True
+            log.warning("worker process %s ended with %s", slot.process.pid, _how(code))
     return EXIT_DAMAGED if damaged else 1 if failed else 0
 
 
