@@ -445,3 +445,34 @@ def test_a_second_sigterm_stops_a_retiring_worker_process_at_once(
     finally:
         db.close()
         producer.close()
+
+
+def test_a_load_read_that_hangs_holds_up_neither_restarts_nor_the_stop(
+    postgres_database: str, procs: Procs, tmp_path: Path
+) -> None:
+    """A session holds a lock the load query needs (queue_counters; idle workers do not touch it): the read hangs.
+    The supervisor says so once, still restarts a killed worker process, and stops on SIGTERM."""
+    producer = App(postgres_database, migrate=True)
+    e2e_app.register(producer)
+    producer.admin.migrate()
+    lock = psycopg.connect(postgres_database)
+    try:
+        lock.execute("LOCK TABLE queue_counters IN ACCESS EXCLUSIVE MODE")
+        argv = worker_argv(postgres_database, "--queues", "slow", "--concurrency", "1", "--autoscale", "1:2", *FAST)
+        supervisor = procs.start("autoscale", argv)
+        wait_until(lambda: ": queues slow," in supervisor.output(), 60, "the worker up")
+        hung = "autoscale: the load of the queues has not been read for"
+        wait_until(lambda: hung in supervisor.output(), 30, "the hung read logged")
+        [child] = worker_children(supervisor.pid)
+        os.kill(child, signal.SIGKILL)
+        restarting = f"worker process {child} exited with -9; restarting it"
+        wait_until(lambda: restarting in supervisor.output(), 10, "the restart")
+        wait_until(lambda: supervisor.output().count(": queues slow,") == 2, 60, "the new worker up")
+        assert supervisor.output().count(hung) == 1
+        supervisor.signal(signal.SIGTERM)
+        assert supervisor.wait(timeout=20) == 0, supervisor.output()
+        assert worker_children(supervisor.pid) == []
+        assert "Traceback" not in supervisor.output()
+    finally:
+        lock.close()
+        producer.close()

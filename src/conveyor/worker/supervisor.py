@@ -46,6 +46,10 @@ RAN_A_WHILE = 10.0
 #: dead-letters that job) never counts, however soon it died.
 FAILED_STARTS_LIMIT = 5
 
+#: Seconds a read of the load may go unanswered (at least 3 scale intervals) before autoscaling says it waits for
+#: the database (a lock, a network that swallows packets): the count stays meanwhile, as when a read fails.
+HUNG_READ = 10.0
+
 #: A worker process's flag (see _Up) once its worker stopped by itself (a burst drained, a signal), set just
 #: before it exits: an exit 0 without it is a handler's ``os._exit(0)``, with the process's jobs in flight.
 _STOPPED = 2
@@ -268,18 +272,22 @@ class _LoadReader:
         self.app, self.queues, self.interval = app, queues, interval
         self.lock = threading.Lock()
         self.reading: tuple[float, tuple[int, int] | Exception] | None = None
+        #: When the read under way started (None: none is): one that does not answer is no failure to log.
+        self.since: float | None = None
         self.done = threading.Event()
         self.thread = threading.Thread(target=self.run, name="conveyor-autoscale", daemon=True)
 
     def run(self) -> None:
         while True:
             result: tuple[int, int] | Exception
+            self.since = time.monotonic()
             try:
                 result = sum_load(self.app.admin.queues(), self.queues)
             except Exception as exc:  # the database is away, or refuses: the supervisor keeps its count
                 result = exc
             with self.lock:
                 self.reading = (time.monotonic(), result)
+                self.since = None
             if self.done.wait(self.interval):
                 return
 
@@ -526,6 +534,16 @@ def run_processes(
                 slots[:] = [s for s in slots if s not in gone]
             if reader is not None and autoscale is not None and not stopping[0] and not failed:
                 reading = reader.take()
+                since = reader.since
+                if reading is None and since is not None and now - since > max(HUNG_READ, 3 * scale_interval):
+                    if not outage:
+                        log.warning(
+                            "autoscale: the load of the queues has not been read for %.0fs (the database does not "
+                            "answer); keeping %d worker process(es) until it does",
+                            now - since,
+                            target,
+                        )
+                    outage = True
                 if reading is not None:
                     at, result = reading
                     if isinstance(result, Exception):
