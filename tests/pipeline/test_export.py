@@ -399,3 +399,43 @@ def test_the_empty_queue_and_a_queue_named_like_its_label_are_reported_apart(
     legend = re.findall(r'font-size="11">([^<]*)</text>', html.split("Enqueued per minute", 1)[1].split("</svg>", 1)[0])
     assert sorted(legend) == sorted(labels.values())
     assert {q: queue_label(q) for q in names} == labels
+
+
+def test_queue_names_too_long_for_a_directory_name_are_exported_and_reported(
+    spark: SparkSession, postgres_database: str, tmp_path: Path
+) -> None:
+    # Before: a queue name whose escaped bytes passed 255 (200 'é', which the App accepts, is 1,200
+    # characters as %C3%A9...) made both exports fail with a traceback (ENAMETOOLONG), and every later
+    # run failed the same way: nothing after that job could ever be exported.
+    from conveyor.pipeline import report
+    from conveyor.pipeline.report import load_jobs
+
+    names = {
+        "é" * 200: 2,
+        "<script>alert(1)</script>" + "x" * 1_000: 1,  # only raw SQL stores one this long
+        "<script>alert(1)</script>" + "y" * 1_000: 1,  # the same first 16 characters: its own directory
+        "q" * 64: 1,  # 64 bytes: still its own name as directory name
+        "short": 1,
+    }
+    b = open_backend(postgres_database)
+    b.migrate()
+    try:
+        for name, n in names.items():
+            insert(b, name, n, DAY1)
+            finish(b, name, n, DAY1 + timedelta(seconds=1))
+    finally:
+        b.close()
+    seam = export(postgres_database, tmp_path / "seam", now=DAY2, via="seam")
+    jdbc = export(postgres_database, tmp_path / "jdbc", now=DAY2, via="jdbc", spark=spark)
+    assert seam.archive_rows == jdbc.archive_rows == 6
+    assert_same_export(tmp_path / "seam", tmp_path / "jdbc")
+    dirs = sorted(p.name for p in (tmp_path / "seam" / "archive").glob("*/queue=*"))
+    assert len(dirs) == 5 and all(len(d.encode()) < 255 for d in dirs)
+    assert f"queue={'q' * 64}" in dirs and "queue=short" in dirs
+    for out in ("seam", "jdbc"):
+        counts = load_jobs(spark, tmp_path / out).groupBy("queue").count().collect()
+        assert {r["queue"]: r["count"] for r in counts} == names
+    result = report(tmp_path / "jdbc", tmp_path / "report", spark=spark)
+    assert {q: s["jobs"] for q, s in result.summary["queues"].items()} == names
+    html = (tmp_path / "report" / "report.html").read_text()
+    assert "<script>" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from uuid import UUID
 
 from conveyor.pipeline.errors import PipelineError
-from conveyor.pipeline.schema import COLUMNS
+from conveyor.pipeline.schema import COLUMNS, QUEUE_DIR_MAX_BYTES, QUEUE_DIR_PREFIX
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -174,7 +174,8 @@ def read_archive_jdbc(
         low = f"({_literal(after[0])}, {_literal(after[1])})"
     high = f"({_literal(upto[0])}, {_literal(upto[1])})"
     names = [name for name, _, _ in COLUMNS]
-    exprs = {**_SELECT, "exported_at": _literal(now)}
+    long_name = f"CASE WHEN octet_length(queue) > {QUEUE_DIR_MAX_BYTES} THEN queue END"
+    exprs = {**_SELECT, "exported_at": _literal(now), "queue_name": long_name}
     select = ", ".join(f"{exprs[n]} AS {n}" if n in exprs else n for n in [*names, "queue"])
     where = f"(finished_at, id) > {low} AND (finished_at, id) <= {high}"
     table = f"(SELECT {select} FROM archive WHERE {where}) AS archive_export"
@@ -182,7 +183,10 @@ def read_archive_jdbc(
     df = spark.read.jdbc(url, table, predicates=_slices(first_at, upto[0], max(1, partitions)), properties=props)
     micros_per_day = 86_400_000_000
     day = F.date_from_unix_date(F.floor(F.unix_micros("finished_at") / F.lit(micros_per_day)).cast("int"))
-    out = df.select(*names, day.cast("string").alias("date"), "queue")
+    # A long queue name's directory holds a shortened name (schema.queue_dir_value, computed alike).
+    short = F.concat(F.substring("queue", 1, QUEUE_DIR_PREFIX), F.lit("~"), F.substring(F.sha2("queue", 256), 1, 24))
+    queue_dir = F.when(F.col("queue_name").isNull(), F.col("queue")).otherwise(short)
+    out = df.select(*names, day.cast("string").alias("date"), queue_dir.alias("queue"))
     conf = spark.conf
     previous = conf.get("spark.sql.parquet.outputTimestampType", None)
     # The export stores timestamps as microsecond instants (INT64), as pyarrow writes them.

@@ -39,6 +39,8 @@ from conveyor.pipeline.schema import (
     EXPORT_FORMAT_VERSION,
     LIVE_DIR,
     WATERMARK_FILE,
+    queue_dir_value,
+    queue_name_value,
 )
 
 if TYPE_CHECKING:
@@ -448,7 +450,8 @@ class _Columns:
         d["headers"].append(r.headers)
         d["source"].append(source)
         d["exported_at"].append(exported_at)
-        d["queue"].append(r.queue)
+        d["queue_name"].append(queue_name_value(r.queue))
+        d["queue"].append(queue_dir_value(r.queue))
 
     def table(self, partition_time: str) -> Any:
         """An Arrow table in the export schema plus the ``date`` and ``queue`` partition columns."""

@@ -40,7 +40,7 @@ from conveyor.pipeline._sla import DEFAULT_SLA_SECONDS, SlaValue, parse_sla, sla
 from conveyor.pipeline.enqueue import jsonable
 from conveyor.pipeline.errors import PipelineError
 from conveyor.pipeline.export import export, far_future, read_archive_tail, read_watermark
-from conveyor.pipeline.report import load_jobs
+from conveyor.pipeline.report import load_jobs, restore_queue
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -272,7 +272,7 @@ def _queue_state(
             pq.write_table(tail, tail_path)
             from conveyor.pipeline.schema import spark_ddl
 
-            jobs = jobs.unionByName(spark.read.schema(spark_ddl()).parquet(str(tail_path)))
+            jobs = jobs.unionByName(restore_queue(spark.read.schema(spark_ddl()).parquet(str(tail_path))))
     finally:
         backend.close()
     return jobs, now, warnings

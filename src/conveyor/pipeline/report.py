@@ -176,8 +176,16 @@ def load_jobs(spark: SparkSession, input_dir: str | os.PathLike[str], allow_empt
         # so "émails" would read as "Ã©mails"; encoding those characters back to bytes and decoding
         # them as UTF-8 restores the name (ASCII names are unchanged).
         df = df.withColumn("queue", F.decode(F.encode(F.col("queue"), "ISO-8859-1"), "UTF-8"))
-    # The export writes the empty queue name as a null partition value (see export._Columns.table).
-    return df.withColumn("queue", F.coalesce(F.col("queue"), F.lit("")))
+    return restore_queue(df)
+
+
+def restore_queue(df: DataFrame) -> DataFrame:
+    """``df`` (read with the export schema) with each row's whole queue name in ``queue``."""
+    from pyspark.sql import functions as F
+
+    # The export writes the empty queue name as a null partition value (see export._Columns.table),
+    # and a name too long for a directory name in the queue_name column (schema.queue_dir_value).
+    return df.withColumn("queue", F.coalesce(F.col("queue_name"), F.col("queue"), F.lit("")))
 
 
 def _has_encoded_bytes(*bases: Path | None) -> bool:

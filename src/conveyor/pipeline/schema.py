@@ -11,6 +11,7 @@ two partition columns live in the directory names, not in the files.
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -55,7 +56,35 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("headers", "string", "the headers, a JSON object as text"),
     ("source", "string", "archive or live"),
     ("exported_at", "timestamp", "when the export run that wrote the row started"),
+    ("queue_name", "string", "the queue's name when its partition directory holds a shortened one, else null"),
 )
+
+#: A queue name longer than this many UTF-8 bytes does not fit a partition directory name (255 bytes
+#: on most file systems, and pyarrow writes a non-ASCII byte as three characters): its directory holds
+#: :func:`queue_dir_value` and the ``queue_name`` column the whole name.
+QUEUE_DIR_MAX_BYTES = 64
+#: Characters of a long queue name kept before the hash in its directory name.
+QUEUE_DIR_PREFIX = 16
+
+
+@functools.lru_cache(maxsize=4096)
+def queue_dir_value(queue: str) -> str:
+    """The ``queue`` partition value of a queue: its name, or for a name over
+    :data:`QUEUE_DIR_MAX_BYTES` its first 16 characters, ``~`` and 24 hex digits of the SHA-256 of
+    the name (at most 64 + 1 + 24 bytes, three times that escaped: a directory name any file system
+    takes). The Spark JDBC export computes the same value (``_jdbc_export``)."""
+    import hashlib
+
+    raw = queue.encode("utf-8", "surrogatepass")
+    if len(raw) <= QUEUE_DIR_MAX_BYTES:
+        return queue
+    return f"{queue[:QUEUE_DIR_PREFIX]}~{hashlib.sha256(raw).hexdigest()[:24]}"
+
+
+def queue_name_value(queue: str) -> str | None:
+    """The ``queue_name`` column of a queue: the name when its directory cannot hold it, else None."""
+    return None if queue_dir_value(queue) == queue else queue
+
 
 #: Partition columns (directory names), in nesting order.
 PARTITION_COLUMNS: tuple[str, ...] = ("date", "queue")
