@@ -310,3 +310,23 @@ def test_names_are_escaped_when_printed(
     from conveyor.pipeline.cli import printable
 
     assert printable("bad-utf8-\udcff\x7f\u2028") == "bad-utf8-\\udcff\\x7f\\u2028"
+
+
+def test_enqueue_with_the_app_stops_at_the_queue_max_depth(
+    spark: SparkSession, sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before: enqueue had no --app, and the executors' App knew no max_depth: all rows went in.
+    (tmp_path / "stock_tasks.py").write_text(
+        "from conveyor import App\napp = App('memory://')\napp.queue('stock', max_depth=2)\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    pq.write_table(pa.table({"sku": ["a", "b", "c"]}), tmp_path / "in.parquet")
+    args = ["enqueue", "--db", sqlite_url, "--input", "in.parquet", "--queue", "stock", "--task", "count"]
+    code, output = run(*args, "--key-column", "sku", "--batch-size", "1", "--app", "stock_tasks:app")
+    assert_one_line_error(code, output, "queue 'stock' is full")
+    assert "run it again to send the rest (nothing is enqueued twice)" in output
+    backend = open_backend(sqlite_url)
+    try:
+        assert [j.idempotency_key for j in backend.jobs_list(JobsListParams())] == ["a"]
+    finally:
+        backend.close()

@@ -495,3 +495,55 @@ def test_files_spelling_a_column_in_another_case_are_refused(
         with pytest.raises(PipelineError, match="differ only in case"):
             reconcile(src, "key", "status", export_dir=tmp_path, spark=spark)
     assert not Path(sqlite_url.removeprefix("sqlite:///")).exists() or payloads(sqlite_url) == {}
+
+
+def test_a_queue_past_its_max_depth_stops_the_run_and_a_rerun_sends_the_rest_once(
+    spark: SparkSession, sqlite_url: str
+) -> None:
+    # Before: the executors' App knew no declaration, so a bulk enqueue pushed 20 jobs into a queue
+    # declared with max_depth=10 (normal sends refused at 8) without a word.
+    from datetime import UTC, datetime
+
+    from conveyor import App
+    from conveyor.backends.base import ArchiveReadParams, Finish, JobsAcquireParams, JobsFinishParams
+
+    app = App(sqlite_url)
+    app.queue("ingest", max_depth=10)
+
+    def drain() -> None:
+        backend = open_backend(sqlite_url)
+        try:
+            now = datetime.now(UTC)
+            got = backend.jobs_acquire(
+                JobsAcquireParams(queue="ingest", limit=100, visibility_timeout=60, worker_id="w", now=now)
+            )
+            items = [Finish(id=d.id, receipt=d.receipt, state="completed") for d in got]
+            backend.jobs_finish_many(JobsFinishParams(items=items, now=now))
+        finally:
+            backend.close()
+
+    df = spark.createDataFrame([(f"k{i}",) for i in range(20)], "k STRING").coalesce(1)
+    try:
+        with pytest.raises(PipelineError, match=r"queue 'ingest' is full.*run it again to send the rest"):
+            enqueue_dataframe(df, sqlite_url, "ingest", "t", key_column="k", batch_size=4, app=app)
+        # The retried Spark task sent its first batches again: held keys, no second job.
+        first = live_jobs(sqlite_url)
+        assert 0 < len(first) <= 8 and len({j.idempotency_key for j in first}) == len(first)
+        # Each run after the queue drained sends up to the mark; one of them finishes the input.
+        for _ in range(10):
+            drain()
+            try:
+                enqueue_dataframe(df, sqlite_url, "ingest", "t", key_column="k", batch_size=4, app=app)
+                break
+            except PipelineError:
+                continue
+        drain()
+        backend = open_backend(sqlite_url)
+        try:
+            archived = backend.archive_read(ArchiveReadParams(after=None, limit=1000))
+        finally:
+            backend.close()
+        keys = [r.idempotency_key for r in archived]
+        assert sorted(keys, key=lambda k: int(str(k)[1:])) == [f"k{i}" for i in range(20)]
+    finally:
+        app.close()

@@ -28,6 +28,7 @@ from conveyor.pipeline.spark import DEFAULT_MASTER
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from conveyor import App
     from conveyor.pipeline._input import InputFiles
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -85,19 +86,7 @@ def _resolve_slas(
     --app, else the --app of `conveyor`), overridden by --sla flags. Raises PipelineError."""
     from conveyor.pipeline._sla import declared, parse_sla, sla_micros
 
-    app = None
-    if app_path:
-        from conveyor.worker.supervisor import load_app
-
-        app = load_app(app_path)
-        # Only its declarations are read; it opens no connection the command would keep.
-        ctx.call_on_close(app.close)
-    else:
-        root = ctx.find_root()
-        if root is not ctx and isinstance(root.obj, dict) and root.obj.get("app_path"):
-            from conveyor.cli._common import app_of
-
-            app = app_of(ctx, database=False)  # the main CLI's --app, loaded on first use: its declarations
+    app = _load_app(ctx, app_path)
     slas, depths = declared(app) if app is not None else ({}, {})
     slas.update(parse_sla(list(sla)))
     default_us = sla_micros(default_sla, "--default-sla")
@@ -106,6 +95,23 @@ def _resolve_slas(
         timedelta(microseconds=default_us),
         depths,
     )
+
+
+def _load_app(ctx: click.Context, app_path: str | None) -> App | None:
+    """The App named by the command's --app, else by the --app of `conveyor`, else None. Only its
+    declarations are read; it opens no connection the command would keep."""
+    if app_path:
+        from conveyor.worker.supervisor import load_app
+
+        app = load_app(app_path)
+        ctx.call_on_close(app.close)
+        return app
+    root = ctx.find_root()
+    if root is not ctx and isinstance(root.obj, dict) and root.obj.get("app_path"):
+        from conveyor.cli._common import app_of
+
+        return app_of(ctx, database=False)  # the main CLI's --app, loaded on first use: its declarations
+    return None
 
 
 def _resolve_db(ctx: click.Context, db: str | None) -> tuple[str, bool]:
@@ -466,6 +472,14 @@ def reconcile(
 @click.option(
     "--priority", type=click.IntRange(-(2**31), 2**31 - 1), default=None, help="Job priority (default: the task's)."
 )
+@click.option(
+    "--app",
+    "app_path",
+    default=None,
+    metavar="MODULE:APP",
+    help="Your App (default: the --app of `conveyor`): the queue's declared max_depth (backpressure) and "
+    "dedup window apply to the sends.",
+)
 @_db_option
 @_master_option
 @click.pass_context
@@ -479,6 +493,7 @@ def enqueue(
     payload_columns: tuple[str, ...],
     batch_size: int,
     priority: int | None,
+    app_path: str | None,
     db: str | None,
     master: str | None,
 ) -> None:
@@ -492,6 +507,7 @@ def enqueue(
         raise click.UsageError(f"--input {input_path}: no such file or directory")
     # Everything that can be checked without Spark is checked first: starting it takes seconds.
     check_target(url, queue, task)
+    app = _load_app(ctx, app_path)
     # The files are listed, CSV checked (UTF-8, headers) and the columns named checked against the
     # headers or Parquet schemas before Spark starts: that takes seconds.
     files = list_input(input_path)
@@ -510,6 +526,7 @@ def enqueue(
             batch_size=batch_size,
             payload_columns=list(payload_columns) or None,
             priority=priority,
+            app=app,
         )
     out.print(
         f"{result.rows:,} rows: {result.enqueued:,} jobs enqueued, "

@@ -24,6 +24,9 @@ from conveyor.pipeline.errors import PipelineError
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, Row
 
+    from conveyor import App
+    from conveyor._queue import QueueOptions
+
 DEFAULT_BATCH_SIZE = 500
 
 
@@ -81,6 +84,7 @@ def enqueue_dataframe(
     headers: Mapping[str, Any] | None = None,
     max_attempts: int | None = None,
     after_batch: Callable[[int], None] | None = None,
+    app: App | None = None,
 ) -> EnqueueResult:
     """Enqueue one ``task`` job per row of ``df`` onto ``queue``, from the Spark executors.
 
@@ -93,7 +97,12 @@ def enqueue_dataframe(
     with the number of rows sent so far in the partition (a hook for tests and progress).
     Every row is built into its job and checked before any is sent: :class:`BadRows` (nothing sent)
     counts the rows that cannot be jobs and names the first few. Raises :class:`PipelineError` for a
-    bad column or option, or when sending fails part way (naming the row or batch and what was sent)."""
+    bad column or option, or when sending fails part way (naming the row or batch and what was sent).
+
+    ``app`` (your App, loaded on the driver) gives ``queue``'s declared policy to the executors: its
+    ``max_depth`` (backpressure) and dedup window. Past the queue's mark a send raises ``QueueFull`` and
+    the run stops there like any failed send: the line says how many rows were sent, and a re-run
+    once the queue has drained sends the rest and nothing twice."""
 
     if batch_size <= 0:
         raise PipelineError(f"batch_size must be positive, got {batch_size}")
@@ -135,7 +144,8 @@ def enqueue_dataframe(
         rows, bad, examples = _check_rows(df, database_url, key_column, message_of, used)
         if bad:
             raise BadRows(bad, rows, examples)
-        return _send(df, database_url, batch_size, message_of, after_batch, rows)
+        declared = None if app is None else app.catalogue.queues.get(queue)
+        return _send(df, database_url, batch_size, message_of, after_batch, rows, declared)
 
 
 class BadRows(PipelineError):
@@ -307,6 +317,7 @@ def _send(
     message_of: Callable[[dict[str, Any]], Any],
     after_batch: Callable[[int], None] | None,
     total: int,
+    declared: QueueOptions | None = None,
 ) -> EnqueueResult:
     sc = df.sparkSession.sparkContext
     sent_rows = sc.accumulator(0)
@@ -318,6 +329,9 @@ def _send(
         from conveyor._errors import PayloadError
 
         app = App(database_url)
+        if declared is not None:
+            # The queue's declared policy: backpressure (max_depth) and its dedup window.
+            app.catalogue.add_queue(declared)
         sent = 0
         batch: list[Any] = []
 
