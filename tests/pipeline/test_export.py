@@ -439,3 +439,25 @@ def test_queue_names_too_long_for_a_directory_name_are_exported_and_reported(
     assert {q: s["jobs"] for q, s in result.summary["queues"].items()} == names
     html = (tmp_path / "report" / "report.html").read_text()
     assert "<script>" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+
+
+def test_a_queue_name_holding_a_nul_is_not_exported_as_another_queue(
+    spark: SparkSession, sqlite_url: str, tmp_path: Path
+) -> None:
+    # Before: the directory name ended at the NUL, so the queue "a\x00b" was exported (and reported)
+    # as the queue "a", its jobs merged with that queue's.
+    from conveyor.pipeline.report import load_jobs
+
+    names = {"a\x00b": 2, "a": 1, "\x00": 1, "x/y": 1, "..": 1}
+    backend = open_backend(sqlite_url)
+    backend.migrate()
+    try:
+        for name, n in names.items():
+            insert(backend, name, n, DAY1)  # only raw SQL stores a NUL; the seam takes it as it is
+            finish(backend, name, n, DAY1 + timedelta(seconds=1))
+    finally:
+        backend.close()
+    out = tmp_path / "export"
+    assert export(sqlite_url, out, now=DAY2).archive_rows == 6
+    counts = load_jobs(spark, out).groupBy("queue").count().collect()
+    assert {r["queue"]: r["count"] for r in counts} == names

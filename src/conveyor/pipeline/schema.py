@@ -70,15 +70,19 @@ QUEUE_DIR_PREFIX = 16
 @functools.lru_cache(maxsize=4096)
 def queue_dir_value(queue: str) -> str:
     """The ``queue`` partition value of a queue: its name, or for a name over
-    :data:`QUEUE_DIR_MAX_BYTES` its first 16 characters, ``~`` and 24 hex digits of the SHA-256 of
-    the name (at most 64 + 1 + 24 bytes, three times that escaped: a directory name any file system
-    takes). The Spark JDBC export computes the same value (``_jdbc_export``)."""
+    :data:`QUEUE_DIR_MAX_BYTES` or holding a NUL its first 16 characters (NULs left out), ``~`` and
+    24 hex digits of the SHA-256 of the name (at most 64 + 1 + 24 bytes, three times that escaped:
+    a directory name any file system takes). The Spark JDBC export computes the same value
+    (``_jdbc_export``; PostgreSQL text holds no NUL)."""
     import hashlib
 
     raw = queue.encode("utf-8", "surrogatepass")
-    if len(raw) <= QUEUE_DIR_MAX_BYTES:
+    if len(raw) <= QUEUE_DIR_MAX_BYTES and "\x00" not in queue:
         return queue
-    return f"{queue[:QUEUE_DIR_PREFIX]}~{hashlib.sha256(raw).hexdigest()[:24]}"
+    # A NUL (SQLite stores one; PostgreSQL cannot) would end the directory name there: the
+    # queue "a\x00b" was written as, and read back as, the queue "a".
+    prefix = queue[:QUEUE_DIR_PREFIX].replace("\x00", "")
+    return f"{prefix}~{hashlib.sha256(raw).hexdigest()[:24]}"
 
 
 def queue_name_value(queue: str) -> str | None:
