@@ -330,3 +330,23 @@ def test_enqueue_with_the_app_stops_at_the_queue_max_depth(
         assert [j.idempotency_key for j in backend.jobs_list(JobsListParams())] == ["a"]
     finally:
         backend.close()
+
+
+@pytest.mark.parametrize("master", ["bogus://x", "local[0]", "local[two]", ""])
+def test_a_bad_master_is_one_line_before_spark_starts(
+    master: str, write_history: Callable[..., Path], tmp_path: Path
+) -> None:
+    # Before: spark-submit's JVM printed a Java stack trace, and the error line did not say why
+    # ("Java gateway process exited"); "local[two]" failed only after the JVM had started. A
+    # process of its own: in this one a Spark session is active, and it would be used as it is.
+    src = write_history([job_row(job_id="j", queue="q", enqueued_at=at(0), finished_at=at(1))])
+    args = ["report", "--input", str(src), "--out", str(tmp_path / "r"), "--master", master]
+    out = subprocess.run(
+        [sys.executable, "-m", "conveyor.pipeline", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert_one_line_error(out.returncode, out.stderr, "not a Spark master URL")
+    assert f"{master!r}" in out.stderr and "at org.apache" not in out.stderr
+    assert not (tmp_path / "r").exists()

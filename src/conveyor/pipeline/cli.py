@@ -42,9 +42,25 @@ _db_option = click.option(
     default=None,
     help="Database URL (default: the --db of `conveyor`, else $CONVEYOR_DATABASE_URL, else sqlite:///conveyor.db).",
 )
+
+
+def _check_master(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """Refuse a master URL Spark cannot take before anything runs (a usage error, one line)."""
+    if value is None:
+        return None
+    from conveyor.pipeline.errors import PipelineError
+    from conveyor.pipeline.spark import check_master
+
+    try:
+        return check_master(value)
+    except PipelineError as exc:
+        raise click.BadParameter(printable(str(exc).removeprefix("--master ")), ctx, param) from None
+
+
 _master_option = click.option(
     "--master",
     default=None,
+    callback=_check_master,
     help=f"Spark master URL: local[N], spark://host:7077, yarn, k8s://... (default: {DEFAULT_MASTER}, or the "
     "one spark-submit was given).",
 )

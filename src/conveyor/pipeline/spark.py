@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 from collections.abc import Mapping, Sequence
@@ -90,6 +91,26 @@ def launched_by_spark_submit() -> bool:
     return bool(os.environ.get("PYSPARK_GATEWAY_PORT"))
 
 
+#: The master URLs Spark takes (SparkContext.createTaskScheduler and spark-submit's own check).
+_MASTER = re.compile(
+    r"local|local\[(\*|[1-9][0-9]*)(\s*,\s*[1-9][0-9]*)?\]"
+    r"|local-cluster\[\s*[1-9][0-9]*\s*,\s*[1-9][0-9]*\s*,\s*[1-9][0-9]*\s*\]"
+    r"|spark://\S+|yarn|k8s://\S+"
+)
+
+
+def check_master(master: str) -> str:
+    """``master`` if Spark takes it as a master URL; else raise :class:`PipelineError`. (A master
+    spark-submit refuses ends its JVM with a Java stack trace on stderr and a Python error that does not
+    say why; one Spark cannot parse fails only after the JVM has started.)"""
+    if not _MASTER.fullmatch(master):
+        raise PipelineError(
+            f"--master {master!r}: not a Spark master URL (local, local[N], local[*], local[N,F], spark://host:port, "
+            "yarn, k8s://https://host:port)"
+        )
+    return master
+
+
 def get_session(
     master: str | None = None,
     *,
@@ -115,6 +136,8 @@ def get_session(
     active = SparkSession.getActiveSession()
     if active is not None:
         return active
+    if master is not None:
+        check_master(master)
     ensure_java()
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
