@@ -421,3 +421,29 @@ def test_a_job_that_finished_far_in_the_future_is_reconciled_with_a_warning(
     # The command prints it (once) and does not log it as well: without a logging set-up, Python's
     # last-resort handler would print the logged copy to stderr a second time.
     assert cli.output.count("1 archived jobs finished more than a day after now") == 1 and caplog.records == []
+
+
+def test_requeue_lost_keeps_the_queue_max_depth(spark: SparkSession, sqlite_url: str, tmp_path: Path) -> None:
+    # Before: the requeue's App knew no declaration, so the lost records went past max_depth.
+    backend = open_backend(sqlite_url)
+    backend.migrate()
+    backend.close()
+    biz = write_csv(tmp_path / "orders.csv", [(f"k{i}", "pending") for i in range(5)])
+    small = App(sqlite_url)
+    small.queue("orders", max_depth=5)  # normal sends refused past 4 live jobs: the batch of 5 is
+    big = App(sqlite_url)
+    big.queue("orders", max_depth=10)
+    kw: dict[str, object] = {"spark": spark, "requeue_lost": True, "queue": "orders", "task": "fulfil"}
+    try:
+        with pytest.raises(PipelineError, match=r"requeue stopped after 0 lost records.*is full.*run it again"):
+            reconcile(biz, "order_id", "status", sqlite_url, app=small, **kw)  # type: ignore[arg-type]
+        backend = open_backend(sqlite_url)
+        try:
+            assert backend.jobs_list(JobsListParams()) == []
+        finally:
+            backend.close()
+        result = reconcile(biz, "order_id", "status", sqlite_url, app=big, **kw)  # type: ignore[arg-type]
+        assert (result.requeued, result.already_queued) == (5, 0)
+    finally:
+        small.close()
+        big.close()

@@ -96,13 +96,12 @@ def _with_sla(fn: F) -> F:
 
 
 def _resolve_slas(
-    ctx: click.Context, sla: tuple[str, ...], default_sla: str, app_path: str | None
+    ctx: click.Context, sla: tuple[str, ...], default_sla: str, app: App | None
 ) -> tuple[dict[str, timedelta], timedelta, dict[str, int]]:
     """Per-queue SLAs, the default SLA and the declared max_depths: the App's declarations (own
     --app, else the --app of `conveyor`), overridden by --sla flags. Raises PipelineError."""
     from conveyor.pipeline._sla import declared, parse_sla, sla_micros
 
-    app = _load_app(ctx, app_path)
     slas, depths = declared(app) if app is not None else ({}, {})
     slas.update(parse_sla(list(sla)))
     default_us = sla_micros(default_sla, "--default-sla")
@@ -317,7 +316,7 @@ def report(
 
     # Everything that can be checked without Spark is checked first: starting it takes seconds.
     input_paths(input_dir)
-    slas, default, depths = _resolve_slas(ctx, sla, default_sla, app_path)
+    slas, default, depths = _resolve_slas(ctx, sla, default_sla, _load_app(ctx, app_path))
     since_at = parse_since(since) if since else None
     claim_dir(out_dir, REPORT_MARKER, "a report", legacy=("summary.json", "report.html"))
     spark = _session(master)
@@ -408,7 +407,8 @@ def reconcile(
     url, explicit = _resolve_db(ctx, db)
     # With only --export-dir the export is read as it is; a named database is exported first.
     database_url = url if (explicit or export_dir is None or requeue_lost) else None
-    slas, default, _ = _resolve_slas(ctx, sla, default_sla, app_path)
+    app = _load_app(ctx, app_path)
+    slas, default, _ = _resolve_slas(ctx, sla, default_sla, app)
     if not business.startswith("jdbc:") and not Path(business).exists():
         raise click.UsageError(f"--business {business}: no such file or directory")
     if export_dir is not None and database_url is None and not Path(export_dir).is_dir():
@@ -456,6 +456,7 @@ def reconcile(
             payload_columns=payload_columns,
             business_table=business_table,
             spark=spark,
+            app=app,
         )
     table = Table("class", "records")
     for name, count in result.counts.items():

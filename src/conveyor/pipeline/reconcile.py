@@ -45,6 +45,8 @@ from conveyor.pipeline.report import load_jobs, restore_queue
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
+    from conveyor import App
+    from conveyor._queue import QueueOptions
     from conveyor.pipeline._input import InputFiles
 
 #: Reconcile's warnings are logged here as well as returned (``ReconcileResult.warnings``), so that a
@@ -131,6 +133,7 @@ def reconcile(
     business_table: str | None = None,
     spark: SparkSession | None = None,
     master: str | None = None,
+    app: App | None = None,
 ) -> ReconcileResult:
     """Classify every business record (see the module docstring) and optionally requeue the lost.
 
@@ -143,7 +146,9 @@ def reconcile(
     limits the jobs considered to one queue. ``out_dir`` gets the per-record table (Parquet; the
     business table's other columns are kept with a ``business_`` prefix). ``requeue_lost`` needs
     ``database_url``, ``queue`` and ``task``; the payload is ``{key_column: key}`` plus
-    ``payload_columns``. Raises :class:`PipelineError` on bad input."""
+    ``payload_columns``. ``app`` gives the requeue ``queue``'s declared policy (``max_depth``, dedup
+    window): past the mark the requeue stops, saying how many records it sent, and a re-run sends the
+    rest. Raises :class:`PipelineError` on bad input."""
     from pyspark.sql import functions as F
 
     if database_url is None and export_dir is None:
@@ -197,7 +202,8 @@ def reconcile(
             requeued = already = 0
             if requeue_lost and counts["lost"]:
                 assert database_url is not None and queue is not None and task is not None
-                requeued, already = _requeue(lost, database_url, queue, task, key_column, payload_columns)
+                declared = None if app is None else app.catalogue.queues.get(queue)
+                requeued, already = _requeue(lost, database_url, queue, task, key_column, payload_columns, declared)
         finally:
             classified.unpersist()
     for warning in warnings:
@@ -368,20 +374,35 @@ def _classify(
 
 
 def _requeue(
-    lost: DataFrame, database_url: str, queue: str, task: str, key_column: str, payload_columns: Sequence[str]
+    lost: DataFrame,
+    database_url: str,
+    queue: str,
+    task: str,
+    key_column: str,
+    payload_columns: Sequence[str],
+    declared: QueueOptions | None = None,
 ) -> tuple[int, int]:
     """Send the lost records from the driver, in batches; return (new jobs, keys already held)."""
     from conveyor import App, Message
+    from conveyor._errors import ConveyorError, first_line
 
     fresh = held = 0
     app = App(database_url)
+    if declared is not None:
+        app.catalogue.add_queue(declared)  # the queue's max_depth (backpressure) and dedup window
     try:
         batch: list[Any] = []
 
         def flush() -> None:
             nonlocal fresh, held, batch
             if batch:
-                jobs = app.send_many(batch)
+                try:
+                    jobs = app.send_many(batch)
+                except ConveyorError as exc:
+                    raise PipelineError(
+                        f"requeue stopped after {fresh + held:,} lost records were sent ({fresh:,} new jobs): "
+                        f"{first_line(exc)}; run it again to send the rest (nothing is enqueued twice)"
+                    ) from exc
                 n = sum(1 for m, j in zip(batch, jobs, strict=True) if j.id == m.id)
                 fresh, held, batch = fresh + n, held + len(batch) - n, []
 
