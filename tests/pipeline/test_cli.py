@@ -77,6 +77,11 @@ def test_export_command_over_jdbc(spark: SparkSession, postgres_database: str, t
 
 def test_bad_input_is_one_line_without_spark(tmp_path: Path) -> None:
     assert_one_line_error(*run("report", "--input", str(tmp_path / "nope"), "--out", str(tmp_path)), "does not exist")
+    (tmp_path / "history.parquet").write_bytes(b"PAR1")  # a file where the export directory belongs
+    assert_one_line_error(
+        *run("report", "--input", str(tmp_path / "history.parquet"), "--out", str(tmp_path / "r")),
+        "is a file, not an export directory",
+    )
     assert_one_line_error(*run("export", "--db", "oracle://x/y", "--out", str(tmp_path / "o")), "unsupported database")
     assert_one_line_error(
         *run("reconcile", "--business", str(tmp_path / "none.csv"), "--key-column", "k", "--status-column", "s"),

@@ -718,6 +718,8 @@ def input_paths(input_dir: str | os.PathLike[str]) -> tuple[Path, Path | None]:
     directory does not exist or holds no Parquet files."""
     # Absolute: Spark resolves relative paths against the JVM's working directory (see _outdir).
     base = Path(input_dir).absolute()
+    if base.exists() and not base.is_dir():
+        raise PipelineError(f"input {base} is a file, not an export directory")
     if not base.is_dir():
         raise PipelineError(f"input directory {base} does not exist")
     archive = base / ARCHIVE_DIR if (base / ARCHIVE_DIR).is_dir() else base
