@@ -41,6 +41,7 @@ def test_migrate_twice_is_a_no_op(pg: PostgresBackend, admin: Conn) -> None:
         (3, "0003_tokens.sql"),
         (4, "0004_observability.sql"),
         (5, "0005_scheduled.sql"),
+        (6, "0006_partition_drop_race.sql"),
     ]
 
 
@@ -69,8 +70,9 @@ def test_concurrent_migrators_apply_each_migration_once(postgres_database: str, 
 
     assert errors == []
     every = ["0001_init.sql", "0002_rescues.sql", "0003_tokens.sql", "0004_observability.sql", "0005_scheduled.sql"]
+    every.append("0006_partition_drop_race.sql")
     assert sorted(applied) == [[], [], [], every]
-    assert admin.execute("SELECT count(*) FROM conveyor_schema_migrations").fetchone() == (5,)
+    assert admin.execute("SELECT count(*) FROM conveyor_schema_migrations").fetchone() == (6,)
 
 
 def test_the_jobs_table_is_tuned_for_churn(pg: PostgresBackend, admin: Conn) -> None:
@@ -219,6 +221,29 @@ def test_a_held_row_past_retention_is_skipped_not_waited_for(
         assert _before_release(holder, lambda: pg.archive_prune(params)) == 0
     assert pg.archive_prune(params) == 1
     assert admin.execute("SELECT count(*) FROM archive").fetchone() == (0,)
+
+
+def test_two_pruners_dropping_one_partition_do_not_fail(
+    pg: PostgresBackend, admin: Conn, postgres_database: str
+) -> None:
+    # Before (0001's function): the partition was looked up before the partitions' advisory lock, so a second
+    # pruner that found the same partition due waited for the first's lock, then counted the rows of a table
+    # the first had dropped: "relation does not exist", a BackendError in its pruner. The order is forced: the
+    # first pruner's drop runs in a transaction held open, the second's waits for its lock meanwhile.
+    day = date(2031, 5, 1)
+    _only_partitions(admin, day)
+    with psycopg.connect(postgres_database) as first, ThreadPoolExecutor(1) as pool:
+        with first.transaction():
+            assert first.execute("SELECT conveyor_archive_partition_drop(%s)", (_name(day),)).fetchone() == (0,)
+            second = pool.submit(
+                lambda: admin.execute("SELECT conveyor_archive_partition_drop(%s)", (_name(day),)).fetchone()
+            )
+            with pytest.raises(FutureTimeout):
+                second.result(timeout=0.3)  # waiting for the first's lock
+        assert second.result(timeout=10) == (0,)  # gone: another pruner took it
+    assert _name(day) not in _partitions(admin)
+    with pytest.raises(psycopg.errors.RaiseException, match="not an archive partition"):
+        admin.execute("SELECT conveyor_archive_partition_drop('jobs')")
 
 
 def _rows_read(node: dict[str, Any], table: str) -> int:
