@@ -160,6 +160,16 @@ APP = textwrap.dedent(
         os.kill(pid, signal.SIGTERM)
         return f"child exit {exited(pid)}"
 
+    @app.task(queue="q", name="hangs_up_its_child", max_attempts=1)
+    async def hangs_up_its_child(ctx: JobContext) -> str:
+        pid = os.fork()
+        if pid == 0:
+            time.sleep(10)
+            os._exit(0)
+        await asyncio.sleep(0.3)
+        os.kill(pid, signal.SIGHUP)
+        return f"child exit {exited(pid)}"
+
     @app.task(queue="q", name="terminates_its_child", max_attempts=1)
     async def terminates_its_child(ctx: JobContext) -> str:
         note("run", ctx.job_id, os.getpid())
@@ -229,11 +239,13 @@ FORKS = [
 ]
 
 
-def _worker(url: str, procs: Procs, tmp_path: Path, log: Path) -> int:
+def _worker(url: str, procs: Procs, tmp_path: Path, log: Path, *options: str) -> int:
     (tmp_path / "hostile_app.py").write_text(APP)
     worker = procs.start(
         "worker",
-        conveyor_argv(url, "-v", "worker", "hostile_app:app", "--burst", "--concurrency", "2", "--prefetch", "10"),
+        conveyor_argv(
+            url, "-v", "worker", "hostile_app:app", "--burst", "--concurrency", "2", "--prefetch", "10", *options
+        ),
         env={"HOSTILE_RUN_LOG": str(log), "PYTHONPATH": str(tmp_path)},
     )
     return worker.wait(timeout=60)
@@ -347,6 +359,25 @@ def test_a_signal_to_a_child_a_handler_forked_is_the_childs_not_the_workers(
     terminates, goods = _one_among_good_jobs(sqlite_url, "terminates_its_child")
 
     _runs_with_its_child_terminated(sqlite_url, procs, tmp_path, terminates, goods)
+
+
+def test_a_hang_up_a_supervised_worker_s_handler_sends_its_child_is_the_childs(
+    sqlite_url: str, procs: Procs, tmp_path: Path
+) -> None:
+    # A supervised worker process handles SIGHUP (its supervisor's death notice). Before: a child its handler
+    # forked kept that handler, so the SIGHUP the handler sent it went to the worker's wake-up socket (the worker
+    # stopped as if orphaned, and was restarted) while the child lived on ("child exit 0" after 10 s).
+    hangs_up, goods = _one_among_good_jobs(sqlite_url, "hangs_up_its_child")
+
+    assert _worker(sqlite_url, procs, tmp_path, tmp_path / "runs.log", "--processes", "2") == 0
+
+    assert "is gone" not in procs.outputs()
+    db = App(sqlite_url)
+    try:
+        assert (db.job(hangs_up).state, db.job(hangs_up).result) == ("completed", f"child exit -{signal.SIGHUP}")
+        assert [(db.job(g).state, db.job(g).result) for g in goods] == [("completed", i) for i in range(20)]
+    finally:
+        db.close()
 
 
 def test_a_signal_to_a_child_before_its_at_fork_hooks_have_run_is_the_childs(

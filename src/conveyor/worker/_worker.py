@@ -304,11 +304,14 @@ class Worker:
                 for sig in signals:
                     loop.add_signal_handler(sig, self._on_signal, sig)
                     installed.append(sig)
-                _threads.keep_worker_signals(tuple(signals))
             death = self.parent_death_signal
             if death is not None and death not in installed:
                 loop.add_signal_handler(death, self._on_parent_death)
                 installed.append(death)
+            # The parent-death signal too: a child a handler forked must not share its handler (the loop's, which
+            # writes to the worker's wake-up socket: a SIGHUP the handler sent its child stopped the worker, and
+            # the child lived on).
+            _threads.keep_worker_signals(tuple(installed))
             try:
                 await self.run()
             finally:
