@@ -121,6 +121,11 @@ R = TypeVar("R")
 # below it the single INSERT statement (one round trip) is quicker.
 _COPY_MIN = 64
 
+# Seconds an archive partition drop is not tried again after one was skipped because another transaction held
+# the archive: a pruner working through a backlog calls archive_prune batch after batch, and each call waited
+# out the drop's 1 s lock timeout (and logged a warning) while the same holder stayed.
+DROP_RETRY_AFTER = 30.0
+
 
 def _check_url(url: str, secrets: set[str]) -> None:
     """Raise ConfigurationError for a URL libpq cannot parse, or with a port that is not a number,
@@ -236,6 +241,8 @@ class PostgresBackend:
         self._lock = threading.Lock()
         # When acquires must first make due scheduled jobs ready (see _promotion).
         self._promotions = Promotions()
+        # time.monotonic() of the last partition drop skipped for a held archive (see archive_prune), or None.
+        self._drop_skipped_at: float | None = None
         self._pool = self._new_pool("conveyor", min_size, max_size, synchronous_commit=True)
         # Outcomes (acquire, finish, retry, release, extend, rescue) commit without waiting for the
         # WAL flush: the flush is the largest cost of a drain on most disks. A server crash can then
@@ -1000,7 +1007,7 @@ class PostgresBackend:
         one from what is left (the DEFAULT partition, partitions that still hold rows to keep, and
         partitions whose drop was skipped). A drop that waits past its lock timeout (another
         transaction holds the archive: an operator's session, a long report) is skipped, with one
-        warning, and tried again by the next call; the row deletes skip rows other transactions
+        warning, and no drop is tried for ``DROP_RETRY_AFTER`` seconds; the row deletes skip rows other transactions
         hold locked. So the count is of rows gone, never of work left undone: a caller pruning
         "until 0" gets 0 once nothing it can reach is past retention, held or not."""
         queues = sorted(set(params.before) | set(params.dead_before))
@@ -1018,8 +1025,10 @@ class PostgresBackend:
         with suppress(BackendUnavailable):
             self.archive_partitions_ensure(params.now)
         deleted = 0
+        skipped_at = self._drop_skipped_at
+        drops = skipped_at is None or time.monotonic() - skipped_at >= DROP_RETRY_AFTER
         with self._connection("archive_prune") as conn:
-            old = conn.execute(self._q["archive_partitions_old"], {"before": max(every)}).fetchall()
+            old = conn.execute(self._q["archive_partitions_old"], {"before": max(every)}).fetchall() if drops else []
             for i, (part, lo, hi) in enumerate(old):
                 # Below every cutoff nothing can be kept; otherwise look for a row to keep.
                 if hi > min(every):
@@ -1034,15 +1043,20 @@ class PostgresBackend:
                     # read or locked a row through the archive) holds the later ones too: they are left
                     # for the next call rather than each waiting out its second. The rows past retention
                     # go row by row below meanwhile, so retention does not wait for the holder.
+                    self._drop_skipped_at = time.monotonic()
                     log.warning(
                         "archive partition %s not dropped: another transaction holds the archive (lock wait "
-                        "past 1 s); it and %d later candidate(s) are tried again at the next prune, their rows "
-                        "past retention deleted row by row meanwhile",
+                        "past 1 s); it and %d later candidate(s) are tried again in %gs, their rows past "
+                        "retention deleted row by row meanwhile",
                         part,
                         len(old) - i - 1,
+                        DROP_RETRY_AFTER,
                     )
                     break
                 deleted += int(dropped[0]) if dropped else 0
+            else:
+                if drops:
+                    self._drop_skipped_at = None
             if deleted < params.limit:
                 cur = conn.execute(
                     self._q["archive_prune_rows"],
