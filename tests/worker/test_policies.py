@@ -86,6 +86,37 @@ def test_weighted_lanes_do_not_starve_the_low_lane(app: App) -> None:
     assert 0.18 <= first["low"] / 400 <= 0.32, first
 
 
+def test_weighted_lanes_keep_their_proportions_when_one_job_is_leased_at_a_time(app: App) -> None:
+    # prefetch=0 (autoscale's default) leases one job per free slot: with one slot, every round has one slot to
+    # share. Before: its share went to the first lane with a ready job, so the low lane started nothing while
+    # the high one had jobs (0 of the first 80 starts).
+    starts: list[str] = []
+
+    @app.task(queue="high")
+    def high() -> None:
+        starts.append("high")
+
+    @app.task(queue="low")
+    def low() -> None:
+        starts.append("low")
+
+    app.send_many([Message(high.name) for _ in range(120)] + [Message(low.name) for _ in range(120)])
+    worker = Worker(
+        app, queues=["high", "low"], weights={"high": 3, "low": 1}, concurrency=1, prefetch=0, poll_interval=0.02
+    )
+
+    async def run_until(n: int) -> None:
+        task = asyncio.create_task(worker.run())
+        while len(starts) < n:
+            await asyncio.sleep(0.01)
+        worker.stop()
+        await task
+
+    asyncio.run(asyncio.wait_for(run_until(80), 60))
+    first = Counter(starts[:80])
+    assert 0.18 <= first["low"] / 80 <= 0.32, first
+
+
 def test_stale_finish_is_not_counted(app: App) -> None:
     """Sanity for the helpers above: finishing with a wrong receipt applies nothing."""
     app.send("t", {}, queue="q")

@@ -88,6 +88,8 @@ class Fetcher(Service):
         self._listen_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="conveyor-listen")
         self.idle = False
         self.weights = dict(config.weights) if config.weights else None
+        #: Weighted lanes: each lane's credit for the slots a round's proportional shares leave over (see _shares).
+        self._credit = dict.fromkeys(self.queues, 0)
         self._acquired_at_vacuum = 0  # counters.acquired when this worker last had the table vacuumed
         self._vacuum_next = 0.0
         self._vacuuming: asyncio.Task[None] | None = None
@@ -131,17 +133,12 @@ class Fetcher(Service):
         """Acquire up to the free buffer space; return how many jobs were leased.
 
         Strict lanes: each queue in order takes what space is left. Weighted lanes: the space is
-        first shared in proportion to the weights (so a busy high lane cannot starve a low one),
-        then what a lane left unused goes to the others in order."""
+        first shared in proportion to the weights (:meth:`_shares`: a busy high lane cannot starve a
+        low one), then what a lane left unused goes to the others in order."""
         got = 0
         if self.weights:
-            free = self._space()
-            total = sum(self.weights.get(q, 1) for q in self.queues)
             spare = 0
-            for queue in self.queues:
-                share = max(1, free * self.weights.get(queue, 1) // total)
-                if self.on_demand:
-                    share = max(0, min(share, free - got))  # at most one lease per free slot, whatever the rounding
+            for queue, share in self._shares(max(0, self._space())).items():
                 taken = await self._acquire(queue, share)
                 got += taken
                 spare += share - taken
@@ -157,6 +154,24 @@ class Fetcher(Service):
             for queue in self.queues:
                 got += await self._acquire(queue, self._space())
         return got
+
+    def _shares(self, free: int) -> dict[str, int]:
+        """``free`` slots shared among the weighted lanes: each its whole proportional part, and the few slots
+        the rounding leaves over by smooth weighted round-robin (nginx's), whose credits carry over from round
+        to round. So the lanes get their weights' proportions also when a round has fewer slots than lanes:
+        a worker leasing one job at a time (``prefetch=0``, with every slot busy but one) gave each slot to the
+        first lane, and a low lane starved for as long as the high one had jobs."""
+        weights = self.weights or {}
+        weight = {q: weights.get(q, 1) for q in self.queues}
+        total = sum(weight.values())
+        shares = {q: free * w // total for q, w in weight.items()}
+        for _ in range(free - sum(shares.values())):
+            for q, w in weight.items():
+                self._credit[q] += w
+            pick = max(self.queues, key=self._credit.__getitem__)
+            self._credit[pick] -= total
+            shares[pick] += 1
+        return shares
 
     async def _acquire(self, queue: str, limit: int) -> int:
         if limit <= 0:
