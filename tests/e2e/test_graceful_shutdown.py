@@ -85,14 +85,22 @@ def test_sigint_is_graceful_too(sqlite_url: str, procs: Procs, tmp_path: Path) -
     _graceful(sqlite_url, procs, tmp_path, signal.SIGINT)
 
 
-def _graceful(database_url: str, procs: Procs, tmp_path: Path, sig: signal.Signals) -> None:
+def test_a_hang_up_is_graceful_and_never_exits_at_once(sqlite_url: str, procs: Procs, tmp_path: Path) -> None:
+    # A closing terminal sends SIGHUP (the shell may send it more than once). Before: Python's default, the worker
+    # was killed mid-job (exit 129), its running and buffered jobs left to their leases.
+    _graceful(sqlite_url, procs, tmp_path, signal.SIGHUP, times=2)
+    assert "hang-up (SIGHUP): stopping gracefully" in procs.outputs()
+
+
+def _graceful(database_url: str, procs: Procs, tmp_path: Path, sig: signal.Signals, times: int = 1) -> None:
     run_log = tmp_path / "runs.log"
     producer, db, ids, worker = _start(database_url, procs, run_log, seconds=2.0)
     try:
         running = _wait_all_leased_two_running(db, run_log, ids)
         buffered = set(ids) - running
 
-        worker.signal(sig)
+        for _ in range(times):
+            worker.signal(sig)
         signalled = time.monotonic()
         # Buffered jobs are handed back at once: long before the running handlers (2 s) end.
         wait_until(lambda: _released(db, buffered), 1.5, "buffered jobs back to pending", interval=0.02)

@@ -85,10 +85,11 @@ class Worker:
         #: SIGTERM that finds it gone is the notice of its death (see supervisor._follow), not an
         #: operator's: it stops gracefully, and a graceful stop under way goes on.
         self.supervisor: int | None = None
-        #: The signal the kernel sends this process when its supervisor dies (``PR_SET_PDEATHSIG``, set by the
-        #: supervisor's child; None: none). It may come twice for one death (see ``_on_parent_death``).
-        self.parent_death_signal: signal.Signals | None = None
-        self._orphaned = False
+        #: The hang-up signal, on which the worker stops gracefully, once, and never at once (None: not handled).
+        #: ``conveyor worker`` sets SIGHUP: a terminal that closes sends it, and the kernel sends it to a supervised
+        #: process when its supervisor dies (``PR_SET_PDEATHSIG``), maybe twice for one death (see ``_on_hang_up``).
+        self.hang_up_signal: signal.Signals | None = None
+        self._hung_up = False
         self.exit_code = 0
 
     def stop(self) -> None:
@@ -304,9 +305,9 @@ class Worker:
                 for sig in signals:
                     loop.add_signal_handler(sig, self._on_signal, sig)
                     installed.append(sig)
-            death = self.parent_death_signal
+            death = self.hang_up_signal
             if death is not None and death not in installed:
-                loop.add_signal_handler(death, self._on_parent_death)
+                loop.add_signal_handler(death, self._on_hang_up)
                 installed.append(death)
             # The parent-death signal too: a child a handler forked must not share its handler (the loop's, which
             # writes to the worker's wake-up socket: a SIGHUP the handler sent its child stopped the worker, and
@@ -337,16 +338,22 @@ class Worker:
         self.exit_code = 1
         self.stop()
 
-    def _on_parent_death(self) -> None:
-        """The supervisor died: stop gracefully, once. The kernel sends the signal each time this process is
-        handed to a new parent: when a supervisor with several threads is killed, first (often) to another of
-        its threads, then to init; a second notice counted as an operator's second SIGTERM exited at once."""
-        if self._orphaned:
+    def _on_hang_up(self) -> None:
+        """A hang-up (the terminal closed, or the supervisor died): stop gracefully, once. The kernel sends a
+        supervised process the signal each time it is handed to a new parent: when a supervisor with several
+        threads is killed, first (often) to another of its threads, then to init; a second notice counted as an
+        operator's second SIGTERM exited at once."""
+        if self._hung_up:
             return
-        self._orphaned = True
+        self._hung_up = True
         then = "the graceful stop goes on" if self._stopping else "stopping gracefully"
-        log.warning("the worker supervisor (pid %s) is gone: %s", self.supervisor, then)
-        self.supervisor = None
+        if self.supervisor is None:  # a terminal's, an operator's
+            log.warning("hang-up (%s): %s", self.hang_up_signal.name if self.hang_up_signal else "signal", then)
+        else:
+            # Not told apart from an operator's SIGHUP: the first notice of a killed supervisor with threads can
+            # come while getppid() is still its pid. (An operator's: the supervisor, alive, starts a new process.)
+            log.warning("the worker supervisor (pid %s) is gone: %s", self.supervisor, then)
+            self.supervisor = None
         self.stop()
 
     def _on_signal(self, sig: signal.Signals) -> None:

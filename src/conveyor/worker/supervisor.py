@@ -118,8 +118,10 @@ def run_worker(
         app.database_url = database_url
     worker = Worker(app, config=config, observer=observer)
     worker.supervisor = supervisor
-    if child and sys.platform == "linux":
-        worker.parent_death_signal = PARENT_DEATH_SIGNAL
+    # Alone, a hang-up is a terminal closing: a graceful stop rather than Python's default (killed mid-job, the jobs
+    # left to their leases). A supervised child gets it as its supervisor's death notice (Linux), else polls.
+    if not child or sys.platform == "linux":
+        worker.hang_up_signal = PARENT_DEATH_SIGNAL
     try:
         return worker.run_sync(signals=(signal.SIGTERM,) if child else (signal.SIGTERM, signal.SIGINT))
     finally:
