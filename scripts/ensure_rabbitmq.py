@@ -4,11 +4,13 @@ Order: $CONVEYOR_TEST_AMQP_URL (must answer), else amqp://guest:guest@127.0.0.1:
 broker node in a temporary directory on free ports of 127.0.0.1 (installing Debian's rabbitmq-server package
 first when no server binaries exist and we are root). Prints ``URL DIR`` (DIR ``-`` when nothing was started) so
 the caller can stop the broker with ``ensure_rabbitmq.py stop DIR``. ``--throwaway`` starts one even where a
-broker answers (the test of this script)."""
+broker answers (the test of this script). ``stop --keep DIR`` stops a node keeping its directory, and ``start DIR``
+starts it again on the same ports with the same data (a broker restart, for the relay's fault tests)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import shutil
@@ -26,6 +28,8 @@ DEFAULT = "amqp://guest:guest@127.0.0.1:5672/"
 # Every directory this script makes starts so; `stop` refuses any other directory, as it deletes what it is given.
 PREFIX = "conveyor-rabbitmq-"
 PID_FILE = "rabbitmq.pid"
+# The node's environment (ports, paths), saved in its directory so that `start DIR` runs the same node again.
+SETTINGS_FILE = "node.json"
 # The server script that runs the node as the calling user (Debian's /usr/sbin/rabbitmq-server switches to the
 # rabbitmq user, whose home and cookie are the machine's broker's).
 SERVER_PATHS = ("/usr/lib/rabbitmq/bin/rabbitmq-server", "/usr/local/lib/rabbitmq/bin/rabbitmq-server")
@@ -90,8 +94,7 @@ def start_server() -> tuple[str, str]:
     # machine's names its node).
     (base / "enabled_plugins").write_text("[].\n")
     (base / "rabbitmq-env.conf").write_text("")
-    env = {
-        **os.environ,
+    settings = {
         "HOME": str(base),  # the Erlang cookie is written here, not into the caller's home
         "RABBITMQ_NODENAME": f"conveyor-test-{port}@localhost",
         "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
@@ -105,19 +108,26 @@ def start_server() -> tuple[str, str]:
         "RABBITMQ_PID_FILE": str(base / PID_FILE),
         "ERL_EPMD_ADDRESS": "127.0.0.1",
     }
+    (base / SETTINGS_FILE).write_text(json.dumps({"port": port, "env": settings}))
+    return run_node(server, base)
+
+
+def run_node(server: str, base: Path) -> tuple[str, str]:
+    """Start the node whose settings are saved in ``base`` and wait until it answers; return its URL and ``base``."""
+    saved = json.loads((base / SETTINGS_FILE).read_text())
     # Detached, with no inherited stdout: the caller reads this script's output with $(...), which would
     # otherwise wait for the broker to exit.
-    with open(base / "server.log", "w") as log:
+    with open(base / "server.log", "a") as log:
         process = subprocess.Popen(
             [server],
             cwd=base,
-            env=env,
+            env={**os.environ, **saved["env"]},
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    url = f"amqp://guest:guest@127.0.0.1:{port}/"
+    url = f"amqp://guest:guest@127.0.0.1:{saved['port']}/"
     deadline = time.monotonic() + START_TIMEOUT
     while time.monotonic() < deadline and process.poll() is None:
         if answers(url, timeout=1.0):
@@ -147,11 +157,27 @@ def _alive(pid: int) -> bool:
     return state != "Z"  # a zombie has exited (a container's init may never reap it)
 
 
-def stop(directory: str) -> None:
-    """Stop a broker started by this script and delete its directory."""
+def _own(directory: str) -> Path:
     base = Path(directory)
     if not base.name.startswith(PREFIX):
         sys.exit(f"not a directory of ensure_rabbitmq.py (its name starts with {PREFIX}): {directory}")
+    return base
+
+
+def start(directory: str) -> tuple[str, str]:
+    """Start again a node stopped with ``stop --keep`` (same ports, same data); return its URL and directory."""
+    base = _own(directory)
+    server = server_binary()
+    if server is None or not (base / SETTINGS_FILE).is_file():
+        sys.exit(f"cannot start the node of {directory}: no rabbitmq-server, or not a node's directory")
+    if server_pid(base) is not None:
+        sys.exit(f"the node of {directory} is running")
+    return run_node(server, base)
+
+
+def stop(directory: str, keep: bool = False) -> None:
+    """Stop a broker started by this script and delete its directory (``keep``: leave it, for ``start``)."""
+    base = _own(directory)
     pid = server_pid(base)
     if pid is not None:
         os.kill(pid, signal.SIGTERM)
@@ -160,7 +186,8 @@ def stop(directory: str) -> None:
             time.sleep(0.1)
         if _alive(pid):
             os.kill(pid, signal.SIGKILL)
-    shutil.rmtree(base, ignore_errors=True)
+    if not keep:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None, default: str = DEFAULT) -> None:
@@ -168,11 +195,14 @@ def main(argv: list[str] | None = None, default: str = DEFAULT) -> None:
 
     ``default`` is the broker tried when $CONVEYOR_TEST_AMQP_URL is unset."""
     args = sys.argv[1:] if argv is None else argv
-    if args[:1] == ["stop"] and len(args) == 2:
-        stop(args[1])
+    if args[:1] == ["stop"] and len(args) in (2, 3) and (len(args) == 2 or args[1] == "--keep"):
+        stop(args[-1], keep=len(args) == 3)
+        return
+    if args[:1] == ["start"] and len(args) == 2:
+        print(*start(args[1]))
         return
     if args not in ([], ["--throwaway"]):
-        sys.exit("usage: ensure_rabbitmq.py [--throwaway | stop DIR]")
+        sys.exit("usage: ensure_rabbitmq.py [--throwaway | stop [--keep] DIR | start DIR]")
     if args == ["--throwaway"]:
         url, base = start_server()
         print(url, base)

@@ -5,7 +5,8 @@ message for the broker as a job, on your own connection if you give one, so that
 your business write or not at all (the transactional outbox). A worker consuming the queue
 (``conveyor worker myapp:app --queues outbox``) publishes each job to RabbitMQ on a channel with publisher
 confirms and ``mandatory`` set, and acks the job only after the broker confirmed the message: a broker that
-refuses, returns, does not confirm in time or cannot be reached fails the attempt, and the job retries with
+refuses, returns, does not confirm in time or cannot be reached within ``confirm_timeout`` (one that refuses
+connections, restarting, is tried again meanwhile) fails the attempt, and the job retries with
 backoff and ends in the dead-letter queue after its attempts, where it can be replayed once the broker is
 fixed. Nothing is lost; a relay that dies between the broker's confirm and the job's ack publishes the
 message again, with the same ``message_id`` (the job's id): consumers deduplicate on it.
@@ -56,6 +57,9 @@ MAX_HEADER_NAME_BYTES = 128
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 #: Seconds a worker's stop waits for the broker to close the connection.
 _CLOSE_TIMEOUT = 2.0
+#: Pauses between connection attempts to a broker that refuses them (restarting): 0.1 s, doubling to 1 s.
+_CONNECT_PAUSE_FIRST = 0.1
+_CONNECT_PAUSE_MAX = 1.0
 
 
 class RelayError(ConveyorError):
@@ -172,6 +176,9 @@ class _Link:
         #: Message ids being published on this connection: aio-pika matches a return (unroutable) to its publish
         #: by message id, so two publishes of one id at once could see each other's return.
         self.in_flight: set[str] = set()
+        #: The last failed connection attempt: when it ended (the loop's clock) and its error. A slot that was
+        #: waiting for the lock while it ran fails with it instead of starting an attempt of its own.
+        self.failure: tuple[float, str] | None = None
 
     async def drop(self, channel: aio_pika.abc.AbstractChannel | None = None) -> None:
         """Close the connection (if ``channel`` is given: only if it is still the one in use, so that a slot
@@ -207,7 +214,8 @@ class Relay:
     ``url`` is the broker's (``amqp://user:password@host:5672/vhost``); ``exchange`` is the exchange a
     :meth:`publish` without one goes to (``""``: the default exchange, which routes by queue name);
     ``queue`` is the Conveyor queue of the relay's jobs; ``confirm_timeout`` bounds, in seconds, both the
-    connection attempt and the wait for the broker's confirm; ``task_options`` go to :meth:`App.task`
+    connection (a broker that refuses connections is tried again every 0.1-1 s within it) and the wait for the
+    broker's confirm; ``task_options`` go to :meth:`App.task`
     (``max_attempts``, ``backoff``, ``visibility_timeout``...: how the relay retries a broker that refuses).
     Registers the task ``conveyor.relay`` on ``app`` (one Relay per App). Raises ConfigurationError for a bad
     option. Importing this module without aio-pika raises ImportError (``pip install 'conveyor[rabbitmq]'``)."""
@@ -348,19 +356,22 @@ class Relay:
 
     async def _channel(self, link: _Link) -> aio_pika.abc.AbstractChannel:
         """The loop's confirm channel, opened (with its connection) if there is none or it was closed."""
+        loop = asyncio.get_running_loop()
+        asked = loop.time()
         async with link.lock:
             channel = link.channel
             if channel is not None and not channel.is_closed:
                 return channel
+            if link.failure is not None and link.failure[0] >= asked:
+                # One attempt for every slot of the loop: the one that just failed was this slot's too.
+                raise RelayError(link.failure[1])
             await link.drop()
             try:
-                connection = await aio_pika.connect(self.url, timeout=self.confirm_timeout)
-            except asyncio.CancelledError:
+                connection = await self._connect(loop)
+            except RelayError as exc:
+                link.failure = (loop.time(), str(exc))
                 raise
-            except TimeoutError as exc:
-                raise RelayError(f"cannot connect to the broker: no answer within {self.confirm_timeout:g}s") from exc
-            except Exception as exc:
-                raise RelayError(f"cannot connect to the broker: {_reason(exc)}") from exc
+            link.failure = None
             try:
                 # on_return_raises: a message returned as unroutable (mandatory) fails its publish.
                 channel = await asyncio.wait_for(
@@ -376,6 +387,31 @@ class Relay:
                 link.closer = _closer(link)
                 await anext(link.closer)
             return channel
+
+    async def _connect(self, loop: asyncio.AbstractEventLoop) -> aio_pika.abc.AbstractConnection:
+        """A connection to the broker, tried again while the broker refuses or drops it (it is restarting)
+        until ``confirm_timeout`` has passed: an outage of seconds fails no attempt. A refused login, an
+        unknown vhost and a broker that does not answer fail at once."""
+        deadline = loop.time() + self.confirm_timeout
+        pause = _CONNECT_PAUSE_FIRST
+        tries = 0
+        while True:
+            tries += 1
+            try:
+                return await aio_pika.connect(self.url, timeout=max(deadline - loop.time(), 0.001))
+            except asyncio.CancelledError:
+                raise
+            except TimeoutError as exc:
+                raise RelayError(f"cannot connect to the broker: no answer within {self.confirm_timeout:g}s") from exc
+            except Exception as exc:
+                refused = isinstance(exc, ConnectionError) and not isinstance(
+                    exc, aiormq.exceptions.ProbableAuthenticationError
+                )
+                if not refused or loop.time() + pause >= deadline:
+                    during = f" ({tries} tries in {self.confirm_timeout:g}s)" if tries > 1 else ""
+                    raise RelayError(f"cannot connect to the broker{during}: {_reason(exc)}") from exc
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, _CONNECT_PAUSE_MAX)
 
     async def _exchange(
         self, link: _Link, channel: aio_pika.abc.AbstractChannel, name: str

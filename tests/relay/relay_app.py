@@ -13,7 +13,7 @@ relay = Relay(
     app,
     os.environ.get("RELAY_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"),
     exchange=os.environ.get("RELAY_EXCHANGE", ""),
-    confirm_timeout=10,
+    confirm_timeout=float(os.environ.get("RELAY_CONFIRM_TIMEOUT", "10")),
     # Short leases: the jobs a killed relay held come back within seconds.
     visibility_timeout=2,
     backoff=[0.2],
