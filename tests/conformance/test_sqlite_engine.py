@@ -126,6 +126,9 @@ def test_a_statement_error_is_a_backend_error(sqlite_url: str) -> None:
         with pytest.raises(BackendError, match="no such table") as info:
             acquire(backend)
         assert not isinstance(info.value, BackendUnavailable)
+        # Named as on PostgreSQL and MySQL, with the command that fixes it.
+        assert "the Conveyor schema is missing in this database" in str(info.value)
+        assert "run `conveyor migrate` with the same URL" in str(info.value)
     finally:
         backend.close()
 

@@ -447,3 +447,48 @@ def test_requeue_lost_keeps_the_queue_max_depth(spark: SparkSession, sqlite_url:
     finally:
         small.close()
         big.close()
+
+
+def test_a_record_without_status_is_counted_apart_and_a_key_on_several_records_is_sent_once(
+    spark: SparkSession, sqlite_url: str, tmp_path: Path
+) -> None:
+    # Before: a null or blank status counted as settled ("ok"), which hid those records from "lost"; and two lost
+    # records of one key were both sent, the second silently "already queued" with its payload dropped.
+    biz = tmp_path / "orders.parquet"
+    rows = [
+        ("a1", "pending", 1),
+        ("a1", "pending", 1),  # the same record twice (a duplicated export row): sent once
+        ("b1", None, 2),
+        ("c1", "  ", 3),
+        ("d1", "pending", 4),
+        ("d1", "pending", 5),  # the same key with another payload: which is right is the business's to say
+        ("e1", "done", 6),
+    ]
+    keys, statuses, amounts = zip(*rows, strict=True)
+    pq.write_table(pa.table({"order_id": list(keys), "status": list(statuses), "amount": list(amounts)}), biz)
+    migrated = open_backend(sqlite_url)
+    migrated.migrate()
+    migrated.close()
+    result = reconcile(
+        biz,
+        "order_id",
+        "status",
+        sqlite_url,
+        queue="orders",
+        task="fulfil",
+        requeue_lost=True,
+        payload_columns=["amount"],
+        spark=spark,
+    )
+    assert result.counts == {"ok": 1, "lost": 4, "stuck": 0, "dead": 0, "done_not_recorded": 0}
+    assert (result.no_status, result.requeued, result.already_queued, result.not_requeued) == (2, 1, 0, 2)
+    assert any(
+        w.startswith("2 keys are on more than one business record") and "'a1', 'd1'" in w for w in result.warnings
+    )
+    assert any(w.startswith("2 lost records were not requeued") and "'d1'" in w for w in result.warnings)
+    backend = open_backend(sqlite_url)
+    try:
+        live = backend.jobs_list(JobsListParams(queue="orders"))
+    finally:
+        backend.close()
+    assert [(j.idempotency_key, json.loads(j.payload)) for j in live] == [("a1", {"order_id": "a1", "amount": 1})]

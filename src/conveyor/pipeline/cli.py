@@ -470,11 +470,19 @@ def reconcile(
             f"no key: {result.no_key:,} records have no usable {shown(key_column)} (null, NaN or empty): "
             "they match no job and are never requeued"
         )
+    if result.no_status:
+        out.print(
+            f"no status: {result.no_status:,} records have a key but no {shown(status_column)} (null or empty): "
+            "neither pending nor settled, never requeued"
+        )
     if result.lost_keys:
         keys = ", ".join(shown(k) for k in result.lost_keys[:10]) + (" ..." if len(result.lost_keys) > 10 else "")
         out.print(f"lost: {keys}")
     if requeue_lost:
-        out.print(f"requeued {result.requeued:,} lost records ({result.already_queued:,} keys were already queued)")
+        left = f"; {result.not_requeued:,} left out: see the warning" if result.not_requeued else ""
+        out.print(
+            f"requeued {result.requeued:,} lost records ({result.already_queued:,} keys were already queued{left})"
+        )
     if out_dir:
         out.print(f"per-record table: {shown(str(Path(out_dir) / 'reconcile'))}")
 

@@ -17,7 +17,12 @@ done_not_recorded   business says pending, the job ``completed``
 
 A record whose key is null, NaN or empty (see :mod:`conveyor.pipeline._keys`) matches no job: it is
 ``no_key`` in the per-record table, counted apart (``ReconcileResult.no_key``), never lost and never
-requeued.
+requeued. A record whose status is null or blank is neither pending nor settled: ``no_status``, counted
+apart (``ReconcileResult.no_status``), never requeued.
+
+Several business records of one key are each classified (by the same job); a warning names such keys. A
+requeue sends one job per key: lost records of one key whose payloads differ are not sent at all (which
+payload is right is the business's to say; a warning names them), identical ones once.
 
 With ``requeue_lost`` the lost records are enqueued again with the business key as idempotency key:
 the next run finds those jobs (so they are no longer lost), and even a run against a stale export
@@ -56,6 +61,10 @@ log = logging.getLogger("conveyor.pipeline")
 CLASSES: tuple[str, ...] = ("ok", "lost", "stuck", "dead", "done_not_recorded")
 #: The class of a record without a usable key: counted apart from CLASSES, never requeued.
 NO_KEY = "no_key"
+#: The class of a record whose status is null or blank: counted apart from CLASSES, never requeued.
+NO_STATUS = "no_status"
+#: How many keys a warning names as examples.
+_EXAMPLES = 5
 KeyKind = Literal["idempotency_key", "job_id"]
 _REQUEUE_BATCH = 500
 #: What the warning about archived jobs that finished far in the future adds.
@@ -69,8 +78,10 @@ _FAR_FUTURE_NOTE = (
 class ReconcileResult:
     """Counts per class (every class present, zero if none), the snapshot time used for "stuck",
     and what a requeue did (``requeued`` new jobs, ``already_queued`` keys the queue already held).
-    ``no_key`` counts the records without a usable key (null, NaN, empty): in no class, never requeued.
-    ``warnings`` are what the caller should be told (archived jobs that finished far in the future)."""
+    ``no_key`` counts the records without a usable key (null, NaN, empty), ``no_status`` those with a key but
+    a null or blank status: in no class, never requeued. ``not_requeued`` counts the lost records left out of
+    a requeue because another lost record of their key has a different payload. ``warnings`` are what the
+    caller should be told (keys on several records, archived jobs that finished far in the future)."""
 
     counts: dict[str, int]
     snapshot_at: datetime
@@ -80,6 +91,8 @@ class ReconcileResult:
     lost_keys: list[str] = field(default_factory=list)  # at most 1000, for display
     no_key: int = 0
     warnings: list[str] = field(default_factory=list)
+    no_status: int = 0
+    not_requeued: int = 0
 
 
 def load_business(
@@ -191,6 +204,8 @@ def reconcile(
             for row in classified.groupBy("class").count().collect():
                 counts[row["class"]] = int(row["count"])
             no_key = counts.pop(NO_KEY, 0)
+            no_status = counts.pop(NO_STATUS, 0)
+            warnings.extend(_repeated_keys(classified))
             out: Path | None = None
             if out_dir is not None:
                 out = Path(out_dir).absolute()
@@ -198,17 +213,67 @@ def reconcile(
             lost = classified.where(F.col("class") == "lost").select(
                 "key", *[col(f"business_{c}").alias(c) for c in payload_columns]
             )
-            lost_keys = [str(r["key"]) for r in lost.orderBy("key").limit(1000).collect()]
-            requeued = already = 0
+            lost_keys = [str(r["key"]) for r in lost.select("key").distinct().orderBy("key").limit(1000).collect()]
+            requeued = already = not_requeued = 0
             if requeue_lost and counts["lost"]:
                 assert database_url is not None and queue is not None and task is not None
                 declared = None if app is None else app.catalogue.queues.get(queue)
+                lost, not_requeued, conflicts = _one_per_key(lost, payload_columns)
+                if not_requeued:
+                    warnings.append(
+                        f"{not_requeued:,} lost records were not requeued: their key is on another lost record with "
+                        f"a different payload (keys {conflicts}); correct the business table and run it again"
+                    )
                 requeued, already = _requeue(lost, database_url, queue, task, key_column, payload_columns, declared)
         finally:
             classified.unpersist()
     for warning in warnings:
         log.warning("reconcile: %s", warning)
-    return ReconcileResult(counts, snapshot_at, out, requeued, already, lost_keys, no_key, warnings)
+    return ReconcileResult(
+        counts,
+        snapshot_at,
+        out,
+        requeued,
+        already,
+        lost_keys,
+        no_key,
+        warnings,
+        no_status=no_status,
+        not_requeued=not_requeued,
+    )
+
+
+def _examples(frame: DataFrame) -> str:
+    """The first keys of ``frame`` (a column ``key``), for a warning."""
+    keys = [repr(str(r["key"])) for r in frame.orderBy("key").limit(_EXAMPLES + 1).collect()]
+    return ", ".join(keys[:_EXAMPLES]) + (", ..." if len(keys) > _EXAMPLES else "")
+
+
+def _repeated_keys(classified: DataFrame) -> list[str]:
+    """A warning if some key is on more than one business record (each is classified, by the same job)."""
+    from pyspark.sql import functions as F
+
+    repeated = classified.where(F.col("key").isNotNull()).groupBy("key").count().where(F.col("count") > 1)
+    n = repeated.count()
+    if not n:
+        return []
+    return [f"{n:,} keys are on more than one business record, each classified by the same job: {_examples(repeated)}"]
+
+
+def _one_per_key(lost: DataFrame, payload_columns: Sequence[str]) -> tuple[DataFrame, int, str]:
+    """The lost records to requeue, one per key: keys whose records carry different payloads are left out.
+    Returns them, how many records were left out, and example keys."""
+    from pyspark.sql import functions as F
+
+    if payload_columns:
+        payload = F.to_json(F.struct(*[col(c) for c in payload_columns]))
+        per_key = lost.groupBy("key").agg(F.count_distinct(payload).alias("payloads"), F.count("*").alias("records"))
+        conflicting = per_key.where(F.col("payloads") > 1)
+        left_out = conflicting.agg(F.sum("records")).collect()[0][0]
+        if left_out:
+            kept = lost.join(conflicting.select("key"), "key", "left_anti").dropDuplicates(["key"])
+            return kept, int(left_out), _examples(conflicting)
+    return lost.dropDuplicates(["key"]), 0, ""
 
 
 def check_business(
@@ -347,7 +412,8 @@ def _classify(
     state = F.col("job_state")
     klass = (
         F.when(F.col("key").isNull(), NO_KEY)
-        .when(~pending | F.col("business_status").isNull(), "ok")
+        .when(F.col("business_status").isNull() | (F.trim(F.col("business_status")) == ""), NO_STATUS)
+        .when(~pending, "ok")
         .when(state.isNull(), "lost")
         .when(state == "completed", "done_not_recorded")
         .when(state.isin("dead", "expired", "cancelled"), "dead")

@@ -59,6 +59,12 @@ def translate(exc: sqlite3.Error, path: str | None = None) -> BackendError:
         return BackendCorrupt(f"the SQLite database{where} is damaged: {message}; restore it from a backup{recover}")
     if isinstance(exc, sqlite3.OperationalError) and message.lower().startswith(_UNAVAILABLE):
         return BackendUnavailable(f"SQLite database unavailable{where}: {message}")
+    if isinstance(exc, sqlite3.OperationalError) and message.startswith("no such table: "):
+        # As on PostgreSQL and MySQL: a file never migrated (the pipeline reads one without an App).
+        return BackendError(
+            f"the Conveyor schema is missing in this database{where} ({message}): run `conveyor migrate` with the "
+            "same URL"
+        )
     return BackendError(f"SQLite statement failed{where}: {message}")
 
 
