@@ -461,3 +461,27 @@ def test_a_queue_name_holding_a_nul_is_not_exported_as_another_queue(
     assert export(sqlite_url, out, now=DAY2).archive_rows == 6
     counts = load_jobs(spark, out).groupBy("queue").count().collect()
     assert {r["queue"]: r["count"] for r in counts} == names
+
+
+def test_long_queue_names_on_mariadb_are_exported_as_on_the_other_engines(
+    spark: SparkSession, mysql_database: str, tmp_path: Path
+) -> None:
+    # The layout of long names (over 64 UTF-8 bytes: a hashed directory and the name in a column) was tested
+    # on PostgreSQL and SQLite only. MariaDB stores queue names of up to 200 characters.
+    from conveyor.pipeline.report import load_jobs
+
+    names = {"é" * 200: 2, "<b>" + "x" * 197: 1, "<b>" + "y" * 197: 1, "q" * 64: 1, "short": 1}
+    b = open_backend(mysql_database)
+    b.migrate()
+    try:
+        for name, n in names.items():
+            insert(b, name, n, DAY1)
+            finish(b, name, n, DAY1 + timedelta(seconds=1))
+    finally:
+        b.close()
+    assert export(mysql_database, tmp_path / "out", now=DAY2).archive_rows == 6
+    dirs = sorted(p.name for p in (tmp_path / "out" / "archive").glob("*/queue=*"))
+    assert len(dirs) == 5 and all(len(d.encode()) < 255 for d in dirs)
+    assert f"queue={'q' * 64}" in dirs and "queue=short" in dirs
+    counts = load_jobs(spark, tmp_path / "out").groupBy("queue").count().collect()
+    assert {r["queue"]: r["count"] for r in counts} == names
