@@ -55,66 +55,52 @@ def test_ttl_policy_dead_letters_when_the_queue_says_so(app: App) -> None:
     assert (status.state, status.reason) == ("dead", "expired")
 
 
-def test_weighted_lanes_do_not_starve_the_low_lane(app: App) -> None:
-    starts: list[str] = []
+def _low_share_of_first_starts(app: App, jobs: int, starts: int, concurrency: int, prefetch: int) -> float:
+    """The low lane's share of the first ``starts`` jobs a worker on lanes ``high:3,low:1`` starts, with ``jobs``
+    jobs ready in each lane."""
+    started: list[str] = []
     lock = threading.Lock()
 
     @app.task(queue="high")
     def high() -> None:
         with lock:
-            starts.append("high")
+            started.append("high")
 
     @app.task(queue="low")
     def low() -> None:
         with lock:
-            starts.append("low")
+            started.append("low")
 
-    app.send_many([Message(high.name) for _ in range(600)] + [Message(low.name) for _ in range(600)])
+    app.send_many([Message(high.name) for _ in range(jobs)] + [Message(low.name) for _ in range(jobs)])
     worker = Worker(
-        app, queues=["high", "low"], weights={"high": 3, "low": 1}, concurrency=4, prefetch=40, poll_interval=0.02
+        app,
+        queues=["high", "low"],
+        weights={"high": 3, "low": 1},
+        concurrency=concurrency,
+        prefetch=prefetch,
+        poll_interval=0.02,
     )
 
     async def run_until(n: int) -> None:
         task = asyncio.create_task(worker.run())
-        while len(starts) < n:
+        while len(started) < n:
             await asyncio.sleep(0.01)
         worker.stop()
         await task
 
-    asyncio.run(asyncio.wait_for(run_until(400), 60))
-    first = Counter(starts[:400])
-    assert 0.18 <= first["low"] / 400 <= 0.32, first
+    asyncio.run(asyncio.wait_for(run_until(starts), 60))
+    return Counter(started[:starts])["low"] / starts
+
+
+def test_weighted_lanes_do_not_starve_the_low_lane(app: App) -> None:
+    assert 0.18 <= _low_share_of_first_starts(app, jobs=600, starts=400, concurrency=4, prefetch=40) <= 0.32
 
 
 def test_weighted_lanes_keep_their_proportions_when_one_job_is_leased_at_a_time(app: App) -> None:
     # prefetch=0 (autoscale's default) leases one job per free slot: with one slot, every round has one slot to
     # share. Before: its share went to the first lane with a ready job, so the low lane started nothing while
     # the high one had jobs (0 of the first 80 starts).
-    starts: list[str] = []
-
-    @app.task(queue="high")
-    def high() -> None:
-        starts.append("high")
-
-    @app.task(queue="low")
-    def low() -> None:
-        starts.append("low")
-
-    app.send_many([Message(high.name) for _ in range(120)] + [Message(low.name) for _ in range(120)])
-    worker = Worker(
-        app, queues=["high", "low"], weights={"high": 3, "low": 1}, concurrency=1, prefetch=0, poll_interval=0.02
-    )
-
-    async def run_until(n: int) -> None:
-        task = asyncio.create_task(worker.run())
-        while len(starts) < n:
-            await asyncio.sleep(0.01)
-        worker.stop()
-        await task
-
-    asyncio.run(asyncio.wait_for(run_until(80), 60))
-    first = Counter(starts[:80])
-    assert 0.18 <= first["low"] / 80 <= 0.32, first
+    assert 0.18 <= _low_share_of_first_starts(app, jobs=120, starts=80, concurrency=1, prefetch=0) <= 0.32
 
 
 def test_stale_finish_is_not_counted(app: App) -> None:
