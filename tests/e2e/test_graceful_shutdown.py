@@ -23,13 +23,16 @@ CONCURRENCY = 2
 GRACEFUL_TIMEOUT = 10.0
 
 
-def _start(url: str, procs: Procs, run_log: Path, seconds: float) -> tuple[App, Db, list[UUID], Proc]:
+def _start(
+    url: str, procs: Procs, run_log: Path, seconds: float, nohup: bool = False
+) -> tuple[App, Db, list[UUID], Proc]:
     producer = App(url, migrate=True)
     e2e_app.register(producer)
     jobs = producer.send_many([Message(task=e2e_app.SLOW, payload={"seconds": seconds}) for _ in range(JOBS)])
     worker = procs.start(
         "worker",
-        worker_argv(
+        ["nohup"] * nohup
+        + worker_argv(
             url,
             "--queues",
             e2e_app.SLOW_QUEUE,
@@ -90,6 +93,21 @@ def test_a_hang_up_is_graceful_and_never_exits_at_once(sqlite_url: str, procs: P
     # was killed mid-job (exit 129), its running and buffered jobs left to their leases.
     _graceful(sqlite_url, procs, tmp_path, signal.SIGHUP, times=2)
     assert "hang-up (SIGHUP): stopping gracefully" in procs.outputs()
+
+
+def test_under_nohup_a_hang_up_is_ignored(sqlite_url: str, procs: Procs, tmp_path: Path) -> None:
+    run_log = tmp_path / "runs.log"
+    producer, db, ids, worker = _start(sqlite_url, procs, run_log, seconds=0.5, nohup=True)
+    try:
+        _wait_all_leased_two_running(db, run_log, ids)
+        worker.signal(signal.SIGHUP)
+        wait_until(lambda: len(_ended(run_log)) >= 6, 10, "jobs to go on ending after the hang-up")
+        assert worker.popen.poll() is None and "hang-up" not in worker.output(), worker.output()
+        worker.signal(signal.SIGTERM)
+        assert worker.wait(timeout=GRACEFUL_TIMEOUT + 5) == 0, worker.output()
+    finally:
+        db.close()
+        producer.close()
 
 
 def _graceful(database_url: str, procs: Procs, tmp_path: Path, sig: signal.Signals, times: int = 1) -> None:

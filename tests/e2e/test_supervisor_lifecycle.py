@@ -54,7 +54,9 @@ class _Prefork:
 
 
 @contextmanager
-def _prefork(url: str, procs: Procs, tmp_path: Path, *, jobs: int, seconds: float) -> Iterator[_Prefork]:
+def _prefork(
+    url: str, procs: Procs, tmp_path: Path, *, jobs: int, seconds: float, nohup: bool = False
+) -> Iterator[_Prefork]:
     producer = App(url, migrate=True)
     e2e_app.register(producer)
     run_log = tmp_path / "runs.log"
@@ -63,7 +65,9 @@ def _prefork(url: str, procs: Procs, tmp_path: Path, *, jobs: int, seconds: floa
         sent = producer.send_many([Message(task=e2e_app.SLOW, payload={"seconds": seconds}) for _ in range(jobs)])
         tree = procs.start(
             "prefork",
-            worker_argv(url, "--queues", "slow", "--processes", "2", "--concurrency", "1", "--prefetch", "1"),
+            # nohup: started with SIGHUP ignored, as `nohup conveyor worker ... &` does.
+            ["nohup"] * nohup
+            + worker_argv(url, "--queues", "slow", "--processes", "2", "--concurrency", "1", "--prefetch", "1"),
             env={"E2E_RUN_LOG": str(run_log), "E2E_VISIBILITY_TIMEOUT": "30"},
         )
         pids = wait_until(lambda: at_least(pids_logging(run_log, "start"), 2), 60, "a job running in each")
@@ -267,6 +271,25 @@ def test_burst_reports_a_stopped_worker_process(sqlite_url: str, procs: Procs, t
         assert {producer.job(j).state for j in ids} == {"completed"}
     finally:
         producer.close()
+
+
+def test_under_nohup_a_hang_up_of_the_group_is_ignored_and_a_killed_supervisor_still_stops_its_children(
+    sqlite_url: str, procs: Procs, tmp_path: Path
+) -> None:
+    """`nohup conveyor worker -p 2 &` and the terminal closes: every process of the group gets SIGHUP, which nohup
+    asked to ignore. Before: each child took it for its supervisor's death notice, stopped, and was restarted.
+    The supervisor's real death is still noticed (its last notice comes once init is the parent)."""
+    with _prefork(sqlite_url, procs, tmp_path, jobs=10, seconds=2.0, nohup=True) as run:
+        os.killpg(run.tree.pid, signal.SIGHUP)
+        run.tree.signal(signal.SIGHUP)
+        wait_until(lambda: len(run.ends()) >= 2, 10, "the first two jobs to end")
+        assert all(_running(p) for p in run.pids), run.tree.output()
+        assert "is gone" not in run.tree.output() and "restarting" not in run.tree.output(), run.tree.output()
+        run.tree.signal(signal.SIGKILL)
+        run.wait_for_orphans()
+        assert run.tree.output().count(") is gone: stopping gracefully") == 2, run.tree.output()
+        assert run.ends() == run.starts()
+        assert {(r.state, r.attempts) for r in run.db.archived()} == {("completed", 1)}
 
 
 def test_a_sigterm_to_one_worker_process_stops_it_gracefully_and_the_supervisor_replaces_it(

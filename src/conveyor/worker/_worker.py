@@ -89,6 +89,9 @@ class Worker:
         #: ``conveyor worker`` sets SIGHUP: a terminal that closes sends it, and the kernel sends it to a supervised
         #: process when its supervisor dies (``PR_SET_PDEATHSIG``), maybe twice for one death (see ``_on_hang_up``).
         self.hang_up_signal: signal.Signals | None = None
+        #: The process started with the hang-up ignored (``nohup``): a hang-up while the supervisor is this
+        #: process's parent is a terminal's, ignored as ``nohup`` asked; the death's notice comes from init.
+        self.hang_up_ignored = False
         self._hung_up = False
         self.exit_code = 0
 
@@ -344,6 +347,8 @@ class Worker:
         threads is killed, first (often) to another of its threads, then to init; a second notice counted as an
         operator's second SIGTERM exited at once."""
         if self._hung_up:
+            return
+        if self.hang_up_ignored and self.supervisor is not None and os.getppid() == self.supervisor:
             return
         self._hung_up = True
         then = "the graceful stop goes on" if self._stopping else "stopping gracefully"

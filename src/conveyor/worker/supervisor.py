@@ -119,8 +119,12 @@ def run_worker(
     worker = Worker(app, config=config, observer=observer)
     worker.supervisor = supervisor
     # Alone, a hang-up is a terminal closing: a graceful stop rather than Python's default (killed mid-job, the jobs
-    # left to their leases). A supervised child gets it as its supervisor's death notice (Linux), else polls.
-    if not child or sys.platform == "linux":
+    # left to their leases), unless it was ignored from the start (nohup). A supervised child gets it as its
+    # supervisor's death notice too (Linux; elsewhere it polls), and under nohup acts only on the notice.
+    ignored = signal.getsignal(PARENT_DEATH_SIGNAL) == signal.SIG_IGN
+    if child and sys.platform == "linux":
+        worker.hang_up_signal, worker.hang_up_ignored = PARENT_DEATH_SIGNAL, ignored
+    elif not child and not ignored:
         worker.hang_up_signal = PARENT_DEATH_SIGNAL
     try:
         return worker.run_sync(signals=(signal.SIGTERM,) if child else (signal.SIGTERM, signal.SIGINT))
@@ -181,10 +185,10 @@ def _follow(supervisor: int) -> None:
     second and sends SIGTERM."""
     if sys.platform == "linux" and _set_parent_death_signal(PARENT_DEATH_SIGNAL):
         # The supervisor may have died between this process's fork and the call: it then has another
-        # parent already, and no death is left to signal it (or it died during the call, and the kernel
-        # signalled too: the worker takes the second notice as the first).
+        # parent already, and no death is left to signal it. Nothing is leased yet: exit. (Sending itself
+        # the signal did that by its default action, but not under nohup, which ignores it: an orphan.)
         if os.getppid() != supervisor:
-            os.kill(os.getpid(), PARENT_DEATH_SIGNAL)
+            sys.exit(0)
         return
     threading.Thread(target=_poll_parent, args=(supervisor,), name="conveyor-supervisor-watch", daemon=True).start()
 
