@@ -213,12 +213,29 @@ def test_numbers_are_checked(tmp_path: Path, write_history: Callable[..., Path])
         ([*report, "--sla", "q=inf"], "finite number of seconds"),
         ([*report, "--sla", "q=-1"], "more than 0"),
         ([*report, "--sla", "q=0.0000001"], "finer than a microsecond"),
+        ([*report, "--sla", "=5"], "--sla '=5': the queue name before '=' is empty"),
         ([*report, "--since", "99999999999999w"], "out of range"),
         (["enqueue", "--input", str(src), "--queue", "q", "--task", "t", "--batch-size", "0"], "--batch-size"),
         (["enqueue", "--input", str(src), "--queue", "q", "--task", "t", "--priority", "1e9"], "--priority"),
     ]:
         assert_one_line_error(*run(*args), text)
     assert not (tmp_path / "r").exists() and not (tmp_path / "e").exists()
+
+
+@pytest.mark.parametrize("which", ["sqlite", "postgres", "mysql"])
+def test_reconcile_of_a_database_never_migrated_names_conveyor_migrate(
+    which: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    # Before (SQLite): "SQLite statement failed: no such table: jobs", naming no remedy.
+    url = request.getfixturevalue(
+        {"sqlite": "sqlite_url", "postgres": "postgres_database", "mysql": "mysql_database"}[which]
+    )
+    biz = tmp_path / "orders.csv"
+    biz.write_text("id,status\nk1,pending\n")
+    assert_one_line_error(
+        *run("reconcile", "--business", str(biz), "--key-column", "id", "--status-column", "status", "--db", url),
+        "run `conveyor migrate` with the same URL",
+    )
 
 
 def test_report_refuses_a_directory_that_is_not_a_report(

@@ -70,8 +70,13 @@ def parse_sla(items: Mapping[str, SlaValue] | list[str] | tuple[str, ...] | None
         pairs = []
         for item in items:
             queue, sep, value = item.partition("=")
-            if not sep or not queue:
+            if not sep:
                 raise PipelineError(f"--sla {item!r}: expected QUEUE=SECONDS (e.g. emails=30)")
+            if not queue:
+                # Only raw SQL stores a queue named ''; --default-sla covers it.
+                raise PipelineError(
+                    f"--sla {item!r}: the queue name before '=' is empty; expected QUEUE=SECONDS (e.g. emails=30)"
+                )
             pairs.append((queue, value))
     return {queue: sla_micros(value, f"SLA of queue {queue!r}") for queue, value in pairs}
 
