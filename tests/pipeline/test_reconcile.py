@@ -492,3 +492,27 @@ def test_a_record_without_status_is_counted_apart_and_a_key_on_several_records_i
     finally:
         backend.close()
     assert [(j.idempotency_key, json.loads(j.payload)) for j in live] == [("a1", {"order_id": "a1", "amount": 1})]
+
+
+def test_listed_settled_statuses_make_any_other_status_no_status(
+    spark: SparkSession, write_history: Callable[..., Path], tmp_path: Path
+) -> None:
+    # Before: every status that was not pending counted as settled ("ok"), so a typo ("pendng") or a status the
+    # business added later hid its records from "lost"; there was no way to list the settled ones.
+    from click.testing import CliRunner
+
+    from conveyor.pipeline.cli import main
+
+    rows = [job_row(job_id="a", queue="q", idempotency_key="k1", state="pending", source="live", enqueued_at=at(10))]
+    src = write_history(rows, snapshot_at=at(30))
+    biz = tmp_path / "orders.csv"
+    biz.write_text("id,status\nk1,Done\nk2,pendng\nk3,pending\nk4,\n")
+    args = ["reconcile", "--business", str(biz), "--key-column", "id", "--status-column", "status"]
+    args += ["--export-dir", str(src), "--settled-status", "done", "--settled-status", "cancelled"]
+    cli = CliRunner().invoke(main, args, env={"COLUMNS": "250"})
+    assert cli.exit_code == 0, cli.output
+    assert "no status: 2 records have a key but no usable status (null, empty or in neither" in cli.output
+    assert "lost: k3" in cli.output
+    # Without the list, only the null status is apart.
+    got = reconcile(biz, "id", "status", export_dir=src, spark=spark)
+    assert (got.counts["ok"], got.counts["lost"], got.no_status) == (2, 1, 1)

@@ -369,6 +369,13 @@ def report(
     show_default=True,
     help="A business status meaning 'not done yet' (repeatable, case-insensitive).",
 )
+@click.option(
+    "--settled-status",
+    "settled_statuses",
+    multiple=True,
+    help="A business status meaning 'done' (repeatable, case-insensitive). Given, a status in neither list is "
+    "counted as 'no status' instead of settled.",
+)
 @click.option("--export-dir", default=None, type=click.Path(file_okay=False), help="Export to read (and refresh).")
 @click.option("--queue", default=None, help="Only jobs of this queue; the queue lost records are requeued to.")
 @click.option("--task", default=None, help="Task of requeued jobs.")
@@ -388,6 +395,7 @@ def reconcile(
     status_column: str,
     key_kind: str,
     pending_statuses: tuple[str, ...],
+    settled_statuses: tuple[str, ...],
     export_dir: str | None,
     queue: str | None,
     task: str | None,
@@ -447,6 +455,7 @@ def reconcile(
             export_dir=export_dir,
             key_kind=key_kind,  # type: ignore[arg-type]
             pending_statuses=pending_statuses,
+            settled_statuses=settled_statuses or None,
             queue=queue,
             sla=slas,
             default_sla=default,
@@ -471,8 +480,11 @@ def reconcile(
             "they match no job and are never requeued"
         )
     if result.no_status:
+        which = (
+            "null, empty or in neither --pending-status nor --settled-status" if settled_statuses else "null or empty"
+        )
         out.print(
-            f"no status: {result.no_status:,} records have a key but no {shown(status_column)} (null or empty): "
+            f"no status: {result.no_status:,} records have a key but no usable {shown(status_column)} ({which}): "
             "neither pending nor settled, never requeued"
         )
     if result.lost_keys:

@@ -18,7 +18,8 @@ done_not_recorded   business says pending, the job ``completed``
 A record whose key is null, NaN or empty (see :mod:`conveyor.pipeline._keys`) matches no job: it is
 ``no_key`` in the per-record table, counted apart (``ReconcileResult.no_key``), never lost and never
 requeued. A record whose status is null or blank is neither pending nor settled: ``no_status``, counted
-apart (``ReconcileResult.no_status``), never requeued.
+apart (``ReconcileResult.no_status``), never requeued; so is one whose status is in neither list when the
+settled statuses are listed too (``settled_statuses``).
 
 Several business records of one key are each classified (by the same job); a warning names such keys. A
 requeue sends one job per key: lost records of one key whose payloads differ are not sent at all (which
@@ -79,8 +80,9 @@ class ReconcileResult:
     """Counts per class (every class present, zero if none), the snapshot time used for "stuck",
     and what a requeue did (``requeued`` new jobs, ``already_queued`` keys the queue already held).
     ``no_key`` counts the records without a usable key (null, NaN, empty), ``no_status`` those with a key but
-    a null or blank status: in no class, never requeued. ``not_requeued`` counts the lost records left out of
-    a requeue because another lost record of their key has a different payload. ``warnings`` are what the
+    a null or blank status (or, with ``settled_statuses``, one in neither list): in no class, never requeued.
+    ``not_requeued`` counts the lost records left out of a requeue because another lost record of their key
+    has a different payload. ``warnings`` are what the
     caller should be told (keys on several records, archived jobs that finished far in the future)."""
 
     counts: dict[str, int]
@@ -136,6 +138,7 @@ def reconcile(
     export_dir: str | os.PathLike[str] | None = None,
     key_kind: KeyKind = "idempotency_key",
     pending_statuses: Sequence[str] = ("pending",),
+    settled_statuses: Sequence[str] | None = None,
     queue: str | None = None,
     sla: Mapping[str, SlaValue] | None = None,
     default_sla: SlaValue = DEFAULT_SLA_SECONDS,
@@ -155,7 +158,8 @@ def reconcile(
     snapshot; its time is then "now" for stuck). ``key_kind`` says what ``key_column`` holds: an
     idempotency key (default) or a job id (a job id also matches the idempotency key of a requeued
     job and the ``replay_of`` of a replay). ``pending_statuses`` (compared case-insensitively) are
-    the business statuses meaning "work not done yet"; every other status is settled. ``queue``
+    the business statuses meaning "work not done yet"; every other status is settled unless
+    ``settled_statuses`` lists the settled ones, and then a status in neither is ``no_status``. ``queue``
     limits the jobs considered to one queue. ``out_dir`` gets the per-record table (Parquet; the
     business table's other columns are kept with a ``business_`` prefix). ``requeue_lost`` needs
     ``database_url``, ``queue`` and ``task``; the payload is ``{key_column: key}`` plus
@@ -196,7 +200,17 @@ def reconcile(
         if queue is not None:
             jobs = jobs.where(F.col("queue") == queue)
         classified = _classify(
-            spark, biz, jobs, key_column, status_column, key_kind, pending_statuses, slas, default_us, snapshot_at
+            spark,
+            biz,
+            jobs,
+            key_column,
+            status_column,
+            key_kind,
+            pending_statuses,
+            settled_statuses,
+            slas,
+            default_us,
+            snapshot_at,
         )
         classified = classified.cache()
         try:
@@ -357,6 +371,7 @@ def _classify(
     status_column: str,
     key_kind: KeyKind,
     pending_statuses: Sequence[str],
+    settled_statuses: Sequence[str] | None,
     slas: dict[str, int],
     default_us: int,
     now: datetime,
@@ -408,11 +423,16 @@ def _classify(
     # Ages and SLAs are whole microseconds: "older than the SLA" is an exact comparison.
     sla_us = F.coalesce(F.col("sla_us"), F.lit(default_us))
     sla_s = sla_us / 1e6
-    pending = F.lower(F.trim(F.col("business_status"))).isin([s.strip().lower() for s in pending_statuses])
+    status = F.lower(F.trim(F.col("business_status")))
+    pending = status.isin([s.strip().lower() for s in pending_statuses])
+    # Listed settled statuses make any other value unknown: neither pending nor settled, like a null.
+    unknown = F.lit(False)
+    if settled_statuses is not None:
+        unknown = ~pending & ~status.isin([s.strip().lower() for s in settled_statuses])
     state = F.col("job_state")
     klass = (
         F.when(F.col("key").isNull(), NO_KEY)
-        .when(F.col("business_status").isNull() | (F.trim(F.col("business_status")) == ""), NO_STATUS)
+        .when(F.col("business_status").isNull() | (F.trim(F.col("business_status")) == "") | unknown, NO_STATUS)
         .when(~pending, "ok")
         .when(state.isNull(), "lost")
         .when(state == "completed", "done_not_recorded")
