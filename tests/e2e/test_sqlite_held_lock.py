@@ -11,6 +11,8 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import pytest
+
 from conveyor import App, Message
 
 from . import e2e_app
@@ -20,7 +22,10 @@ JOBS = 300
 HELD = 6.0
 
 
-def test_a_write_lock_held_by_another_process_is_waited_out(sqlite_url: str, procs: Procs, tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["IMMEDIATE", "EXCLUSIVE"])
+def test_a_write_lock_held_by_another_process_is_waited_out(
+    mode: str, sqlite_url: str, procs: Procs, tmp_path: Path
+) -> None:
     run_log = tmp_path / "runs.log"
     producer = App(sqlite_url, migrate=True)
     e2e_app.register(producer)
@@ -35,7 +40,7 @@ def test_a_write_lock_held_by_another_process_is_waited_out(sqlite_url: str, pro
         )
         wait_until(lambda: len(list(iter_lines(run_log))) >= 20, 30, "the drain under way")
         holder = sqlite3.connect(urlsplit(sqlite_url).path, isolation_level=None, check_same_thread=False)
-        holder.execute("BEGIN IMMEDIATE")
+        holder.execute(f"BEGIN {mode}")
         held_at = time.monotonic()
         release = threading.Timer(HELD, holder.execute, ("ROLLBACK",))
         release.start()
