@@ -45,6 +45,16 @@ def _relay_worker(procs: Procs, db: str, broker: Broker, *args: str, env: dict[s
     )
 
 
+def _all_arrived(broker: Broker, ids: set[str]) -> int:
+    """Drain the broker's queue: every message of ``ids`` must be there (at least once); how many came twice."""
+    got = broker.drain()
+    counts = broker.ids()
+    assert set(counts) == ids, f"lost: {len(ids - set(counts))}"
+    duplicates = sum(c - 1 for c in counts.values())
+    assert len(got) == len(ids) + duplicates
+    return duplicates
+
+
 def _live(app: App) -> int:
     stats = app.backend.queues_stats(QueuesStatsParams(app.clock.now()))
     return sum(s.pending + s.scheduled + s.processing for s in stats)
@@ -84,11 +94,7 @@ def test_a_relay_killed_mid_burst_and_restarted_loses_nothing(
     # The restarted relay rescues the leases the killed one held (2 s) and publishes the rest.
     second = _relay_worker(procs, postgres_database, broker, "--burst", "--concurrency", "10")
     assert second.wait(120) == 0, second.output()
-    got = broker.drain()
-    counts = broker.ids()
-    assert set(counts) == ids, f"lost: {len(ids - set(counts))}"
-    duplicates = sum(c - 1 for c in counts.values())
-    assert len(got) == total + duplicates
+    duplicates = _all_arrived(broker, ids)
     assert _live(app) == 0
     print(f"killed at {at_kill}/{total} published; after the restart every message arrived, {duplicates} twice")
 

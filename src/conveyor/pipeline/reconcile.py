@@ -432,7 +432,7 @@ def _classify(
     state = F.col("job_state")
     klass = (
         F.when(F.col("key").isNull(), NO_KEY)
-        .when(F.col("business_status").isNull() | (F.trim(F.col("business_status")) == "") | unknown, NO_STATUS)
+        .when(status.isNull() | (status == "") | unknown, NO_STATUS)
         .when(~pending, "ok")
         .when(state.isNull(), "lost")
         .when(state == "completed", "done_not_recorded")

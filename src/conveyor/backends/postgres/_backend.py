@@ -1029,6 +1029,8 @@ class PostgresBackend:
         drops = skipped_at is None or time.monotonic() - skipped_at >= DROP_RETRY_AFTER
         with self._connection("archive_prune") as conn:
             old = conn.execute(self._q["archive_partitions_old"], {"before": max(every)}).fetchall() if drops else []
+            if drops:
+                self._drop_skipped_at = None  # set again below if a drop is skipped
             for i, (part, lo, hi) in enumerate(old):
                 # Below every cutoff nothing can be kept; otherwise look for a row to keep.
                 if hi > min(every):
@@ -1054,9 +1056,6 @@ class PostgresBackend:
                     )
                     break
                 deleted += int(dropped[0]) if dropped else 0
-            else:
-                if drops:
-                    self._drop_skipped_at = None
             if deleted < params.limit:
                 cur = conn.execute(
                     self._q["archive_prune_rows"],
