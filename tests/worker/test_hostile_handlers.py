@@ -6,12 +6,14 @@ import asyncio
 import contextlib
 import functools
 import json
+import logging
 import os
 import signal
 import sqlite3
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -22,7 +24,8 @@ from tests.conftest import driver_connection
 
 from conveyor import App, BackendUnavailable, JobContext, Retry, Worker
 from conveyor._outcomes import _keys_collide
-from conveyor.backends.base import JobsListParams
+from conveyor.backends.base import JobsListParams, JobsRescueParams
+from conveyor.worker._stall import StallWatch
 
 
 @pytest.fixture
@@ -979,3 +982,107 @@ def test_well_behaved_handlers_are_not_refused_by_the_guards(app: App) -> None:
 
     assert worker.exit_code == 0
     assert [(j.status().state, j.status().result) for j in jobs] == [("completed", "timed out"), ("completed", [6, 0])]
+
+
+@contextlib.contextmanager
+def another_workers_rescue(app: App, blocked: threading.Event, after: float) -> Iterator[list[int]]:
+    """What another worker's rescue loop does meanwhile: once, ``after`` seconds from ``blocked``; yields
+    the list the number of jobs it rescued goes into."""
+    rescued: list[int] = []
+
+    def rescue() -> None:
+        if blocked.wait(30):
+            time.sleep(after)
+            rescued.append(app.backend.jobs_rescue_expired(JobsRescueParams(app.clock())))
+
+    rescuer = threading.Thread(target=rescue)
+    rescuer.start()
+    try:
+        yield rescued
+    finally:
+        blocked.set()
+        rescuer.join()
+
+
+def test_an_async_handler_that_blocks_the_event_loop_costs_the_other_jobs_nothing(
+    app: App, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A blocking call in an async def held the loop, and with it the heartbeat: past a lease, every other
+    # job the worker held (running beside it, finished with the outcome unwritten, buffered) was rescued
+    # and ran again. The stall watch keeps their leases from a thread; the blocker's own runs out as before.
+    runs: list[str] = []
+    blocked = threading.Event()
+
+    @app.task(queue="q", visibility_timeout=2.0, max_attempts=1)
+    async def blocks(ctx: JobContext) -> None:
+        runs.append("blocks")
+        if not blocked.is_set():
+            blocked.set()
+            time.sleep(5)  # the mistake: a blocking call on the event loop, past its lease
+
+    @app.task(queue="q", visibility_timeout=2.0, max_attempts=1)
+    async def waits(i: int) -> int:
+        runs.append(f"waits-{i}")
+        await asyncio.sleep(1.5)
+        return i
+
+    @app.task(queue="q", visibility_timeout=2.0, max_attempts=1)
+    def sleeps(i: int) -> int:
+        runs.append(f"sleeps-{i}")
+        time.sleep(1.5)
+        return i
+
+    blocker = blocks.delay()
+    others = [waits.delay(i=i) for i in range(3)] + [sleeps.delay(i=i) for i in range(3)]
+    others += [waits.delay(i=i) for i in range(3, 8)]  # buffered behind the seven running
+    caplog.set_level(logging.WARNING, logger="conveyor.worker")
+    # 4 s in, the blocker's lease (2 s) has run out, and so had every lease not kept.
+    with another_workers_rescue(app, blocked, after=4) as rescued:
+        worker = run(app, timeout=60, concurrency=7, prefetch=16)
+
+    assert worker.exit_code == 0
+    assert rescued == [1], "jobs beside the blocking handler lost their leases"
+    assert [o.status().state for o in others] == ["completed"] * len(others)
+    assert sorted(r for r in runs if r != "blocks") == sorted(
+        [f"waits-{i}" for i in range(8)] + [f"sleeps-{i}" for i in range(3)]
+    ), "a job beside the blocking handler ran twice"
+    # The blocker's lease was not kept for it: rescued, it ran again (its first outcome came too late).
+    assert runs.count("blocks") == 2 and blocker.status().state == "completed"
+    said = [r.getMessage() for r in caplog.records if "event loop has been blocked" in r.getMessage()]
+    assert len(said) == 1 and str(blocker.id) in said[0] and "test_hostile_handlers.py" in said[0], said
+
+
+def test_a_worker_whose_loop_stays_blocked_lets_its_leases_go(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A loop blocked for good (a deadlock, a sleep for ever) must not hold the other jobs for good: past
+    # twice the longest lease (at least KEEP_AT_LEAST, a minute; 0 here) the watch lets the leases run out.
+    monkeypatch.setattr(StallWatch, "KEEP_AT_LEAST", 0.0)
+    with contextlib.closing(App(f"sqlite:///{tmp_path}/conveyor.db", migrate=True)) as app:
+        blocked_for_good(app, caplog)
+
+
+def blocked_for_good(app: App, caplog: pytest.LogCaptureFixture) -> None:
+    blocked = threading.Event()
+
+    @app.task(queue="q", visibility_timeout=1.0, max_attempts=1)
+    async def blocks() -> None:
+        if not blocked.is_set():
+            blocked.set()
+            time.sleep(6)
+
+    @app.task(queue="q", visibility_timeout=1.0, max_attempts=1)
+    def sleeps(i: int) -> int:
+        time.sleep(0.5)
+        return i
+
+    blocks.delay()
+    others = [sleeps.delay(i=i) for i in range(4)]
+    caplog.set_level(logging.WARNING, logger="conveyor.worker")
+    with another_workers_rescue(app, blocked, after=5) as rescued:  # past the 2 s leases of 1 s are kept for
+        worker = run(app, timeout=60, concurrency=5, prefetch=5)
+
+    assert worker.exit_code == 0
+    assert rescued == [5]  # the blocker and the four finished jobs whose outcomes the blocked loop held
+    assert [o.status().state for o in others] == ["completed"] * 4  # ran again, as before the watch
+    assert any("no longer keeps the leases of the 5 job(s)" in r.getMessage() for r in caplog.records)

@@ -20,6 +20,7 @@ from conveyor.worker import _cpu, _threads
 from conveyor.worker._config import WorkerConfig
 from conveyor.worker._loops import Loops, build_loops
 from conveyor.worker._observe import NO_OBSERVER, Observer, Observers
+from conveyor.worker._stall import StallWatch
 from conveyor.worker._state import Counters
 from conveyor.worker.executor import guard_tasks, unguard_tasks, worker_tasks
 
@@ -157,6 +158,8 @@ class Worker:
             backend.engine,
         )
         tasks = {loop: asyncio.create_task(loop.run(), name=loop.name) for loop in loops.all()}
+        stall = StallWatch(loops.heartbeat, loops.executor, self.clock)
+        stall.start()
         try:
             watch = asyncio.create_task(self._watch(loops), name="watch")
             stop_wait = asyncio.create_task(stop_requested.wait())
@@ -184,6 +187,8 @@ class Worker:
                 task.cancel()
             loops.calls.shutdown(wait=False)
             raise
+        finally:
+            stall.stop()
         log.info("worker %s stopped: %s", self.worker_id, self.counters.as_dict())
 
     async def _shut_down(self, loops: Loops, tasks: dict[Any, asyncio.Task[None]]) -> None:

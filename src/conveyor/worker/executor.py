@@ -175,11 +175,24 @@ class Executor(Service):
         self._cancelling = False
         #: The worker's process: one a handler forks leaves as soon as it comes back (see _call).
         self.pid = process_id()
+        #: The handler runs under way on the event loop, by the task they run in.
+        self.runs: dict[asyncio.Task[Any], _Running] = {}
 
     @property
     def running(self) -> int:
         """Handlers running now (slots holding a permit)."""
         return self.buffer.running
+
+    def run_of(self, task: asyncio.Task[Any] | None) -> Delivery | None:
+        """The delivery whose handler run ``task`` belongs to: a slot running it, its timeout's task, or a
+        task the handler started (None: a task of the worker's own, or of code outside any handler).
+        Safe to call from another thread: it reads, and the loop's thread writes each entry whole."""
+        if task is None:
+            return None
+        run = self.runs.get(task)
+        if run is None and isinstance(task, _Task):
+            run = task.started_by
+        return None if run is None else run.delivery
 
     # The worker passes itself as the lease keeper so that ``ctx.extend`` reaches the database.
     def extend(self, delivery: Delivery, seconds: float) -> bool:
@@ -239,8 +252,11 @@ class Executor(Service):
                 return None
             token = self.observer.before_run(delivery, self.clock())
             began = time.perf_counter()
-            running = _Running(slot if slot is not None else asyncio.current_task())
+            running = _Running(slot if slot is not None else asyncio.current_task(), delivery)
             reset = _running.set(running)
+            runs_in = running.task  # the slot (a timeout's task replaces it in running.task)
+            if runs_in is not None:
+                self.runs[runs_in] = running
             try:
                 if task.is_async:
                     outcome = await self._run_async(task, delivery, slot)
@@ -251,6 +267,8 @@ class Executor(Service):
                     outcome = on_failure(delivery, task.options, running.refused, self.clock())
             finally:
                 _running.reset(reset)
+                if runs_in is not None:
+                    self.runs.pop(runs_in, None)
                 self.observer.after_run(delivery, outcome, time.perf_counter() - began, token)
         self.completer.add(outcome)
         return outcome
@@ -277,7 +295,7 @@ class Executor(Service):
                 slot.deadline = None if timeout is None else time.monotonic() + timeout
             token = self.observer.before_run(delivery, self.clock())
             began = time.perf_counter()
-            running = _Running(None)
+            running = _Running(None, delivery)
             reset = _running.set(running)
             try:
                 outcome = self._call(task, delivery)
@@ -571,9 +589,11 @@ class Executor(Service):
 class _Running:
     """One run of a handler, as the code it runs or schedules sees it (:data:`_running`)."""
 
-    __slots__ = ("refused", "task")
+    __slots__ = ("delivery", "refused", "task")
 
-    def __init__(self, task: asyncio.Task[Any] | None) -> None:
+    def __init__(self, task: asyncio.Task[Any] | None, delivery: Delivery) -> None:
+        #: The delivery the handler runs for.
+        self.delivery = delivery
         #: The error of what the worker refused the handler (a ``loop.stop()``, a cancel of a task
         #: that is not its own): its attempt's failure.
         self.refused: BaseException | None = None

@@ -10,7 +10,7 @@ from datetime import datetime
 from functools import partial
 
 from conveyor._task import DEFAULT_VISIBILITY_TIMEOUT
-from conveyor.backends.base import LeaseRef, LeasesExtendParams
+from conveyor.backends.base import Delivery, LeaseRef, LeasesExtendParams
 from conveyor.worker._calls import BackendCalls
 from conveyor.worker._service import Service
 from conveyor.worker._state import Counters, Registry
@@ -63,6 +63,11 @@ class Heartbeat(Service):
     def next_interval(self) -> float:
         return min(self.TICK, self.beat_interval())
 
+    @property
+    def last(self) -> float:
+        """When the last round was due (``time.monotonic()``)."""
+        return self._last
+
     def due(self) -> bool:
         now = time.monotonic()
         if now - self._last < self.beat_interval():
@@ -70,18 +75,24 @@ class Heartbeat(Service):
         self._last = now
         return True
 
-    async def run_once(self) -> int:
-        """Extend every held lease; return how many were extended."""
+    def leases(self, but: Delivery | None = None) -> dict[float, list[LeaseRef]]:
+        """The leases to extend, by visibility timeout: every held delivery's but ``but``'s and those
+        found lost. A job whose outcome is queued keeps its lease too: its finish may fail for longer
+        than the lease (a statement timeout, a lock) while the database is otherwise there, and a
+        lease let go then is rescued, and the job runs again though it completed."""
         groups: dict[float, list[LeaseRef]] = defaultdict(list)
         for held in list(self.registry.held.values()):
-            # A job whose outcome is queued keeps its lease too: its finish may fail for longer than
-            # the lease (a statement timeout, a lock) while the database is otherwise there, and a
-            # lease let go then is rescued, and the job runs again though it completed.
-            if not held.lost:
-                ref = LeaseRef(held.delivery.id, held.delivery.receipt)
-                groups[held.visibility_timeout].append(ref)
-                if held.state == "running" and not held.counted and self.completer is not None:
-                    self.completer.count_start(ref)
+            if not held.lost and held.delivery is not but:
+                groups[held.visibility_timeout].append(LeaseRef(held.delivery.id, held.delivery.receipt))
+        return groups
+
+    async def run_once(self) -> int:
+        """Extend every held lease; return how many were extended."""
+        groups = self.leases()
+        if self.completer is not None:
+            for held in list(self.registry.held.values()):
+                if held.state == "running" and not held.counted and not held.lost:
+                    self.completer.count_start(LeaseRef(held.delivery.id, held.delivery.receipt))
         extended = 0
         for vt, refs in groups.items():
             ids = set(
