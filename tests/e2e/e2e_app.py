@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from conveyor import App, JobContext
@@ -138,10 +140,16 @@ def register(app: App) -> None:
     def exits(how: str, ctx: JobContext) -> None:
         """A hostile job: ``how="os._exit"`` ends the process at once (no cleanup: a real crash);
         ``how="SystemExit"`` raises SystemExit, as library code sometimes does; ``how="ok"`` is an
-        innocent job of the same task (it sleeps ``E2E_WORK_SLEEP``, then returns)."""
+        innocent job of the same task (it sleeps ``E2E_WORK_SLEEP``, then returns); ``how="pool"`` leaves a
+        ``ThreadPoolExecutor`` behind whose task never ends (Python waits for its threads at exit) and
+        returns."""
         record("run", ctx)
         if how == "ok":
             time.sleep(WORK_SLEEP)
+            return
+        if how == "pool":
+            _LEFT_BEHIND.append(ThreadPoolExecutor(1))
+            _LEFT_BEHIND[-1].submit(threading.Event().wait)
             return
         if how == "os._exit":
             os._exit(1)
@@ -149,6 +157,9 @@ def register(app: App) -> None:
             os._exit(0)
         raise SystemExit(3)
 
+
+#: What ``e2e.exit`` jobs with ``how="pool"`` left running.
+_LEFT_BEHIND: list[ThreadPoolExecutor] = []
 
 app = App()
 register(app)

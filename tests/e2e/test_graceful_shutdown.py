@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 from uuid import UUID
 
+import pytest
+
 from conveyor import App, Message
 from conveyor.backends.base import JobGetParams, JobRecord, JobsRescueParams
 
@@ -232,6 +234,32 @@ def test_graceful_timeout_bounds_the_exit(database_url: str, procs: Procs, tmp_p
 
         wait_until(rescued, e2e_app.VISIBILITY_TIMEOUT + 5, "rescue of the abandoned jobs", interval=0.1)
         assert {(_get(db, i).attempts, _get(db, i).deliveries) for i in running} == {(0, 1)}
+    finally:
+        db.close()
+        producer.close()
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_threads_a_handler_left_running_do_not_keep_the_process_after_its_stop(
+    sqlite_url: str, procs: Procs, processes: int
+) -> None:
+    """Python waits at exit for a ThreadPoolExecutor's threads: one whose task hangs kept a stopped worker's
+    process (and its supervisor) alive until a SIGKILL. It now exits ``--graceful-timeout`` after its stop."""
+    producer = App(sqlite_url, migrate=True)
+    e2e_app.register(producer)
+    db = Db(sqlite_url)
+    try:
+        jobs = producer.send_many([Message(task=e2e_app.EXIT, payload={"how": "pool"}) for _ in range(processes * 2)])
+        worker = procs.start(
+            "worker",
+            worker_argv(sqlite_url, "--queues", e2e_app.CRASH_QUEUE, "-p", str(processes), "--graceful-timeout", "1"),
+        )
+        wait_until(lambda: all(_get(db, j.id).state == "completed" for j in jobs), 30, "the jobs", interval=0.1)
+        worker.signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        assert worker.wait(timeout=20) == 0, worker.output()
+        assert time.monotonic() - signalled < 10.0
+        assert "threads its handlers left running (ThreadPoolExecutor-" in worker.output()
     finally:
         db.close()
         producer.close()

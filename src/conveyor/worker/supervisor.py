@@ -126,10 +126,53 @@ def run_worker(
         worker.hang_up_signal, worker.hang_up_ignored = PARENT_DEATH_SIGNAL, ignored
     elif not child and not ignored:
         worker.hang_up_signal = PARENT_DEATH_SIGNAL
+    code = 1  # should run_sync raise
     try:
-        return worker.run_sync(signals=(signal.SIGTERM,) if child else (signal.SIGTERM, signal.SIGINT))
+        code = worker.run_sync(signals=(signal.SIGTERM,) if child else (signal.SIGTERM, signal.SIGINT))
     finally:
         app.close()
+        _exit_within(config.graceful_timeout, code)
+    return code
+
+
+def _exit_within(seconds: float, code: int) -> None:
+    """Once this process exits, give it ``seconds`` (your atexit hooks: a tracer's or an error reporter's
+    flush), then end it with ``code``. The worker has stopped by then: every outcome is written, nothing is
+    leased. A thread a handler left running kept the process from exiting after a graceful stop until a
+    SIGKILL: Python waits at exit for every non-daemon thread and for every ``ThreadPoolExecutor``'s threads
+    (a pool whose task hangs on the network, say), and so did a supervisor stopping its children.
+
+    Armed at the start of Python's exit (``threading._register_atexit``, before those waits), so a worker run
+    inside a program that goes on (a test's ``conveyor`` call) leaves no timer behind."""
+    register = getattr(threading, "_register_atexit", None)
+    if register is None:  # not CPython's threading module: nothing armed
+        return
+
+    def arm() -> None:
+        with contextlib.suppress(RuntimeError):  # no new thread this late: exit as Python does
+            threading.Thread(target=_leave, args=(seconds, code), name="conveyor-exit", daemon=True).start()
+
+    with contextlib.suppress(RuntimeError):  # already exiting
+        register(arm)
+
+
+def _leave(seconds: float, code: int) -> None:
+    time.sleep(seconds)
+    me = threading.current_thread()
+    left = [t.name for t in threading.enumerate() if t is not me and t is not threading.main_thread()]
+    log.warning(
+        "the worker stopped, but this process has not exited %gs later: threads its handlers left running "
+        "(%s) keep it; exiting without them",
+        seconds,
+        ", ".join(left) or "none left",
+    )
+    for handler in logging.getLogger().handlers:
+        with contextlib.suppress(Exception):
+            handler.flush()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 def _log_config() -> tuple[int, str | None]:
