@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import signal
 import textwrap
+import time
 from pathlib import Path
 from uuid import UUID
 
@@ -205,6 +206,31 @@ APP = textwrap.dedent(
     async def ignores_sigterm(how: str, ctx: JobContext) -> str:
         note("run", ctx.job_id, os.getpid())
         signal.signal(signal.SIGTERM, signal.SIG_IGN if how == "ignore" else signal.SIG_DFL)
+        return "went on"
+
+
+    def alarm_raises(signum, frame):
+        raise TimeoutError("the handler's alarm")
+
+
+    @app.task(queue="q", name="leaves_an_alarm", max_attempts=1)
+    async def leaves_an_alarm(how: str, ctx: JobContext) -> str:
+        note("run", ctx.job_id, os.getpid())
+        if how == "own handler, cancelled":  # a timeout done by hand, its handler left installed
+            signal.signal(signal.SIGALRM, alarm_raises)
+            signal.alarm(5)
+            signal.alarm(0)
+            return "went on"
+        if how == "own handler":
+            signal.signal(signal.SIGALRM, alarm_raises)
+        signal.alarm(1)
+        return "went on"
+
+
+    @app.task(queue="q", name="leaves_an_alarm_def", max_attempts=1)
+    def leaves_an_alarm_def(how: str, ctx: JobContext) -> str:
+        note("run", ctx.job_id, os.getpid())
+        signal.alarm(1)  # works from any thread
         return "went on"
 
 
@@ -479,5 +505,52 @@ def test_a_handler_that_replaces_the_workers_sigterm_handler_fails_and_the_worke
         assert status.state == "dead" and status.error is not None, status
         assert status.error.type == "RuntimeError" and "(signal.signal)" in status.error.message, status
         assert [(db.job(g).state, db.job(g).result) for g in goods] == [("completed", i) for i in range(20)]
+    finally:
+        db.close()
+
+
+@pytest.mark.parametrize(
+    ("task", "how"),
+    [
+        ("leaves_an_alarm", "default"),
+        ("leaves_an_alarm_def", "default"),
+        ("leaves_an_alarm", "own handler"),
+        ("leaves_an_alarm", "own handler, cancelled"),
+    ],
+)
+def test_an_alarm_a_handler_leaves_armed_ends_neither_the_worker_nor_other_jobs(
+    sqlite_url: str, procs: Procs, tmp_path: Path, task: str, how: str
+) -> None:
+    # signal.alarm() left armed after the handler returned: with SIGALRM's default action the alarm killed
+    # the worker process (-14) with its other jobs; with the handler's own SIGALRM handler, its exception
+    # was raised wherever the event loop was, and the worker crashed (exit 1).
+    alarm, goods = _one_among_good_jobs(sqlite_url, task, before="slow", payload={"how": how})
+    (tmp_path / "hostile_app.py").write_text(APP)
+    worker = procs.start(
+        "worker",
+        conveyor_argv(sqlite_url, "-v", "worker", "hostile_app:app", "--concurrency", "2"),
+        env={"HOSTILE_RUN_LOG": str(tmp_path / "runs.log"), "PYTHONPATH": str(tmp_path)},
+    )
+    db = App(sqlite_url)
+    went_off = "SIGALRM: an alarm went off that nothing in the worker waits for"
+    try:
+        wait_until(lambda: db.job(goods[-1]).state == "completed", 15, "the jobs after it to run")
+        if how == "default":
+            wait_until(lambda: went_off in procs.outputs(), 10, "the alarm to go off")
+        else:
+            time.sleep(1.5)  # past the alarm's second, had it been left armed
+        worker.signal(signal.SIGTERM)
+        assert worker.wait(timeout=10) == 0, procs.outputs()
+        status = db.job(alarm)
+        if how == "own handler":
+            assert (
+                "replaced the worker's SIGALRM handler: put back; it left an alarm armed: cancelled" in procs.outputs()
+            )
+            assert status.state == "dead" and status.error is not None and status.error.type == "RuntimeError"
+        else:
+            assert (status.state, status.result) == ("completed", "went on"), status
+            assert "replaced the worker's" not in procs.outputs()
+        assert (went_off in procs.outputs()) == (how == "default")
+        assert [(db.job(g).state, db.job(g).result) for g in goods[1:]] == [("completed", i) for i in range(20)]
     finally:
         db.close()

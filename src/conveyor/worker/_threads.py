@@ -55,12 +55,21 @@ def restore_worker_signals() -> list[str]:
     ``async def`` handler's ``signal.signal(SIGTERM, SIG_IGN)``); the names of those it put back.
 
     A SIGTERM ignored that way left the worker unable to stop but by SIGKILL; SIG_DFL made the next
-    SIGTERM kill it with its jobs in flight instead of stopping it gracefully."""
+    SIGTERM kill it with its jobs in flight instead of stopping it gracefully.
+
+    SIGALRM (the worker's when nothing else had it: see ``Worker.run_sync``) is put back quietly when no
+    alarm is armed: a handler that set its own for a timeout and cancelled the alarm did no harm. An alarm
+    still armed is cancelled, and SIGALRM named: it would have gone off in the worker's code, with that handler's
+    exception raised wherever the loop was."""
     changed = []
     for sig, handler in _dispositions.items():
         if signal.getsignal(sig) is not handler:
             with contextlib.suppress(ValueError, OSError, TypeError):
                 signal.signal(sig, handler)  # type: ignore[arg-type]
+            if sig.name == "SIGALRM":
+                if signal.getitimer(signal.ITIMER_REAL)[0] == 0:
+                    continue
+                signal.setitimer(signal.ITIMER_REAL, 0)
             changed.append(sig.name)
     return changed
 

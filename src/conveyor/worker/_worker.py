@@ -317,6 +317,12 @@ class Worker:
             if death is not None and death not in installed:
                 loop.add_signal_handler(death, self._on_hang_up)
                 installed.append(death)
+            alarm = getattr(signal, "SIGALRM", None)
+            if install_signals and alarm is not None and signal.getsignal(alarm) == signal.SIG_DFL:
+                # An alarm a handler armed (signal.alarm works from any thread) and left behind ended the
+                # whole process when it went off, its other jobs with it. Nothing else here uses SIGALRM.
+                loop.add_signal_handler(alarm, self._on_alarm)
+                installed.append(alarm)
             # The parent-death signal too: a child a handler forked must not share its handler (the loop's, which
             # writes to the worker's wake-up socket: a SIGHUP the handler sent its child stopped the worker, and
             # the child lived on).
@@ -365,6 +371,12 @@ class Worker:
             log.warning("the worker supervisor (pid %s) is gone: %s", self.supervisor, then)
             self.supervisor = None
         self.stop()
+
+    def _on_alarm(self) -> None:
+        log.error(
+            "SIGALRM: an alarm went off that nothing in the worker waits for (a handler's signal.alarm() or "
+            "setitimer() left armed after it returned?): ignored; it would have ended this process"
+        )
 
     def _on_signal(self, sig: signal.Signals) -> None:
         if self.supervisor is not None and os.getppid() != self.supervisor:

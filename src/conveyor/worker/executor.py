@@ -648,9 +648,12 @@ def _signals_kept(running: _Running, name: str) -> None:
     if not changed:
         return
     what = ", ".join(changed)
-    log.error("the handler of %s replaced the worker's %s handler: put back", name, what)
+    armed = "; it left an alarm armed: cancelled" if "SIGALRM" in changed else ""
+    log.error("the handler of %s replaced the worker's %s handler: put back%s", name, what, armed)
     if running.refused is None:
-        running.refused = RuntimeError(f"the handler replaced the worker's {what} handler (signal.signal): put back")
+        running.refused = RuntimeError(
+            f"the handler replaced the worker's {what} handler (signal.signal): put back{armed}"
+        )
 
 
 def _guard_stop(loop: asyncio.AbstractEventLoop) -> Callable[[], None] | None:
