@@ -234,6 +234,18 @@ APP = textwrap.dedent(
         return "went on"
 
 
+    @app.task(queue="q", name="closes_a_stream", max_attempts=1)
+    async def closes_a_stream(how: str, ctx: JobContext) -> str:
+        note("run", ctx.job_id, os.getpid())
+        (sys.stderr if how == "stderr" else sys.stdout).close()
+        return "went on"
+
+
+    @app.task(queue="q", name="fails")
+    async def fails(ctx: JobContext) -> str:
+        raise ValueError("a permanent failure: the worker logs a line for it")
+
+
     @app.task(queue="q", name="slow")
     async def slow(ctx: JobContext) -> str:
         note("run", ctx.job_id, os.getpid())
@@ -552,5 +564,31 @@ def test_an_alarm_a_handler_leaves_armed_ends_neither_the_worker_nor_other_jobs(
             assert "replaced the worker's" not in procs.outputs()
         assert (went_off in procs.outputs()) == (how == "default")
         assert [(db.job(g).state, db.job(g).result) for g in goods[1:]] == [("completed", i) for i in range(20)]
+    finally:
+        db.close()
+
+
+@pytest.mark.parametrize("how", ["stderr", "stdout"])
+def test_a_handler_that_closes_a_standard_stream_stops_no_log_line_and_no_worker(
+    sqlite_url: str, procs: Procs, tmp_path: Path, how: str
+) -> None:
+    # sys.stderr.close() in a handler: every log line of the worker's raised ValueError after it (logging
+    # reports a failed write on sys.stderr again), its loops ended on their own lines, and the burst
+    # worker never stopped (killed here after 60 s). The lines now go to file descriptor 2.
+    closer, goods = _one_among_good_jobs(sqlite_url, "closes_a_stream", payload={"how": how})
+    producer = App(sqlite_url)
+    try:
+        failing = producer.send("fails", {}, queue="q", max_attempts=1).id
+    finally:
+        producer.close()
+
+    assert _worker(sqlite_url, procs, tmp_path, tmp_path / "runs.log") == 0, procs.outputs()
+
+    out = procs.outputs()
+    assert "burst: queues q drained" in out and "ValueError('I/O operation on closed file.')" not in out, out
+    db = App(sqlite_url)
+    try:
+        assert (db.job(closer).state, db.job(failing).state) == ("completed", "dead")
+        assert [(db.job(g).state, db.job(g).result) for g in goods] == [("completed", i) for i in range(20)]
     finally:
         db.close()

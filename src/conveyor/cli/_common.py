@@ -17,6 +17,7 @@ from rich.text import Text
 from conveyor._app import App
 from conveyor._errors import ConfigurationError, printable
 from conveyor._limits import MAX_JSON_DEPTH
+from conveyor._stderr import log_to_stderr
 
 console = Console()
 
@@ -129,7 +130,7 @@ def cell(value: object) -> Text:
 
 def configure_logging(verbose: int) -> None:
     level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log_to_stderr(level, "%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger().setLevel(level)
     # The connection pool logs every failed attempt; Conveyor's own error says why it gave up, in
     # one line. Its attempts are shown with -v.

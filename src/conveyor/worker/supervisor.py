@@ -20,6 +20,7 @@ from collections.abc import MutableSequence
 from conveyor._app import App
 from conveyor._errors import EXIT_DAMAGED, ConfigurationError, ConveyorError, exit_code, first_line
 from conveyor._scaling import ScalingPolicy, ScalingState, sum_load
+from conveyor._stderr import log_to_stderr
 from conveyor.backends import check_url
 from conveyor.worker import _cpu
 from conveyor.worker._config import WorkerConfig
@@ -208,7 +209,7 @@ def _child_main(
     index: int,
 ) -> None:
     level, fmt = log_config
-    logging.basicConfig(level=level, format=fmt or logging.BASIC_FORMAT)
+    log_to_stderr(level, fmt or logging.BASIC_FORMAT)
     _follow(supervisor)
     try:
         code = run_worker(app_path, database_url, config, supervisor=supervisor, observer=_Up(up, index))
