@@ -1086,3 +1086,37 @@ def blocked_for_good(app: App, caplog: pytest.LogCaptureFixture) -> None:
     assert rescued == [5]  # the blocker and the four finished jobs whose outcomes the blocked loop held
     assert [o.status().state for o in others] == ["completed"] * 4  # ran again, as before the watch
     assert any("no longer keeps the leases of the 5 job(s)" in r.getMessage() for r in caplog.records)
+
+
+def test_short_leases_are_kept_from_a_short_block_and_an_idle_loop_is_not_taken_for_blocked(
+    sqlite_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # With leases under 0.75 s a stall is a heartbeat's interval (0.2 s), shorter than the loop's tick
+    # (0.25 s): an idle loop was taken for blocked from the start, with no one to blame, so the handler that
+    # blocked it later was not named and its lease was kept with the others.
+    blocked = threading.Event()
+    with contextlib.closing(App(sqlite_url, migrate=True)) as app:
+
+        @app.task(queue="q", visibility_timeout=0.6, max_attempts=1)
+        async def blocks() -> None:
+            await asyncio.sleep(0.8)  # the loop idles first: no stall yet
+            if not blocked.is_set():
+                blocked.set()
+                time.sleep(1.5)
+
+        @app.task(queue="q", visibility_timeout=0.6, max_attempts=1)
+        async def waits(i: int) -> int:
+            await asyncio.sleep(2.5)
+            return i
+
+        blocker = blocks.delay()
+        others = [waits.delay(i=i) for i in range(3)]
+        caplog.set_level(logging.WARNING, logger="conveyor.worker")
+        with another_workers_rescue(app, blocked, after=1.2) as rescued:
+            worker = run(app, timeout=60, concurrency=4)
+
+        assert worker.exit_code == 0
+        assert rescued == [1], "only the blocker's lease runs out"
+        assert [o.status().state for o in others] == ["completed"] * 3
+        said = [r.getMessage() for r in caplog.records if "event loop has been blocked" in r.getMessage()]
+        assert len(said) == 1 and str(blocker.id) in said[0], said
