@@ -1120,3 +1120,40 @@ def test_short_leases_are_kept_from_a_short_block_and_an_idle_loop_is_not_taken_
         assert [o.status().state for o in others] == ["completed"] * 3
         said = [r.getMessage() for r in caplog.records if "event loop has been blocked" in r.getMessage()]
         assert len(said) == 1 and str(blocker.id) in said[0], said
+
+
+def test_of_two_workers_on_one_loop_only_the_blockers_own_names_it(
+    sqlite_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Each worker watches the loop they share. A task the blocking handler started was traced to its run by
+    # both, whatever the worker: the other one said it kept "its other jobs' leases, not this one's" of a job
+    # it never held. It now says the loop is blocked, by no handler of its own, and keeps all of its leases.
+    with contextlib.closing(App(sqlite_url, migrate=True)) as app:
+
+        async def blocking() -> None:
+            time.sleep(1.5)
+
+        @app.task(queue="b", max_attempts=1)
+        async def blocks() -> None:
+            await asyncio.sleep(0.3)
+            await asyncio.create_task(blocking())  # the task it started blocks
+
+        @app.task(queue="a", max_attempts=1)
+        async def waits() -> None:
+            await asyncio.sleep(1)
+
+        blocker = blocks.delay()
+        innocent = waits.delay()
+        caplog.set_level(logging.WARNING, logger="conveyor.worker")
+        first = Worker(app, ["a"], burst=True, poll_interval=0.02)
+        second = Worker(app, ["b"], burst=True, poll_interval=0.02)
+
+        async def main() -> None:
+            await asyncio.wait_for(asyncio.gather(first.run(), second.run()), timeout=30)
+
+        asyncio.run(main())
+
+        assert innocent.status().state == "completed" and blocker.status().state == "completed"
+        said = [r.getMessage() for r in caplog.records if "event loop has been blocked" in r.getMessage()]
+        assert len(said) == 2 and sum(str(blocker.id) in s for s in said) == 1, said
+        assert all("in blocking" in s for s in said), said

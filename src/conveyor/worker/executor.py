@@ -185,14 +185,15 @@ class Executor(Service):
 
     def run_of(self, task: asyncio.Task[Any] | None) -> Delivery | None:
         """The delivery whose handler run ``task`` belongs to: a slot running it, its timeout's task, or a
-        task the handler started (None: a task of the worker's own, or of code outside any handler).
-        Safe to call from another thread: it reads, and the loop's thread writes each entry whole."""
+        task the handler started (None: a task of the worker's own, of code outside any handler, or of
+        another worker's handler on the same loop). Safe to call from another thread: it reads, and the
+        loop's thread writes each entry whole."""
         if task is None:
             return None
         run = self.runs.get(task)
         if run is None and isinstance(task, _Task):
             run = task.started_by
-        return None if run is None else run.delivery
+        return None if run is None or run.executor is not self else run.delivery
 
     # The worker passes itself as the lease keeper so that ``ctx.extend`` reaches the database.
     def extend(self, delivery: Delivery, seconds: float) -> bool:
@@ -252,7 +253,7 @@ class Executor(Service):
                 return None
             token = self.observer.before_run(delivery, self.clock())
             began = time.perf_counter()
-            running = _Running(slot if slot is not None else asyncio.current_task(), delivery)
+            running = _Running(slot if slot is not None else asyncio.current_task(), delivery, self)
             reset = _running.set(running)
             runs_in = running.task  # the slot (a timeout's task replaces it in running.task)
             if runs_in is not None:
@@ -295,7 +296,7 @@ class Executor(Service):
                 slot.deadline = None if timeout is None else time.monotonic() + timeout
             token = self.observer.before_run(delivery, self.clock())
             began = time.perf_counter()
-            running = _Running(None, delivery)
+            running = _Running(None, delivery, self)
             reset = _running.set(running)
             try:
                 outcome = self._call(task, delivery)
@@ -589,11 +590,13 @@ class Executor(Service):
 class _Running:
     """One run of a handler, as the code it runs or schedules sees it (:data:`_running`)."""
 
-    __slots__ = ("delivery", "refused", "task")
+    __slots__ = ("delivery", "executor", "refused", "task")
 
-    def __init__(self, task: asyncio.Task[Any] | None, delivery: Delivery) -> None:
-        #: The delivery the handler runs for.
+    def __init__(self, task: asyncio.Task[Any] | None, delivery: Delivery, executor: Executor) -> None:
+        #: The delivery the handler runs for, and the worker's executor that runs it (two workers may
+        #: share a loop: a task of one's handler is not the other's to name).
         self.delivery = delivery
+        self.executor = executor
         #: The error of what the worker refused the handler (a ``loop.stop()``, a cancel of a task
         #: that is not its own): its attempt's failure.
         self.refused: BaseException | None = None
