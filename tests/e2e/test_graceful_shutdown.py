@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from uuid import UUID
@@ -18,7 +20,7 @@ from conveyor import App, Message
 from conveyor.backends.base import JobGetParams, JobRecord, JobsRescueParams
 
 from . import e2e_app
-from ._support import Db, Proc, Procs, iter_lines, now, wait_until, worker_argv
+from ._support import REPO, Db, Proc, Procs, child_env, iter_lines, now, wait_until, worker_argv
 
 JOBS = 20
 CONCURRENCY = 2
@@ -263,3 +265,29 @@ def test_threads_a_handler_left_running_do_not_keep_the_process_after_its_stop(
     finally:
         db.close()
         producer.close()
+
+
+_HOST = """
+import sys, threading, time
+from conveyor.cli import main
+assert main(["--db", sys.argv[1], "worker", "tests.e2e.e2e_app:app", "--burst", "--graceful-timeout", "0.5"]) == 0
+
+def own_work():  # the program's own thread, started after the worker's run: Python waits for it at exit
+    time.sleep(2)
+    print("own work done", flush=True)
+
+threading.Thread(target=own_work).start()
+sys.exit(5)
+"""
+
+
+def test_a_program_that_ran_a_worker_and_goes_on_exits_as_it_would_have(sqlite_url: str) -> None:
+    """The exit timer was armed by every worker run: a program that ran one in its process (a test suite, a
+    script) and went on was cut short at its exit --graceful-timeout later, its own threads' work lost and its
+    exit code replaced by the worker's. Only threads that appeared during the worker's run arm it."""
+    App(sqlite_url, migrate=True).close()
+    done = subprocess.run(
+        [sys.executable, "-c", _HOST, sqlite_url], cwd=REPO, env=child_env(), capture_output=True, timeout=60
+    )
+    out = done.stdout.decode() + done.stderr.decode()
+    assert done.returncode == 5 and "own work done" in out, out

@@ -128,33 +128,46 @@ def run_worker(
     elif not child and not ignored:
         worker.hang_up_signal = PARENT_DEATH_SIGNAL
     code = 1  # should run_sync raise
+    before = set(threading.enumerate())
     try:
         code = worker.run_sync(signals=(signal.SIGTERM,) if child else (signal.SIGTERM, signal.SIGINT))
     finally:
         app.close()
-        _exit_within(config.graceful_timeout, code)
+        left = [t for t in _waited_for_at_exit() if t not in before]
+        _exit_within(config.graceful_timeout, code, left)
     return code
 
 
-def _exit_within(seconds: float, code: int) -> None:
+def _exit_within(seconds: float, code: int, left: list[threading.Thread]) -> None:
     """Once this process exits, give it ``seconds`` (your atexit hooks: a tracer's or an error reporter's
     flush), then end it with ``code``. The worker has stopped by then: every outcome is written, nothing is
     leased. A thread a handler left running kept the process from exiting after a graceful stop until a
     SIGKILL: Python waits at exit for every non-daemon thread and for every ``ThreadPoolExecutor``'s threads
     (a pool whose task hangs on the network, say), and so did a supervisor stopping its children.
 
-    Armed at the start of Python's exit (``threading._register_atexit``, before those waits), so a worker run
-    inside a program that goes on (a test's ``conveyor`` call) leaves no timer behind."""
+    Armed at the start of Python's exit (``threading._register_atexit``, before those waits), and only if one of
+    ``left`` (the threads that appeared during the worker's run and outlived it) is still there: a program that
+    ran a worker in its process and went on (a test suite, a script) exits as it would have, its own threads'
+    work done and its own exit code kept, not cut short with the worker's."""
     register = getattr(threading, "_register_atexit", None)
     if register is None:  # not CPython's threading module: nothing armed
         return
 
     def arm() -> None:
+        if not any(t.is_alive() for t in left):
+            return
         with contextlib.suppress(RuntimeError):  # no new thread this late: exit as Python does
             threading.Thread(target=_leave, args=(seconds, code), name="conveyor-exit", daemon=True).start()
 
     with contextlib.suppress(RuntimeError):  # already exiting
         register(arm)
+
+
+def _waited_for_at_exit() -> list[threading.Thread]:
+    """The threads Python's exit waits for: the non-daemon ones, and every ``ThreadPoolExecutor``'s (its
+    atexit hook joins them, daemon or not: a pool a handler starts in a worker's daemon thread is one)."""
+    pools = getattr(sys.modules.get("concurrent.futures.thread"), "_threads_queues", {})
+    return [t for t in threading.enumerate() if not t.daemon or t in pools]
 
 
 def _leave(seconds: float, code: int) -> None:
