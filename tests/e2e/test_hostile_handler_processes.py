@@ -4,6 +4,7 @@ thread of its own. Each harms only its own job (or none); the worker goes on and
 
 from __future__ import annotations
 
+import os
 import signal
 import textwrap
 import time
@@ -14,7 +15,7 @@ import pytest
 
 from conveyor import App
 
-from ._support import Procs, conveyor_argv, iter_lines, wait_until
+from ._support import REPO, Procs, conveyor_argv, iter_lines, wait_until
 
 #: The app the worker runs, written to the test's directory (importable through PYTHONPATH).
 APP = textwrap.dedent(
@@ -241,6 +242,20 @@ APP = textwrap.dedent(
         return "went on"
 
 
+    @app.task(queue="q", name="lowers_the_recursion_limit", max_attempts=1)
+    async def lowers_the_recursion_limit(ctx: JobContext) -> str:
+        note("run", ctx.job_id, os.getpid())
+        sys.setrecursionlimit(30)  # above this frame's depth, below the worker's loops'
+        return "went on"
+
+
+    @app.task(queue="q", name="lowers_the_recursion_limit_def", max_attempts=1)
+    def lowers_the_recursion_limit_def(ctx: JobContext) -> str:
+        note("run", ctx.job_id, os.getpid())
+        sys.setrecursionlimit(30)
+        return "went on"
+
+
     @app.task(queue="q", name="fails")
     async def fails(ctx: JobContext) -> str:
         raise ValueError("a permanent failure: the worker logs a line for it")
@@ -277,6 +292,12 @@ FORKS = [
 ]
 
 
+def _path(tmp_path: Path) -> str:
+    """PYTHONPATH for a worker of the app in ``tmp_path``: with this checkout's ``src`` before it, so that
+    the worker runs the code under test, not the Conveyor the interpreter has installed."""
+    return os.pathsep.join([str(tmp_path), str(REPO / "src")])
+
+
 def _worker(url: str, procs: Procs, tmp_path: Path, log: Path, *options: str) -> int:
     (tmp_path / "hostile_app.py").write_text(APP)
     worker = procs.start(
@@ -284,7 +305,7 @@ def _worker(url: str, procs: Procs, tmp_path: Path, log: Path, *options: str) ->
         conveyor_argv(
             url, "-v", "worker", "hostile_app:app", "--burst", "--concurrency", "2", "--prefetch", "10", *options
         ),
-        env={"HOSTILE_RUN_LOG": str(log), "PYTHONPATH": str(tmp_path)},
+        env={"HOSTILE_RUN_LOG": str(log), "PYTHONPATH": _path(tmp_path)},
     )
     return worker.wait(timeout=60)
 
@@ -505,7 +526,7 @@ def test_a_handler_that_replaces_the_workers_sigterm_handler_fails_and_the_worke
     worker = procs.start(
         "worker",
         conveyor_argv(sqlite_url, "-v", "worker", "hostile_app:app", "--concurrency", "1"),
-        env={"HOSTILE_RUN_LOG": str(log), "PYTHONPATH": str(tmp_path)},
+        env={"HOSTILE_RUN_LOG": str(log), "PYTHONPATH": _path(tmp_path)},
     )
     db = App(sqlite_url)
     try:
@@ -541,7 +562,7 @@ def test_an_alarm_a_handler_leaves_armed_ends_neither_the_worker_nor_other_jobs(
     worker = procs.start(
         "worker",
         conveyor_argv(sqlite_url, "-v", "worker", "hostile_app:app", "--concurrency", "2"),
-        env={"HOSTILE_RUN_LOG": str(tmp_path / "runs.log"), "PYTHONPATH": str(tmp_path)},
+        env={"HOSTILE_RUN_LOG": str(tmp_path / "runs.log"), "PYTHONPATH": _path(tmp_path)},
     )
     db = App(sqlite_url)
     went_off = "SIGALRM: an alarm went off that nothing in the worker waits for"
@@ -590,5 +611,32 @@ def test_a_handler_that_closes_a_standard_stream_stops_no_log_line_and_no_worker
     try:
         assert (db.job(closer).state, db.job(failing).state) == ("completed", "dead")
         assert [(db.job(g).state, db.job(g).result) for g in goods] == [("completed", i) for i in range(20)]
+    finally:
+        db.close()
+
+
+@pytest.mark.parametrize("task", ["lowers_the_recursion_limit", "lowers_the_recursion_limit_def"])
+def test_a_recursion_limit_a_handler_lowered_is_put_back_and_fails_its_attempt(
+    sqlite_url: str, procs: Procs, tmp_path: Path, task: str
+) -> None:
+    # sys.setrecursionlimit is the whole process's, and the worker's loops run deeper than a handler's
+    # first frame. Before: with the limit at 30 the worker's code raised RecursionError; an async
+    # handler's worker wedged with every task cancelled (no line said why), a def handler's exited 1
+    # with a traceback; the good jobs were left to their leases.
+    lowers, goods = _one_among_good_jobs(sqlite_url, task)
+
+    assert _worker(sqlite_url, procs, tmp_path, tmp_path / "runs.log") == 0
+
+    assert f"the handler of {task} lowered the recursion limit to 30 (sys.setrecursionlimit): put back" in (
+        procs.outputs()
+    )
+    db = App(sqlite_url)
+    try:
+        status = db.job(lowers)
+        assert status.state == "dead"
+        assert status.error is not None and "recursion limit to 30" in status.error.message
+        assert [(db.job(g).state, db.job(g).result, db.job(g).deliveries) for g in goods] == [
+            ("completed", i, 1) for i in range(20)
+        ]
     finally:
         db.close()

@@ -74,6 +74,22 @@ def restore_worker_signals() -> list[str]:
     return changed
 
 
+#: The recursion limit when the worker started (0: no worker runs in this process). A handler that
+#: lowered it (``sys.setrecursionlimit`` is the whole process's) has it put back by the executor, read
+#: as this attribute with no call of its own: a limit just above the handler's depth leaves no room for
+#: a frame more. The worker's code runs deeper than a handler's first frame: a limit of 30 made its loops
+#: raise RecursionError, so that it wedged with every task cancelled (an ``async def`` handler), or
+#: exited with a traceback and its jobs left to their leases (a ``def`` one). A raised limit is left:
+#: a handler that recurses deep harms no one by it.
+recursion_limit = 0
+
+
+def keep_recursion_limit(keep: bool) -> None:
+    """Note the recursion limit now, as the worker's (``keep``), or forget it (the worker is done)."""
+    global recursion_limit
+    recursion_limit = sys.getrecursionlimit() if keep else 0
+
+
 #: The worker's signals the forking thread blocked for a fork (see _before_fork), to unblock after it.
 _blocked_for_fork: tuple[signal.Signals, ...] = ()
 

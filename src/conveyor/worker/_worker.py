@@ -327,10 +327,12 @@ class Worker:
             # writes to the worker's wake-up socket: a SIGHUP the handler sent its child stopped the worker, and
             # the child lived on).
             _threads.keep_worker_signals(tuple(installed))
+            _threads.keep_recursion_limit(True)
             try:
                 await self.run()
             finally:
                 _threads.keep_worker_signals(())
+                _threads.keep_recursion_limit(False)
                 # While the loop's self-pipe is still open: asyncio closes it before it removes the handlers,
                 # and a signal in between printed "Exception ignored when trying to write to the signal wakeup
                 # fd: OSError: [Errno 9] Bad file descriptor". The worker is done: a late signal finds the

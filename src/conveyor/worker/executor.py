@@ -18,6 +18,7 @@ import contextvars
 import json
 import logging
 import os
+import sys
 import threading
 import time
 import weakref
@@ -33,6 +34,7 @@ from conveyor._errors import HandlerTimeout
 from conveyor._outcomes import Outcome, before_run, on_failure, on_manual, on_success
 from conveyor._task import Task
 from conveyor.backends.base import Delivery, JobsStartParams, LeaseRef, LeasesExtendParams
+from conveyor.worker import _threads
 from conveyor.worker._buffer import Buffer
 from conveyor.worker._calls import BackendCalls
 from conveyor.worker._observe import NO_OBSERVER, Observer
@@ -319,7 +321,14 @@ class Executor(Service):
         """Call a ``def`` handler with the job's arguments; its outcome, whatever it raises."""
         try:
             ctx, kwargs = self._arguments(task, delivery)
-            result = task.fn(**kwargs)
+            try:
+                result = task.fn(**kwargs)
+            finally:
+                # Inline, at the handler's caller's depth: a call more may not fit under the limit it left.
+                lowered = sys.getrecursionlimit()
+                if lowered < _threads.recursion_limit:
+                    sys.setrecursionlimit(_threads.recursion_limit)
+                    _limit_lowered(task.name, lowered)
         except BaseException as exc:
             if process_id() != self.pid:
                 leave_forked_child(f"the handler of {task.name}", exit_code_of(exc))
@@ -348,7 +357,13 @@ class Executor(Service):
         try:
             ctx, kwargs = self._arguments(task, delivery)
             if task.options.timeout is None:
-                result = await task.fn(**kwargs)
+                try:
+                    result = await task.fn(**kwargs)
+                finally:
+                    lowered = sys.getrecursionlimit()  # inline: see _call
+                    if lowered < _threads.recursion_limit:
+                        sys.setrecursionlimit(_threads.recursion_limit)
+                        _limit_lowered(task.name, lowered)
             else:
                 result = await self._within(task.fn(**kwargs), task.options.timeout, task.name)
         except BaseException as exc:
@@ -659,6 +674,22 @@ def _signals_kept(running: _Running, name: str) -> None:
         )
 
 
+def _limit_lowered(name: str, lowered: int) -> None:
+    """Say that the handler of task ``name`` lowered the recursion limit to ``lowered`` (put back by
+    now), and fail its attempt."""
+    log.error(
+        "the handler of %s lowered the recursion limit to %d (sys.setrecursionlimit): put back to %d",
+        name,
+        lowered,
+        sys.getrecursionlimit(),
+    )
+    running = _running.get()
+    if running is not None and running.refused is None:
+        running.refused = RuntimeError(
+            f"the handler lowered the worker's recursion limit to {lowered} (sys.setrecursionlimit): put back"
+        )
+
+
 def _guard_stop(loop: asyncio.AbstractEventLoop) -> Callable[[], None] | None:
     """Make ``loop.stop()`` called from a handler (or what it scheduled) raise in it instead of stop the
     loop, and fail its attempt; the guard it put in place, or None if the loop cannot take one.
@@ -801,7 +832,14 @@ async def _carried(call: Awaitable[Any], pid: int, name: str) -> Any:
     carried out as :class:`_Raised`; a process it forked that comes back here exits (``pid``: the
     worker's)."""
     try:
-        result = await call
+        try:
+            result = await call
+        finally:
+            # Inline, at the handler's caller's depth: a call more may not fit under the limit it left.
+            lowered = sys.getrecursionlimit()
+            if lowered < _threads.recursion_limit:
+                sys.setrecursionlimit(_threads.recursion_limit)
+                _limit_lowered(name, lowered)
     except BaseException as exc:
         if process_id() != pid:
             leave_forked_child(f"the handler of {name}", exit_code_of(exc))
