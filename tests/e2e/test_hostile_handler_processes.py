@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from uuid import UUID
 
+import psycopg
 import pytest
 
 from conveyor import App
@@ -254,6 +255,28 @@ APP = textwrap.dedent(
         note("run", ctx.job_id, os.getpid())
         sys.setrecursionlimit(30)
         return "went on"
+
+
+    @app.task(queue="q", name="leaks_files", max_attempts=1)
+    async def leaks_files(ctx: JobContext) -> str:
+        note("run", ctx.job_id, os.getpid())
+        leaked = []
+        try:
+            while True:
+                leaked.append(os.open(os.devnull, os.O_RDONLY))
+        except OSError:
+            pass
+        os.close(leaked.pop())
+        note("leaked", ctx.job_id, len(leaked))  # the test ends the worker's connections now
+        await asyncio.sleep(8)  # every descriptor of the process taken meanwhile (past a 5 s pool wait)
+        for fd in leaked:
+            os.close(fd)
+        return "gave them back"
+
+
+    @app.task(queue="q", name="quiet")
+    async def quiet(i: int) -> int:
+        return i  # no file of its own: it can run while another handler holds every descriptor
 
 
     @app.task(queue="q", name="fails")
@@ -635,6 +658,52 @@ def test_a_recursion_limit_a_handler_lowered_is_put_back_and_fails_its_attempt(
         status = db.job(lowers)
         assert status.state == "dead"
         assert status.error is not None and "recursion limit to 30" in status.error.message
+        assert [(db.job(g).state, db.job(g).result, db.job(g).deliveries) for g in goods] == [
+            ("completed", i, 1) for i in range(20)
+        ]
+    finally:
+        db.close()
+
+
+def test_a_handler_that_takes_every_file_descriptor_a_while_leaves_the_worker_to_reconnect(
+    postgres_database: str, postgres_server_url: str, procs: Procs, tmp_path: Path
+) -> None:
+    # The handler holds every descriptor of the process but one (EMFILE) for 8 s while the worker's
+    # connections are ended under it, so that the worker has to open new ones meanwhile: it waits that
+    # out as an unreachable server, and the jobs sent meanwhile complete once each. (The listener's
+    # OSError, which ended the fetcher, is pinned in tests/postgres/test_pg_unavailable.py: here it
+    # depends on which thread takes the last descriptor.)
+    producer = App(postgres_database, migrate=True)
+    try:
+        leaks = producer.send("leaks_files", {}, queue="q", max_attempts=1).id
+    finally:
+        producer.close()
+    (tmp_path / "hostile_app.py").write_text(APP)
+    log = tmp_path / "runs.log"
+    worker = procs.start(
+        "worker",
+        conveyor_argv(postgres_database, "-v", "worker", "hostile_app:app", "--burst", "--concurrency", "2"),
+        env={"HOSTILE_RUN_LOG": str(log), "PYTHONPATH": _path(tmp_path)},
+    )
+    wait_until(lambda: any(line[0] == "leaked" for line in iter_lines(log)), 30, "the handler's leak")
+    name = postgres_database.rsplit("/", 1)[1]
+    with psycopg.connect(postgres_server_url, autocommit=True) as conn:
+        ended = conn.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = %s", (name,)
+        ).fetchone()
+    assert ended is not None and ended[0] > 0
+    producer = App(postgres_database)
+    try:
+        goods = [producer.send("quiet", {"i": i}, queue="q").id for i in range(20)]
+    finally:
+        producer.close()
+
+    assert worker.wait(timeout=60) == 0, procs.outputs()
+
+    assert "Traceback" not in procs.outputs()
+    db = App(postgres_database)
+    try:
+        assert (db.job(leaks).state, db.job(leaks).result) == ("completed", "gave them back")
         assert [(db.job(g).state, db.job(g).result, db.job(g).deliveries) for g in goods] == [
             ("completed", i, 1) for i in range(20)
         ]

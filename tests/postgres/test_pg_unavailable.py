@@ -3,6 +3,7 @@ backend recovers by itself once the server is back."""
 
 from __future__ import annotations
 
+import errno
 import socket
 import threading
 import time
@@ -53,6 +54,32 @@ def test_a_server_that_is_not_there_raises_backend_unavailable_quickly() -> None
     finally:
         backend.close()
     assert time.monotonic() - started < 10
+
+
+def test_a_listener_that_finds_no_file_descriptor_left_waits_it_out(
+    postgres_database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A handler that leaked sockets or files until EMFILE: psycopg's connect raises a bare OSError
+    # (the selector it waits with). Before, wait() raised it: the worker's fetcher ended with a traceback,
+    # and the worker with it, while its pools waited the same EMFILE out as an unreachable server.
+    backend = PostgresBackend(postgres_database)
+    try:
+        listener = backend.listen(["q"])
+        connect = psycopg.connect
+
+        def out_of_descriptors(*args: object, **kwargs: object) -> object:
+            raise OSError(errno.EMFILE, "Too many open files")
+
+        with psycopg.connect(postgres_database, autocommit=True) as admin:
+            assert terminate_other_sessions(admin) > 0
+        monkeypatch.setattr(psycopg, "connect", out_of_descriptors)
+        assert listener.wait(0.1) is False  # its session is gone
+        assert listener.wait(0.1) is False  # no descriptor left to reconnect with
+        monkeypatch.setattr(psycopg, "connect", connect)
+        assert listener.wait(1.0) is True  # the descriptors are back: it reconnects
+        listener.close()
+    finally:
+        backend.close()
 
 
 def test_open_backend_builds_a_postgres_backend(postgres_database: str) -> None:

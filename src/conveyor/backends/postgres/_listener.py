@@ -37,7 +37,11 @@ class PostgresListener:
     def _connect(self) -> bool:
         try:
             conn = psycopg.connect(self._url, autocommit=True, connect_timeout=self._connect_timeout)
-        except psycopg.Error:
+        except (psycopg.Error, OSError):
+            # OSError: no file descriptor left in this process (EMFILE, a handler leaking sockets or files)
+            # for the socket or psycopg's selector. It ended the fetcher with a traceback and the worker
+            # with it, its prefetched jobs left to their leases, while the pools waited it out as an
+            # unreachable server, as this does now.
             return False
         try:
             conn.execute(self._listen_sql)
