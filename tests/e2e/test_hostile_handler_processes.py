@@ -16,7 +16,7 @@ import pytest
 
 from conveyor import App
 
-from ._support import REPO, Procs, conveyor_argv, iter_lines, wait_until
+from ._support import REPO, Proc, Procs, conveyor_argv, iter_lines, wait_until
 
 #: The app the worker runs, written to the test's directory (importable through PYTHONPATH).
 APP = textwrap.dedent(
@@ -321,15 +321,19 @@ def _path(tmp_path: Path) -> str:
     return os.pathsep.join([str(tmp_path), str(REPO / "src")])
 
 
-def _worker(url: str, procs: Procs, tmp_path: Path, log: Path, *options: str) -> int:
+def _start(url: str, procs: Procs, tmp_path: Path, *options: str, log: Path | None = None) -> Proc:
+    """``conveyor -v worker`` of the hostile app (written to ``tmp_path``), its handlers noting their runs in
+    ``log`` (default: ``tmp_path / "runs.log"``)."""
     (tmp_path / "hostile_app.py").write_text(APP)
-    worker = procs.start(
+    return procs.start(
         "worker",
-        conveyor_argv(
-            url, "-v", "worker", "hostile_app:app", "--burst", "--concurrency", "2", "--prefetch", "10", *options
-        ),
-        env={"HOSTILE_RUN_LOG": str(log), "PYTHONPATH": _path(tmp_path)},
+        conveyor_argv(url, "-v", "worker", "hostile_app:app", *options),
+        env={"HOSTILE_RUN_LOG": str(log or tmp_path / "runs.log"), "PYTHONPATH": _path(tmp_path)},
     )
+
+
+def _worker(url: str, procs: Procs, tmp_path: Path, log: Path, *options: str) -> int:
+    worker = _start(url, procs, tmp_path, "--burst", "--concurrency", "2", "--prefetch", "10", *options, log=log)
     return worker.wait(timeout=60)
 
 
@@ -544,13 +548,7 @@ def test_a_handler_that_replaces_the_workers_sigterm_handler_fails_and_the_worke
     # Before: the job completed and the worker ignored every SIGTERM after it (only SIGKILL stopped it);
     # with SIG_DFL the next SIGTERM killed it (-15) with its running job left to its lease.
     replaces, goods = _one_among_good_jobs(sqlite_url, "ignores_sigterm", payload={"how": how})
-    (tmp_path / "hostile_app.py").write_text(APP)
-    log = tmp_path / "runs.log"
-    worker = procs.start(
-        "worker",
-        conveyor_argv(sqlite_url, "-v", "worker", "hostile_app:app", "--concurrency", "1"),
-        env={"HOSTILE_RUN_LOG": str(log), "PYTHONPATH": _path(tmp_path)},
-    )
+    worker = _start(sqlite_url, procs, tmp_path, "--concurrency", "1")
     db = App(sqlite_url)
     try:
         wait_until(lambda: db.job(goods[-1]).state == "completed", 15, "the jobs after it to run")
@@ -581,12 +579,7 @@ def test_an_alarm_a_handler_leaves_armed_ends_neither_the_worker_nor_other_jobs(
     # the worker process (-14) with its other jobs; with the handler's own SIGALRM handler, its exception
     # was raised wherever the event loop was, and the worker crashed (exit 1).
     alarm, goods = _one_among_good_jobs(sqlite_url, task, before="slow", payload={"how": how})
-    (tmp_path / "hostile_app.py").write_text(APP)
-    worker = procs.start(
-        "worker",
-        conveyor_argv(sqlite_url, "-v", "worker", "hostile_app:app", "--concurrency", "2"),
-        env={"HOSTILE_RUN_LOG": str(tmp_path / "runs.log"), "PYTHONPATH": _path(tmp_path)},
-    )
+    worker = _start(sqlite_url, procs, tmp_path, "--concurrency", "2")
     db = App(sqlite_url)
     went_off = "SIGALRM: an alarm went off that nothing in the worker waits for"
     try:
@@ -678,13 +671,8 @@ def test_a_handler_that_takes_every_file_descriptor_a_while_leaves_the_worker_to
         leaks = producer.send("leaks_files", {}, queue="q", max_attempts=1).id
     finally:
         producer.close()
-    (tmp_path / "hostile_app.py").write_text(APP)
     log = tmp_path / "runs.log"
-    worker = procs.start(
-        "worker",
-        conveyor_argv(postgres_database, "-v", "worker", "hostile_app:app", "--burst", "--concurrency", "2"),
-        env={"HOSTILE_RUN_LOG": str(log), "PYTHONPATH": _path(tmp_path)},
-    )
+    worker = _start(postgres_database, procs, tmp_path, "--burst", "--concurrency", "2", log=log)
     wait_until(lambda: any(line[0] == "leaked" for line in iter_lines(log)), 30, "the handler's leak")
     name = postgres_database.rsplit("/", 1)[1]
     with psycopg.connect(postgres_server_url, autocommit=True) as conn:
