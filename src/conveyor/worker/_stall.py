@@ -50,9 +50,6 @@ class StallWatch:
         self.heartbeat = heartbeat
         self.executor = executor
         self.clock = clock
-        #: Stalls seen so far, and lease extensions made through them (for tests and logs).
-        self.stalls = 0
-        self.extended = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = 0
         self._ticked = time.monotonic()
@@ -134,7 +131,6 @@ class StallWatch:
         self._since = self._ticked
         self._gave_up = self._failed = False
         self._kept_at = self.heartbeat.last
-        self.stalls += 1
         assert self._loop is not None
         self._blocker = self.executor.run_of(asyncio.current_task(self._loop))
         where = _where(self._loop_thread)
@@ -159,13 +155,11 @@ class StallWatch:
         backend = self.heartbeat.calls.backend
         for seconds, refs in self.heartbeat.leases(but=self._blocker).items():
             try:
-                kept = backend.leases_extend_many(LeasesExtendParams(refs, seconds, self.clock(), wait=False))
+                backend.leases_extend_many(LeasesExtendParams(refs, seconds, self.clock(), wait=False))
             except Exception as exc:  # the next round tries again; the heartbeat marks lost leases later
                 if not self._failed:
                     self._failed = True
                     log.warning("the stall watch could not extend leases: %s", exc)
-                continue
-            self.extended += len(kept)
 
 
 def _where(thread: int) -> str:
