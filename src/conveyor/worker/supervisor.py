@@ -10,6 +10,7 @@ import logging
 import math
 import multiprocessing
 import multiprocessing.process
+import multiprocessing.resource_tracker
 import os
 import signal
 import sys
@@ -112,8 +113,10 @@ def run_worker(
     child = supervisor is not None
     if child:
         # The supervisor owns SIGINT (a terminal's Ctrl-C reaches the whole process group); a child
-        # stops on the SIGTERM the supervisor forwards, so one Ctrl-C is one graceful stop.
+        # stops on the SIGTERM the supervisor forwards, so one Ctrl-C is one graceful stop. It started with
+        # SIGINT blocked (see run_processes): ignoring it discards one sent meanwhile.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     app = load_app(app_path)
     if database_url:
         app.database_url = database_url
@@ -449,17 +452,18 @@ def run_processes(
             args=(app_path, database_url, own, _log_config(), supervisor, up, index),
             daemon=False,
         )
-        # The child starts with SIGINT ignored (a disposition that fork and exec keep, and Python then leaves
-        # alone), as run_worker sets it anyway: a Ctrl-C to the process group while it started up (a scale-out,
-        # a restart) killed it (or raised KeyboardInterrupt in its imports), and the supervisor exited 1.
-        # SIGINT is blocked meanwhile, so that one sent to the supervisor itself waits for its handler (the
-        # kernel keeps a blocked signal even while it is ignored; the load reader's thread blocks it too).
+        # The child starts with SIGINT blocked (fork and exec keep the signal mask): a Ctrl-C to the process group
+        # while it started up (a scale-out, a restart) killed it (or raised KeyboardInterrupt in its imports), and
+        # the supervisor exited 1. It stays pending there until run_worker ignores SIGINT, which discards it. One
+        # sent to the supervisor meanwhile waits for its handler here. (The supervisor set SIGINT to SIG_IGN around
+        # the start too, once: that discards a pending SIGINT, and a Ctrl-C that came between the two calls was
+        # lost, the supervisor and its processes running on.) multiprocessing's resource tracker is started first:
+        # starting it, in the first start, unblocks SIGINT (and the first process started with it unblocked).
+        multiprocessing.resource_tracker.ensure_running()
         blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-        handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
         try:
             p.start()
         finally:
-            signal.signal(signal.SIGINT, handler)
             signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         return p
 
@@ -531,7 +535,7 @@ def run_processes(
     failed = damaged = waiting_logged = False
     if reader is not None:
         # Started with SIGINT blocked, as are the threads it starts (the App's pool): a SIGINT goes to the main
-        # thread, the only one that lets it through, also while spawn() has it ignored (see there).
+        # thread, the only one that lets it through (pending while spawn() blocks it).
         unblocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
             reader.thread.start()
