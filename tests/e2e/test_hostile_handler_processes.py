@@ -697,3 +697,23 @@ def test_a_handler_that_takes_every_file_descriptor_a_while_leaves_the_worker_to
         ]
     finally:
         db.close()
+
+
+def test_a_worker_stopped_and_continued_reports_no_blocked_event_loop(
+    sqlite_url: str, procs: Procs, tmp_path: Path
+) -> None:
+    """SIGSTOP and SIGCONT (an operator, a debugger, a paused container) stop the stall watch's thread with the
+    loop: once continued, the thread often looked before the loop had ticked, and warned of an event loop blocked
+    for as long as the process was stopped (12 of 30 stops, each with "runs again" a tick later). A stop is not a
+    stall; a handler that blocks the loop is still reported (tests/worker/test_hostile_handlers.py)."""
+    App(sqlite_url, migrate=True).close()
+    worker = _start(sqlite_url, procs, tmp_path)
+    wait_until(lambda: "queues q" in worker.output(), 30, "the worker to start")
+    for _ in range(8):
+        os.kill(worker.pid, signal.SIGSTOP)
+        time.sleep(1.3)  # past the watch's 1 s
+        os.kill(worker.pid, signal.SIGCONT)
+        time.sleep(0.4)
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=10) == 0, worker.output()
+    assert "blocked" not in worker.output(), worker.output()

@@ -17,7 +17,8 @@ and the jobs go to other workers when their leases run out. Nothing in a process
 call; the worker is left as it is (a supervisor or an operator decides), as before.
 
 A ``def`` handler that holds the GIL (a C extension that never releases it) blocks this thread too:
-that case is unchanged."""
+that case is unchanged. A process that is stopped (SIGSTOP) stops this thread with the loop: that is not a
+stall (see ``_watch``)."""
 
 from __future__ import annotations
 
@@ -62,6 +63,8 @@ class StallWatch:
         self._kept_at = 0.0
         self._gave_up = False
         self._failed = False
+        # When this thread last found that it had not run either (see _watch): the loop's ticks count from then.
+        self._resumed = 0.0
 
     def start(self) -> None:
         """Start ticking on the running loop and watching from a thread (call on the loop's thread)."""
@@ -93,16 +96,25 @@ class StallWatch:
         self._tick_handle = self._loop.call_later(self._next_tick, self._tick)
 
     def _watch(self) -> None:
+        looked, cpu = time.monotonic(), time.process_time()
         while not self._stopped.wait(self.period()):
+            now, used = time.monotonic(), time.process_time()
+            if now - looked > self.stalled_after() and used - cpu < (now - looked) / 2 and self._since is None:
+                # This thread did not run either, and neither did the process much: it was stopped (SIGSTOP,
+                # SIGTSTP, a paused container) or starved of CPU, not its loop blocked. After a SIGCONT this
+                # thread often ran before the loop, and logged a stall that never was (and "runs again" a tick
+                # later). A handler's C call that held the GIL meanwhile used the CPU: that stall is reported.
+                self._resumed = now
+            looked, cpu = now, used
             try:
-                self.check(time.monotonic())
+                self.check(now)
             except Exception:  # a bug here must not end the watch; the loop's own heartbeat is unaffected
                 log.exception("the stall watch failed")
 
     def check(self, now: float) -> None:
         """One look at the loop: start, keep or end a stall."""
         # The next tick may have been set before the first short lease came: it is waited for.
-        if now - self._ticked < max(self.stalled_after(), 2 * self._next_tick):
+        if now - max(self._ticked, self._resumed) < max(self.stalled_after(), 2 * self._next_tick):
             if self._since is not None:
                 log.warning("the event loop runs again after %.1f s blocked", now - self._since)
                 self._since = None
@@ -128,7 +140,7 @@ class StallWatch:
         self._keep()
 
     def _begin(self, now: float) -> None:
-        self._since = self._ticked
+        self._since = max(self._ticked, self._resumed)
         self._gave_up = self._failed = False
         self._kept_at = self.heartbeat.last
         assert self._loop is not None
