@@ -12,7 +12,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from tests.http.conftest import REPO, start, stop
+from tests.http.conftest import REPO, free_port, start, stop
+
+from conveyor import App
 
 
 def _serve(db: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -51,3 +53,40 @@ def test_an_address_that_is_not_of_this_machine_is_one_line(sqlite_url: str, hos
     # Before: a 38-line traceback, and with --workers 2 each process failing and restarted forever.
     for workers in ("1", "2"):
         _refused(_serve(sqlite_url, "--host", host, "--port", "8000", "--workers", workers), "cannot listen on")
+
+
+# A Ctrl-C to the process group right after `conveyor serve --workers 2` started its first process, which is still
+# importing. The wrapper stands in for a terminal whose signal lands at that moment.
+_CTRL_C_WHILE_STARTING = """
+import os, signal, subprocess, sys
+from conveyor.cli import main
+popen, sent = subprocess.Popen.__init__, []
+
+def init(self, *args, **kwargs):
+    popen(self, *args, **kwargs)
+    if not sent:
+        sent.append(True)
+        os.killpg(0, signal.SIGINT)
+
+subprocess.Popen.__init__ = init
+sys.exit(main(["--db", sys.argv[1], "serve", "--insecure-no-auth", "--port", sys.argv[2], "--workers", "2"]))
+"""
+
+
+def test_ctrl_c_while_the_service_processes_start_is_one_graceful_stop(sqlite_url: str) -> None:
+    """Before: the new process died of a KeyboardInterrupt in its imports (a traceback at the user), and the parent,
+    whose handler came only after both starts, died of it too (another traceback), leaving what it had started
+    unsupervised. Now: the parent stops what it started, exit 0, and nothing is printed but the banner."""
+    App(sqlite_url, migrate=True).close()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}
+    done = subprocess.run(
+        [sys.executable, "-c", _CTRL_C_WHILE_STARTING, sqlite_url, str(free_port())],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+        env=env,
+        start_new_session=True,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr and "KeyboardInterrupt" not in done.stderr, done.stderr

@@ -112,6 +112,9 @@ def serve(sockets: list[socket.socket], log_level: str, access_log: bool, forwar
         command = [
             sys.executable,
             "-c",
+            # SIGINT ignored, then unblocked (see below) before the imports; uvicorn installs its own handler.
+            "import signal; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+            "signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT}); "
             "import socket, sys; from conveyor.http._serve import serve_one; "
             "serve_one(socket.socket(fileno=int(sys.argv[1])), sys.argv[2], sys.argv[3] == '1', sys.argv[4])",
             str(sock.fileno()),
@@ -119,24 +122,51 @@ def serve(sockets: list[socket.socket], log_level: str, access_log: bool, forwar
             "1" if access_log else "0",
             forwarded_allow_ips,
         ]
-        return subprocess.Popen(command, pass_fds=[sock.fileno()])
+        # The process starts with SIGINT blocked (Popen keeps the signal mask) and ignores it until uvicorn runs:
+        # a Ctrl-C to the process group while it started up ended it with a KeyboardInterrupt traceback from its
+        # imports. The SIGTERM this process forwards stops it instead. (Not SIG_IGN here: setting it discards a
+        # SIGINT pending for this process, a Ctrl-C then lost.)
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            return subprocess.Popen(command, pass_fds=[sock.fileno()])
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
     stopping = False
+    children: list[subprocess.Popen[bytes]] = []
+    stopped: set[int] = set()  # the pids sent their SIGTERM
+
+    def forward(child: subprocess.Popen[bytes]) -> None:
+        if stopping and child.pid not in stopped and child.poll() is None:
+            stopped.add(child.pid)
+            child.send_signal(signal.SIGTERM)
 
     def stop(signum: int, _frame: FrameType | None) -> None:
         nonlocal stopping
         stopping = True
         for child in children:
-            if child.poll() is None:
-                child.send_signal(signal.SIGTERM)
+            forward(child)
         # No process is started again: new connections are refused rather than queued on a socket
         # that no process will accept from.
         for sock in sockets:
             sock.close()
 
-    children = [start(sock) for sock in sockets]
+    def launch(i: int) -> None:
+        """Start the process of socket ``i`` (again); one a signal came in while it started is stopped too."""
+        child = start(sockets[i])
+        if i < len(children):
+            children[i] = child
+        else:
+            children.append(child)
+        forward(child)
+
+    # Before the first start: a Ctrl-C while the processes start is a stop (a KeyboardInterrupt here left the
+    # started ones running, unsupervised).
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
+        for i in range(len(sockets)):
+            if not stopping:
+                launch(i)
         while True:
             if stopping:
                 for child in children:
@@ -151,7 +181,7 @@ def serve(sockets: list[socket.socket], log_level: str, access_log: bool, forwar
                     )
                     time.sleep(1.0)
                     if not stopping:
-                        children[i] = start(sockets[i])
+                        launch(i)
             time.sleep(0.2)
     finally:
         for sig, handler in previous.items():
