@@ -76,3 +76,22 @@ def test_a_finish_batch_past_max_allowed_packet_is_split_and_written(app: App, m
     [stats] = app.admin.queues()
     assert (stats.completed, stats.pending, stats.processing) == (count, 0, 0)
     assert worker.counters.completed == count
+
+
+def test_a_batch_of_small_jobs_fits_a_server_whose_packet_is_smaller_than_pymysqls_fold(
+    app: App, mysql_database: str
+) -> None:
+    # PyMySQL folds an INSERT's rows into statements of up to 1,024,000 bytes. Under a server whose
+    # max_allowed_packet is smaller (256 KiB here: MySQL's minimum is 1 KiB, and 1 MiB was its default before
+    # 5.6.6), 20 jobs of 20 kB each made one 400 kB statement, refused as "a value is too large for this
+    # server", though each job fits. The limit is the one the connection read from its server: set here for
+    # the caller's connection, so that the shared server's global setting is left alone.
+    from conveyor.backends.mysql._connection import _PACKET_LIMITS
+
+    with mysql_connect(mysql_database) as conn:
+        conn.autocommit(False)
+        _PACKET_LIMITS[conn] = 256 * 1024
+        jobs = app.send_many([Message(task="t", payload={"blob": "x" * 20_000}) for _ in range(20)], conn=conn)
+        conn.commit()
+    assert len(jobs) == 20
+    assert [q.pending for q in app.admin.queues()] == [20]

@@ -63,6 +63,16 @@ class Cursor(pymysql.cursors.DictCursor):
                 )
         return super().execute(query)
 
+    def executemany(self, query: str, args: Any) -> int | None:
+        # PyMySQL folds an INSERT's rows into statements of up to ``max_stmt_length`` bytes (1,024,000):
+        # under a server whose max_allowed_packet is smaller, a batch of small jobs made one statement
+        # too long for it, and the whole batch was refused as holding a value too large for the server.
+        # An instance attribute shadowing PyMySQL's class default, which its stubs declare a ClassVar.
+        self.max_stmt_length = min(  # type: ignore[misc]
+            pymysql.cursors.Cursor.max_stmt_length, _packet_limit(self.connection) - 1
+        )
+        return super().executemany(query, args)
+
 
 def _packet_limit(conn: pymysql.connections.Connection[Any]) -> int:
     limit = _PACKET_LIMITS.get(conn)
