@@ -21,7 +21,8 @@
     │   │   └── StatementCancelled the statement was cancelled (a statement_timeout): a batch is halved
     │   ├── BackendRefused        the database refuses this role a privilege (a GRANT missing or revoked)
     │   ├── BackendCorrupt        the database's storage is damaged: a worker stops, exit ``EXIT_DAMAGED``
-    │   └── UnstorableText        a character the database's encoding cannot hold (also a PayloadError)
+    │   ├── UnstorableText        a character the database's encoding cannot hold (also a PayloadError)
+    │   └── TooLargeForDatabase   a job too large for one statement of the database (also a PayloadTooLarge)
     ├── HandlerTimeout            recorded as a job's error: its handler ran past the task's timeout
     └── HandlerSignal             raised *by handlers* to steer the outcome
         ├── Retry                 run again after ``delay`` seconds (counts as an attempt)
@@ -200,6 +201,13 @@ class UnstorableText(BackendError, PayloadError):
         super().__init__(f"the database's encoding ({exc.encoding}) cannot store {named} ({action})")
         #: Python's name for the database's encoding (``latin-1``).
         self.encoding = exc.encoding
+
+
+class TooLargeForDatabase(BackendError, PayloadTooLarge):
+    """A job is too large for the database to take in one statement (MySQL's ``max_allowed_packet``):
+    refused before it was sent, and nothing of the call was written. A value the database refuses, and,
+    where a caller sent it, a request too large (HTTP 413) rather than a database failure that a retry
+    would get past."""
 
 
 class HandlerTimeout(ConveyorError):

@@ -10,6 +10,7 @@ import pytest
 from tests.conftest import mysql_connect
 
 from conveyor import App, BackendError, BackendUnavailable, Message, Worker
+from conveyor._errors import PayloadTooLarge
 
 
 @pytest.fixture
@@ -34,6 +35,21 @@ def test_a_payload_past_max_allowed_packet_is_refused_not_unavailable(app: App, 
     assert app.admin.queues() == []
     app.send("t", {"blob": "small"})  # the pool's connection was kept and still works
     assert [q.pending for q in app.admin.queues()] == [1]
+
+
+def test_a_job_too_large_for_the_server_is_refused_naming_its_field_and_place(app: App, mysql_database: str) -> None:
+    # Just past the limit, one job of three. Before, the refusal named a statement ("a value is too large for
+    # this server"), and was no PayloadError: the HTTP API answered 503 with Retry-After to a request that
+    # no retry can get past.
+    too_large = "x" * _max_packet(mysql_database)
+    batch = [Message(task="t", payload={"n": 1}), Message(task="t", payload={"blob": too_large}), Message(task="t")]
+    with pytest.raises(PayloadTooLarge, match=r"^payload is [0-9,]+ bytes of JSON \(job 1 of the batch\)") as raised:
+        app.send_many(batch)
+    assert isinstance(raised.value, BackendError) and not isinstance(raised.value, BackendUnavailable)
+    assert "max_allowed_packet" in str(raised.value)
+    with pytest.raises(PayloadTooLarge, match=r"^headers is "):
+        app.send("t", {}, headers={"blob": too_large})
+    assert app.admin.queues() == []
 
 
 def test_a_callers_connection_is_checked_against_its_own_server(app: App, mysql_database: str) -> None:

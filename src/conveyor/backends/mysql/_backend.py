@@ -12,14 +12,14 @@ from uuid import UUID
 
 import pymysql
 
-from conveyor._errors import BackendRefused, ConfigurationError
+from conveyor._errors import BackendRefused, ConfigurationError, TooLargeForDatabase
 from conveyor._idempotency import refuse_reused_keys
 from conveyor.backends import _convert as cv
 from conveyor.backends import base
 from conveyor.backends._promotion import Promotions, earliest_by_queue, scheduled_earliest
 from conveyor.backends._sql import load_migrations, load_queries
 from conveyor.backends.mysql import _connection
-from conveyor.backends.mysql._connection import Cursor, Pool, is_duplicate, translated
+from conveyor.backends.mysql._connection import Cursor, Pool, StatementTooLong, is_duplicate, translated
 from conveyor.backends.mysql._url import connect_kwargs
 
 _PACKAGE = "conveyor.backends.mysql"
@@ -165,7 +165,10 @@ class MysqlBackend:
                 }
             )
         if rows:
-            cur.executemany(self._q["jobs_insert"], rows)
+            try:
+                cur.executemany(self._q["jobs_insert"], rows)
+            except StatementTooLong as exc:
+                raise _too_large(jobs, {row["id"] for row in rows}, exc) from exc
         return ids
 
     def _archived(self, cur: Cursor, ids: Sequence[UUID]) -> set[UUID]:
@@ -912,3 +915,27 @@ def _all_or_nothing(conn: pymysql.connections.Connection) -> Iterator[Cursor]:
 def _satisfies_the_contract(backend: MysqlBackend) -> base.Backend:
     # Never called: mypy checks here that MysqlBackend implements every method of the Protocol.
     return backend
+
+
+def _too_large(jobs: Sequence[base.NewJob], inserted: set[str], exc: StatementTooLong) -> TooLargeForDatabase:
+    """The refusal of a batch one of whose jobs is too large for a statement, naming that job and field.
+
+    A batch's rows are folded into statements that each fit the server's packet, so a statement too long
+    holds one row alone: the largest inserted job's (not a duplicate's, nor a resend's). Its payload or
+    headers (whichever is larger) is named, as a limit above the seam names a field, so that the HTTP API
+    answers 413 naming it, not 503."""
+    sizes = [
+        (len(job.payload.encode()) + len(job.headers.encode()), i)
+        for i, job in enumerate(jobs)
+        if cv.to_db_id(job.id) in inserted
+    ]
+    _, i = max(sizes)
+    job = jobs[i]
+    field = "payload" if len(job.payload) >= len(job.headers) else "headers"
+    size = len(getattr(job, field).encode())
+    where = f" (job {i} of the batch)" if len(jobs) > 1 else ""
+    return TooLargeForDatabase(
+        f"{field} is {size:,} bytes of JSON{where}, too large for one statement of this MySQL server "
+        f"(max_allowed_packet {exc.limit:,} bytes): nothing was sent; enqueue a "
+        "reference (an object key, a row id) instead, or raise the server's max_allowed_packet"
+    )

@@ -41,6 +41,15 @@ _TOO_LARGE = 1153  # ER_NET_PACKET_TOO_LARGE
 _PACKET_LIMITS: weakref.WeakKeyDictionary[pymysql.connections.Connection[Any], int] = weakref.WeakKeyDictionary()
 
 
+class StatementTooLong(pymysql.err.OperationalError):
+    """A statement :class:`Cursor` refused before sending it: longer than the server's ``max_allowed_packet``
+    (``limit``, in bytes)."""
+
+    def __init__(self, code: int, message: str, limit: int) -> None:
+        super().__init__(code, message)
+        self.limit = limit
+
+
 class Cursor(pymysql.cursors.DictCursor):
     """Rows as dicts; a statement longer than the server's ``max_allowed_packet`` is refused before it is
     sent. The server would read part of it and close the connection, which looks like a server that went
@@ -56,10 +65,11 @@ class Cursor(pymysql.cursors.DictCursor):
         if 1 + 4 * len(query) > limit:
             size = 1 + len(query.encode("utf-8", "surrogateescape") if isinstance(query, str) else query)
             if size > limit:
-                raise pymysql.err.OperationalError(
+                raise StatementTooLong(
                     _TOO_LARGE,
                     f"a statement of {size} bytes is over the server's max_allowed_packet ({limit} bytes): "
                     "a value is too large for this server",
+                    limit=limit,
                 )
         return super().execute(query)
 
