@@ -186,9 +186,19 @@ def error_info(exc: BaseException) -> ErrorInfo:
         text = "".join(tb_module.format_exception(type(exc), exc, exc.__traceback__))
     except BaseException:
         text = f"{type(exc).__qualname__}: {message}"
-    if len(message) > MAX_ERROR_CHARS:
-        message = message[:MAX_ERROR_CHARS] + f"... ({len(message) - MAX_ERROR_CHARS} more characters)"
-    return ErrorInfo(storable(type(exc).__qualname__), storable(message), storable(text[-MAX_ERROR_CHARS:]))
+    # The type's name is bounded as the message is: a class made at run time may have any name (a 5-million-
+    # character one was stored whole by PostgreSQL, 20 MB, and refused by MySQL's packet limit, its job dead as
+    # outcome_refused instead of max_attempts_exceeded).
+    return ErrorInfo(
+        storable(_bounded(type(exc).__qualname__)), storable(_bounded(message)), storable(text[-MAX_ERROR_CHARS:])
+    )
+
+
+def _bounded(text: str) -> str:
+    """``text`` cut at :data:`MAX_ERROR_CHARS`, saying how much was left out."""
+    if len(text) <= MAX_ERROR_CHARS:
+        return text
+    return text[:MAX_ERROR_CHARS] + f"... ({len(text) - MAX_ERROR_CHARS} more characters)"
 
 
 def storable(text: str) -> str:

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from tests.conftest import driver_connection
 
 from conveyor import App, BackendUnavailable, JobContext, Retry, Worker
-from conveyor._outcomes import _keys_collide
+from conveyor._outcomes import MAX_ERROR_CHARS, _keys_collide
 from conveyor.backends.base import JobsListParams, JobsRescueParams
 from conveyor.worker._stall import StallWatch
 
@@ -256,6 +256,23 @@ def test_a_handlers_base_exception_is_a_failed_attempt(app: App, exc: BaseExcept
     assert (status.state, status.reason, status.attempts, status.deliveries) == ("dead", "max_attempts_exceeded", 3, 3)
     assert status.error is not None and status.error.type == type(exc).__qualname__
     assert [(g.status().state, g.status().deliveries) for g in goods] == [("completed", 1)] * 20
+
+
+def test_an_exception_class_with_a_huge_name_is_stored_cut_like_its_message(app: App) -> None:
+    # The type's name was stored whole: 20 MB on PostgreSQL and SQLite, and on MySQL a statement past the
+    # server's max_allowed_packet, the job dead as outcome_refused, its error replaced (found by a hostile sweep).
+    name = "E" + "\U0001f600" * 5_000_000
+
+    @app.task(queue="q", name="hostile", max_attempts=1)
+    def hostile() -> None:
+        raise type(name, (Exception,), {})("message")
+
+    bad = app.send("hostile", {})
+    assert run(app).exit_code == 0
+    status = bad.status()
+    assert (status.state, status.reason) == ("dead", "max_attempts_exceeded")
+    assert status.error is not None and status.error.message == "message"
+    assert status.error.type == name[:MAX_ERROR_CHARS] + f"... ({len(name) - MAX_ERROR_CHARS} more characters)"
 
 
 def test_a_sync_handler_past_its_timeout_frees_its_slot(app: App) -> None:
