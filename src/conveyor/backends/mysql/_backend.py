@@ -100,7 +100,7 @@ class MysqlBackend:
         jobs = list(params.jobs)
         if params.conn is not None:
             conn = self._caller_connection(params.conn)
-            with translated("jobs_insert_many"), _all_or_nothing(conn) as cur:
+            with translated("jobs_insert_many", callers=True), _all_or_nothing(conn) as cur:
                 ids = self._insert(cur, jobs, params.now, params.strict_keys)
         else:
             ids = self._pool.write(
@@ -570,7 +570,7 @@ class MysqlBackend:
 
         if params.conn is not None:
             conn = self._caller_connection(params.conn)
-            with translated("processed_keys_claim"), _all_or_nothing(conn) as cur:
+            with translated("processed_keys_claim", callers=True), _all_or_nothing(conn) as cur:
                 return claim(cur)
         return self._pool.write("processed_keys_claim", claim)
 

@@ -143,8 +143,9 @@ def _code(exc: BaseException) -> int | None:
     return code if isinstance(code, int) else None
 
 
-def translate(exc: BaseException, action: str) -> BackendError:
-    """Map a PyMySQL error to Conveyor's exception tree (raise the result ``from exc``)."""
+def translate(exc: BaseException, action: str, callers: bool = False) -> BackendError:
+    """Map a PyMySQL error to Conveyor's exception tree (raise the result ``from exc``). ``callers``: the
+    statement ran on a caller's own connection (``conn=``), whose session settings are the caller's."""
     code = _code(exc)
     line = first_line(exc)
     if code in _CANCELLED:
@@ -155,9 +156,11 @@ def translate(exc: BaseException, action: str) -> BackendError:
         # Another transaction (an operator's session, an application's open transaction) held a row this
         # call must change: InnoDB rolled the statement back and the pool the transaction, so nothing of
         # the call was written, and it passes once that transaction ends.
+        # A caller's connection waits as long as its own innodb_lock_wait_timeout says, not Conveyor's.
+        waited = "its connection's innodb_lock_wait_timeout" if callers else f"{LOCK_WAIT_TIMEOUT_S} s"
         return BackendUnavailable(
             f"MySQL unavailable ({action}): another transaction held a row it needs for more than "
-            f"{LOCK_WAIT_TIMEOUT_S} s; nothing was written, retry once it ends ({line})"
+            f"{waited}; nothing was written, retry once it ends ({line})"
         )
     if code == _DEADLOCK or code in _GONE or code in _LOGIN or isinstance(exc, pymysql.err.InterfaceError):
         return BackendUnavailable(f"MySQL unavailable ({action}): {line}")
@@ -173,13 +176,14 @@ def translate(exc: BaseException, action: str) -> BackendError:
 
 
 @contextmanager
-def translated(action: str) -> Iterator[None]:
+def translated(action: str, callers: bool = False) -> Iterator[None]:
     """Re-raise PyMySQL's errors inside the block as Conveyor's, and text that cannot be encoded as
-    UTF-8 (a lone surrogate: a name read from non-UTF-8 bytes) as UnstorableText."""
+    UTF-8 (a lone surrogate: a name read from non-UTF-8 bytes) as UnstorableText. ``callers``: as for
+    :func:`translate`."""
     try:
         yield
     except pymysql.err.MySQLError as exc:
-        raise translate(exc, action) from exc
+        raise translate(exc, action, callers) from exc
     except UnicodeEncodeError as exc:
         raise UnstorableText(f"MySQL ({action})", exc) from None
 
