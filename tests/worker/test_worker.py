@@ -964,6 +964,53 @@ def test_outcomes_queued_during_a_flush_go_in_the_next_flush_together(sqlite_url
         app.close()
 
 
+def test_an_outcome_whose_write_went_through_before_its_connection_was_lost_is_not_called_a_redelivery(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The database took a finish's commit and then the connection went (a server killed or cut off after the
+    commit): the retry finds the job archived, a stale ack. The warning said, as a fact, that its lease had
+    expired and the job was redelivered (seen on MySQL under KILL: nothing was). It says both causes now."""
+    from datetime import UTC, datetime
+
+    from conveyor._clock import host_now
+    from conveyor._errors import BackendUnavailable
+    from conveyor.backends.base import Finish, JobsAcquireParams, JobsFinishParams
+    from conveyor.worker._calls import BackendCalls
+    from conveyor.worker._state import Counters, Registry
+    from conveyor.worker.completer import Completer
+
+    app = App("memory://", migrate=True)
+    app.send("t", {}, queue="q")
+    leased = app.backend.jobs_acquire(JobsAcquireParams("q", 1, 30, "w", datetime.now(UTC)))[0]
+    real = app.backend.jobs_finish_many
+    tries: list[int] = []
+
+    def finish_many(params: JobsFinishParams) -> int:
+        tries.append(real(params))
+        if len(tries) == 1:
+            raise BackendUnavailable("the connection was lost after the commit")
+        return tries[-1]
+
+    app.backend.jobs_finish_many = finish_many  # type: ignore[method-assign]
+    counters = Counters()
+    calls = BackendCalls(app.backend, counters)
+    completer = Completer(calls, Registry(), counters, host_now)
+    completer.add(Finish(leased.id, leased.receipt, "completed"))
+    try:
+        with caplog.at_level("WARNING", logger="conveyor.worker"):
+            asyncio.run(completer.run_once())
+        assert tries == [1, 0] and counters.stale_acks == 1
+        assert app.job(leased.id).state == "completed"
+        stale = [r.getMessage() for r in caplog.records if "stale ack" in r.getMessage()]
+        assert stale == [
+            "1 stale ack(s) after the database was away: a try that lost its connection had written them already, "
+            "or their leases had expired and the jobs were redelivered"
+        ]
+    finally:
+        calls.shutdown()
+        app.close()
+
+
 @pytest.mark.parametrize("weights", [None, {"a": 3, "b": 1}])
 def test_prefetch_zero_leases_only_for_free_slots(app: App, weights: dict[str, int] | None) -> None:
     """``prefetch=0`` (the supervisor's default under --autoscale): while its one slot runs, nothing more is
