@@ -404,6 +404,49 @@ def test_sigint_to_the_process_group_while_scaling_out_is_one_graceful_stop(
         producer.close()
 
 
+def test_sigterm_to_the_process_group_is_one_graceful_stop(
+    postgres_database: str, procs: Procs, tmp_path: Path
+) -> None:
+    """systemd's default stop (``KillMode=control-group``), ``timeout(1)`` and ``kill -TERM -- -PGID`` send SIGTERM to
+    every process at once: each worker process gets it from there and again from its supervisor, which forwards
+    the one it got. That is one stop: the running jobs finish and the supervisor exits 0 (before, a process that
+    saw the two apart took them for an operator's second SIGTERM, exited at once, and the supervisor exited 1)."""
+    producer = App(postgres_database, migrate=True)
+    e2e_app.register(producer)
+    run_log = tmp_path / "runs.log"
+    db = Db(postgres_database)
+    try:
+        messages = [Message(task=e2e_app.WORK, payload={"kind": e2e_app.OK, "n": n}) for n in range(6)]
+        ids = {j.id for j in producer.send_many(messages)}
+        supervisor = procs.start(
+            "autoscale",
+            worker_argv(postgres_database, "--queues", "e2e", "--concurrency", "2", "--autoscale", "3:3", *FAST),
+            env={"E2E_RUN_LOG": str(run_log), "E2E_WORK_SLEEP": "2", "E2E_VISIBILITY_TIMEOUT": "30"},
+        )
+        # Every process runs jobs: a process that stopped at once would cut them short.
+        wait_until(
+            lambda: len({f[4] for f in iter_lines(run_log)}) == 3 if run_log.exists() else None,
+            60,
+            "jobs running in the three processes",
+            interval=0.02,
+        )
+        os.killpg(supervisor.pid, signal.SIGTERM)
+        assert supervisor.wait(timeout=60) == 0, supervisor.output()
+        assert worker_children(supervisor.pid) == []
+        assert "exiting at once" not in supervisor.output()
+        archived = db.archived()
+        live = db.live()
+        assert {r.state for r in archived} <= {"completed"}
+        assert {r.id for r in archived} | {r.id for r in live} == ids
+        assert {(r.state, r.lease_expires_at) for r in live} <= {("pending", None)}
+        runs = Counter(UUID(f[1]) for f in iter_lines(run_log) if f[0] == "run")
+        assert {r.id for r in archived} == set(runs)  # each job that started finished
+        assert "Traceback" not in supervisor.output()
+    finally:
+        db.close()
+        producer.close()
+
+
 def test_a_second_sigterm_stops_a_retiring_worker_process_at_once(
     postgres_database: str, procs: Procs, tmp_path: Path
 ) -> None:

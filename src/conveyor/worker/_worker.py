@@ -86,6 +86,11 @@ class Worker:
         #: SIGTERM that finds it gone is the notice of its death (see supervisor._follow), not an
         #: operator's: it stops gracefully, and a graceful stop under way goes on.
         self.supervisor: int | None = None
+        #: How many SIGTERMs the supervisor has sent this process so far (set by it; None: not supervised). A
+        #: SIGTERM to the whole process group reaches the process twice, directly and forwarded by the supervisor:
+        #: one stop. A second stop signal exits at once only when one sender sent two (the supervisor, or others).
+        self.supervisor_stops: Callable[[], int] | None = None
+        self._stop_signals = 0
         #: The hang-up signal, on which the worker stops gracefully, once, and never at once (None: not handled).
         #: ``conveyor worker`` sets SIGHUP: a terminal that closes sends it, and the kernel sends it to a supervised
         #: process when its supervisor dies (``PR_SET_PDEATHSIG``), maybe twice for one death (see ``_on_hang_up``).
@@ -388,6 +393,14 @@ class Worker:
             self.supervisor = None
             self.stop()
             return
+        self._stop_signals += 1
+        if self._stopping and self.supervisor_stops is not None:
+            by_supervisor = self.supervisor_stops()
+            if by_supervisor < 2 and self._stop_signals - by_supervisor < 2:
+                log.info(
+                    "%s from the supervisor and from another sender: one stop; the graceful stop goes on", sig.name
+                )
+                return
         if self._stopping:
             log.warning("second %s: exiting at once", sig.name)
             os._exit(1)

@@ -16,7 +16,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import MutableSequence
+from collections.abc import Callable, MutableSequence
 
 from conveyor._app import App
 from conveyor._errors import EXIT_DAMAGED, ConfigurationError, ConveyorError, exit_code, first_line
@@ -107,9 +107,11 @@ def run_worker(
     config: WorkerConfig,
     supervisor: int | None = None,
     observer: Observer | None = None,
+    asked: Callable[[], int] | None = None,
 ) -> int:
     """Load the app and run one Worker in this process until it stops; return its exit code.
-    ``supervisor``: the pid of the prefork supervisor whose child this process is (None: alone)."""
+    ``supervisor``: the pid of the prefork supervisor whose child this process is (None: alone); ``asked``: how
+    many SIGTERMs it has sent this process (see ``Worker.supervisor_stops``)."""
     child = supervisor is not None
     if child:
         # The supervisor owns SIGINT (a terminal's Ctrl-C reaches the whole process group); a child
@@ -122,6 +124,7 @@ def run_worker(
         app.database_url = database_url
     worker = Worker(app, config=config, observer=observer)
     worker.supervisor = supervisor
+    worker.supervisor_stops = asked
     # Alone, a hang-up is a terminal closing: a graceful stop rather than Python's default (killed mid-job, the jobs
     # left to their leases), unless it was ignored from the start (nohup). A supervised child gets it as its
     # supervisor's death notice too (Linux; elsewhere it polls), and under nohup acts only on the notice.
@@ -223,12 +226,15 @@ def _child_main(
     supervisor: int,
     up: MutableSequence[int],
     index: int,
+    asked: MutableSequence[int],
 ) -> None:
     level, fmt = log_config
     log_to_stderr(level, fmt or logging.BASIC_FORMAT)
     _follow(supervisor)
     try:
-        code = run_worker(app_path, database_url, config, supervisor=supervisor, observer=_Up(up, index))
+        code = run_worker(
+            app_path, database_url, config, supervisor=supervisor, observer=_Up(up, index), asked=lambda: asked[index]
+        )
         up[index] = _STOPPED  # its worker stopped: an exit 0 without this is a handler's os._exit(0)
     except ConveyorError as exc:
         # Before its loops started (the schema check, its metrics port): one line, as the CLI prints it.
@@ -429,6 +435,10 @@ def run_processes(
     # One flag per slot that its worker process sets once it is up (see _Up): shared memory, one writer.
     # With autoscale, one per slot the maximum may use.
     up = ctx.RawArray("b", processes)
+    # The SIGTERMs the supervisor has sent the process in each slot, written before each is sent: a SIGTERM to the
+    # whole process group (systemd's default stop, timeout(1)) reaches a child from there and again from the
+    # supervisor, which forwards its own; the child tells that one stop from an operator's second SIGTERM by it.
+    asked = ctx.RawArray("i", processes)
     supervisor = os.getpid()
     slots: list[_Slot] = []
     stopping = [0]
@@ -444,12 +454,12 @@ def run_processes(
                 own = dataclasses.replace(own, cpu=cpus[index])
             except ConfigurationError as exc:  # the supervisor's CPUs changed since it started
                 log.warning("worker process %d starts unpinned: %s", index, first_line(exc))
-        up[index] = 0
+        up[index] = asked[index] = 0
         # Started from this (the main) thread: a child's parent-death signal fires when the thread that
         # started it exits, which must be the supervisor's exit, not a helper thread's.
         p = ctx.Process(
             target=_child_main,
-            args=(app_path, database_url, own, _log_config(), supervisor, up, index),
+            args=(app_path, database_url, own, _log_config(), supervisor, up, index, asked),
             daemon=False,
         )
         # The child starts with SIGINT blocked (fork and exec keep the signal mask): a Ctrl-C to the process group
@@ -469,10 +479,11 @@ def run_processes(
 
     forwarded: dict[int, int] = {}
 
-    def forward(p: multiprocessing.process.BaseProcess) -> None:
+    def forward(slot: _Slot) -> None:
         """Send the child one SIGTERM per signal the supervisor got (a second one: exit at once)."""
+        p = slot.process
         while p.pid and forwarded.get(p.pid, 0) < stopping[0]:
-            forwarded[p.pid] = forwarded.get(p.pid, 0) + 1
+            forwarded[p.pid] = asked[slot.index] = forwarded.get(p.pid, 0) + 1
             with contextlib.suppress(ProcessLookupError):
                 os.kill(p.pid, signal.SIGTERM)
                 # A child that is stopped (SIGSTOP, say from one of its own handlers) would only get
@@ -483,7 +494,7 @@ def run_processes(
         stopping[0] += 1
         for slot in slots:
             if slot.process.is_alive():
-                forward(slot.process)
+                forward(slot)
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
@@ -506,7 +517,7 @@ def run_processes(
         if p.pid:
             # Counted as a forwarded signal: a later SIGTERM to the supervisor must not make it this
             # process's second one (which stops at once); a second one to the supervisor still does.
-            forwarded[p.pid] = forwarded.get(p.pid, 0) + 1
+            forwarded[p.pid] = asked[slot.index] = forwarded.get(p.pid, 0) + 1
             with contextlib.suppress(ProcessLookupError):
                 os.kill(p.pid, signal.SIGTERM)
                 os.kill(p.pid, signal.SIGCONT)
@@ -524,13 +535,13 @@ def run_processes(
             slots.append(slot)
             slots.sort(key=lambda s: s.index)
             log.info("autoscale: started worker process %s (slot %d)", slot.process.pid, slot.index)
-            forward(slot.process)  # a signal that came while it was being started
+            forward(slot)  # a signal that came while it was being started
 
     for index in range(target):
         if stopping[0]:
             break
         slots.append(_Slot(index, spawn(index), time.monotonic()))
-        forward(slots[-1].process)  # a signal that came while it was being started
+        forward(slots[-1])  # a signal that came while it was being started
     burst = config.burst
     failed = damaged = waiting_logged = False
     if reader is not None:
@@ -596,7 +607,7 @@ def run_processes(
                 alive = True
                 if now >= slot.restart_at:
                     slot.process, slot.started, slot.restart_at = spawn(slot.index), time.monotonic(), None
-                    forward(slot.process)  # a signal that came while it was being started
+                    forward(slot)  # a signal that came while it was being started
             if gone:
                 slots[:] = [s for s in slots if s not in gone]
             if reader is not None and autoscale is not None and not stopping[0] and not failed:
