@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import resource
 import signal
 import time
 from collections import Counter
@@ -272,6 +273,50 @@ def test_a_database_that_does_not_answer_keeps_the_count_and_is_logged_once(
         assert supervisor.wait(timeout=60) == 0, supervisor.output()
         assert "Traceback" not in supervisor.output()
     finally:
+        producer.close()
+
+
+def test_a_scale_out_that_cannot_start_a_process_keeps_the_others(
+    postgres_database: str, procs: Procs, tmp_path: Path
+) -> None:
+    """The supervisor cannot start a process when it scales out (its file descriptors are exhausted; a fork refused
+    for memory or a process limit alike): the running processes go on, the failure is logged once, and the scale-out
+    is tried again until it works (before, the supervisor stopped every process and exited 1 with a traceback)."""
+    producer = App(postgres_database, migrate=True)
+    e2e_app.register(producer)
+    run_log = tmp_path / "runs.log"
+    producer.admin.migrate()
+    db = Db(postgres_database)
+    try:
+        supervisor = procs.start(
+            "autoscale",
+            worker_argv(postgres_database, "--queues", "e2e", "--concurrency", "1", "--autoscale", "1:2", *FAST),
+            env={"E2E_RUN_LOG": str(run_log), "E2E_WORK_SLEEP": "0.2", "E2E_VISIBILITY_TIMEOUT": "30"},
+        )
+        wait_until(lambda: ": queues e2e," in supervisor.output(), 60, "the worker up")
+        first = worker_children(supervisor.pid)
+        assert len(first) == 1
+        # One descriptor left: a start needs two pipes. The load reader keeps its open connection.
+        _, hard = resource.prlimit(supervisor.pid, resource.RLIMIT_NOFILE)
+        opened = len(os.listdir(f"/proc/{supervisor.pid}/fd"))
+        resource.prlimit(supervisor.pid, resource.RLIMIT_NOFILE, (opened + 1, hard))
+        messages = [Message(task=e2e_app.WORK, payload={"kind": e2e_app.OK, "n": n}) for n in range(20)]
+        ids = {j.id for j in producer.send_many(messages)}
+        refused = "autoscale: cannot start a worker process ("
+        wait_until(lambda: refused in supervisor.output(), 60, "the refused start logged")
+        time.sleep(1.5)  # several tries later: one line, the first process runs on
+        assert supervisor.popen.poll() is None, supervisor.output()
+        assert worker_children(supervisor.pid) == first
+        assert supervisor.output().count(refused) == 1, supervisor.output()
+        resource.prlimit(supervisor.pid, resource.RLIMIT_NOFILE, (hard, hard))
+        wait_until(lambda: count_is(supervisor.pid, 2), 60, "the scale-out once the process can start")
+        wait_until(lambda: len(db.archived()) == len(ids), 60, "every job completed")
+        supervisor.signal(signal.SIGTERM)
+        assert supervisor.wait(timeout=60) == 0, supervisor.output()
+        assert {(r.state, r.deliveries) for r in db.archived()} == {("completed", 1)}
+        assert "Traceback" not in supervisor.output()
+    finally:
+        db.close()
         producer.close()
 
 

@@ -523,15 +523,34 @@ def run_processes(
                 os.kill(p.pid, signal.SIGCONT)
         log.info("autoscale: stopping worker process %s gracefully (scale-in; it is not restarted)", p.pid)
 
+    refused: list[float | None] = [None]  # when a scale-out that could not start a process is tried again
+
     def start_slots() -> None:
         """Scale out to ``target``: new slots on the lowest free indices (a retiring one keeps its index, and
-        its metrics port, until it has exited)."""
+        its metrics port, until it has exited). A process that cannot be started (no file descriptor left, a fork
+        refused for memory or a process limit) leaves the others running: logged once, tried again every second."""
         while not stopping[0] and sum(1 for s in slots if not s.retiring) < target:
             taken = {s.index for s in slots}
             free = [i for i in range(processes) if i not in taken]
             if not free:
                 return  # every index is held, some by retiring processes: the next pass, once they exit
-            slot = _Slot(free[0], spawn(free[0]), time.monotonic())
+            if refused[0] is not None and time.monotonic() < refused[0]:
+                return
+            try:
+                process = spawn(free[0])
+            except OSError as exc:
+                if refused[0] is None:
+                    log.warning(
+                        "autoscale: cannot start a worker process (%s); keeping %d, trying again every second",
+                        first_line(exc),
+                        sum(1 for s in slots if not s.retiring),
+                    )
+                refused[0] = time.monotonic() + 1.0
+                return
+            if refused[0] is not None:
+                log.warning("autoscale: worker processes can be started again")
+                refused[0] = None
+            slot = _Slot(free[0], process, time.monotonic())
             slots.append(slot)
             slots.sort(key=lambda s: s.index)
             log.info("autoscale: started worker process %s (slot %d)", slot.process.pid, slot.index)
