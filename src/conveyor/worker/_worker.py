@@ -397,9 +397,8 @@ class Worker:
         if self._stopping and self.supervisor_stops is not None:
             by_supervisor = self.supervisor_stops()
             if by_supervisor < 2 and self._stop_signals - by_supervisor < 2:
-                log.info(
-                    "%s from the supervisor and from another sender: one stop; the graceful stop goes on", sig.name
-                )
+                # A signal to the whole process group comes directly and forwarded by the supervisor: one stop.
+                log.info("%s: not a second stop (no sender sent two); the graceful stop goes on", sig.name)
                 return
         if self._stopping:
             log.warning("second %s: exiting at once", sig.name)
