@@ -435,9 +435,9 @@ def run_processes(
     # One flag per slot that its worker process sets once it is up (see _Up): shared memory, one writer.
     # With autoscale, one per slot the maximum may use.
     up = ctx.RawArray("b", processes)
-    # The SIGTERMs the supervisor has sent the process in each slot, written before each is sent: a SIGTERM to the
-    # whole process group (systemd's default stop, timeout(1)) reaches a child from there and again from the
-    # supervisor, which forwards its own; the child tells that one stop from an operator's second SIGTERM by it.
+    # The SIGTERMs the supervisor has sent the process in each slot (0 when one starts there), written before each is
+    # sent: what forward() has yet to send, and how a child tells a SIGTERM to the whole process group (systemd's
+    # default stop, timeout(1)), which reaches it directly and again forwarded, from an operator's second one.
     asked = ctx.RawArray("i", processes)
     supervisor = os.getpid()
     slots: list[_Slot] = []
@@ -477,13 +477,11 @@ def run_processes(
             signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         return p
 
-    forwarded: dict[int, int] = {}
-
     def forward(slot: _Slot) -> None:
         """Send the child one SIGTERM per signal the supervisor got (a second one: exit at once)."""
         p = slot.process
-        while p.pid and forwarded.get(p.pid, 0) < stopping[0]:
-            forwarded[p.pid] = asked[slot.index] = forwarded.get(p.pid, 0) + 1
+        while p.pid and asked[slot.index] < stopping[0]:
+            asked[slot.index] += 1
             with contextlib.suppress(ProcessLookupError):
                 os.kill(p.pid, signal.SIGTERM)
                 # A child that is stopped (SIGSTOP, say from one of its own handlers) would only get
@@ -517,7 +515,7 @@ def run_processes(
         if p.pid:
             # Counted as a forwarded signal: a later SIGTERM to the supervisor must not make it this
             # process's second one (which stops at once); a second one to the supervisor still does.
-            forwarded[p.pid] = asked[slot.index] = forwarded.get(p.pid, 0) + 1
+            asked[slot.index] += 1
             with contextlib.suppress(ProcessLookupError):
                 os.kill(p.pid, signal.SIGTERM)
                 os.kill(p.pid, signal.SIGCONT)
