@@ -440,6 +440,38 @@ def test_a_cancelled_batch_split_down_to_one_item_ends_once_its_caller_gives_up(
     assert calls == [[1, 2, 3, 4], [1, 2], [1]]  # halves, then the first single item, given up: raised
 
 
+def test_a_cancelled_statement_retried_is_not_logged_as_an_unavailable_database(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An operator's KILL QUERY / pg_cancel_backend (or a statement timeout) on a worker's acquire: the
+    retry's warning said "database unavailable", sending the operator to look for an outage."""
+    from conveyor._errors import StatementCancelled
+    from conveyor.backends.sqlite import MemoryBackend
+    from conveyor.worker._calls import BackendCalls
+    from conveyor.worker._state import Counters
+
+    tries: list[int] = []
+
+    def cancelled_once(n: int) -> int:
+        tries.append(n)
+        if len(tries) == 1:
+            raise StatementCancelled("MySQL cancelled acquire: Query execution was interrupted")
+        return n
+
+    backend = MemoryBackend()
+    runner = BackendCalls(backend, Counters())
+    try:
+        with caplog.at_level(logging.WARNING, logger="conveyor"):
+            assert asyncio.run(runner.call(cancelled_once, 7, what="acquire")) == 7
+    finally:
+        runner.shutdown()
+        backend.close()
+    assert tries == [7, 7]
+    lines = [r.getMessage() for r in caplog.records if "acquire" in r.getMessage()]
+    assert len(lines) == 1 and "database cancelled the statement" in lines[0], lines
+    assert "unavailable" not in lines[0]
+
+
 def test_a_batch_size_that_fit_is_kept_for_the_next_batches_of_its_kind(monkeypatch: pytest.MonkeyPatch) -> None:
     """Before: every heartbeat sent its whole batch again, had it cancelled, split it and warned again."""
     from conveyor._errors import StatementCancelled

@@ -26,6 +26,16 @@ I = TypeVar("I")  # noqa: E741 - an item of a batch
 R = TypeVar("R", list[Any], int)  # what a batch statement returns: rows (joined) or a count (added)
 
 
+def _state(exc: Exception) -> str:
+    """What a retried call's warning says of the database: an operator's ``KILL QUERY`` or
+    ``pg_cancel_backend``, or a statement timeout, is not an outage (it was logged as one)."""
+    if isinstance(exc, BackendRefused):
+        return "database refuses a privilege"
+    if isinstance(exc, StatementCancelled):
+        return "database cancelled the statement"
+    return "database unavailable"
+
+
 class BackendCalls:
     """Runs blocking Backend calls on a small dedicated thread pool.
 
@@ -95,7 +105,7 @@ class BackendCalls:
                 self.counters.backend_errors += 1
                 if give_up() or (splits and isinstance(exc, StatementCancelled)):
                     raise
-                state = "database refuses a privilege" if isinstance(exc, BackendRefused) else "database unavailable"
+                state = _state(exc)
                 log.warning("%s: %s (%s); retrying in %.2fs", what, state, exc, delay)
                 await asyncio.sleep(delay * random.uniform(0.5, 1.0))
                 delay = min(delay * 2, 5.0)
