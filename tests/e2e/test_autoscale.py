@@ -46,6 +46,11 @@ def worker_children(pid: int) -> list[int]:
     return out
 
 
+def starts_of(run_log: Path, job: UUID) -> list[int]:
+    """The processes that started ``job``, in order (the e2e app's run log)."""
+    return [int(f[4]) for f in iter_lines(run_log) if f[:2] == ["start", str(job)]]
+
+
 def count_is(pid: int, n: int) -> list[int] | None:
     found = worker_children(pid)
     return found if len(found) == n else None
@@ -158,7 +163,7 @@ def test_a_killed_worker_process_is_restarted_unless_it_was_retiring(
                 "--queues",
                 "slow",
                 "--concurrency",
-                "1",
+                "2",
                 "--prefetch",
                 "1",
                 "--autoscale",
@@ -169,7 +174,7 @@ def test_a_killed_worker_process_is_restarted_unless_it_was_retiring(
                 # Long enough for the kill, the restart and the busy-making below on a loaded machine: the first
                 # scale-in must come after them.
                 "--scale-in-cooldown",
-                "20",
+                "30",
                 "--graceful-timeout",
                 "90",
             ),
@@ -191,21 +196,24 @@ def test_a_killed_worker_process_is_restarted_unless_it_was_retiring(
         wait_until(lambda: count_is(supervisor.pid, 3), 30, "three worker processes again", interval=0.02)
         wait_until(lambda: supervisor.output().count(": queues slow,") >= 4, 60, "the replacement up")
 
-        # Make the process a scale-in stops first (the newest slot, 2) busy: the others are stopped while
-        # it takes a job that outlasts the scale-in cool-down.
+        # Make every process busy with one long job (each alone awake while it takes its own), so that the scale-in
+        # (the jobs in flight fit one process fewer at 2 slots each) finds no idle process to stop instead and stops
+        # the newest slot's (2) while its job runs.
         newest = started[2]
-        others = [p for p in worker_children(supervisor.pid) if p != newest]
-        for pid in others:
-            os.kill(pid, signal.SIGSTOP)
-        try:
-            long_job = producer.send_many([Message(task=e2e_app.SLOW, payload={"seconds": LONG})])[0].id
-            wait_until(
-                lambda: [f for f in iter_lines(run_log) if f[:2] == ["start", str(long_job)]], 30, "the long job"
-            )
-        finally:
-            for pid in others:
-                os.kill(pid, signal.SIGCONT)
-        assert [int(f[4]) for f in iter_lines(run_log) if f[:2] == ["start", str(long_job)]] == [newest]
+        longs: dict[int, UUID] = {}
+        for pid in sorted(worker_children(supervisor.pid), key=lambda p: p == newest):
+            others = [p for p in worker_children(supervisor.pid) if p != pid]
+            for other in others:
+                os.kill(other, signal.SIGSTOP)
+            try:
+                job = producer.send_many([Message(task=e2e_app.SLOW, payload={"seconds": LONG})])[0].id
+                wait_until(lambda j=job: starts_of(run_log, j), 30, "a long job")
+            finally:
+                for other in others:
+                    os.kill(other, signal.SIGCONT)
+            assert starts_of(run_log, job) == [pid]
+            longs[pid] = job
+        long_job = longs[newest]
 
         retiring = f"autoscale: stopping worker process {newest} gracefully"
         wait_until(lambda: retiring in supervisor.output(), 90, "the scale-in", interval=0.02)
@@ -226,6 +234,11 @@ def test_a_killed_worker_process_is_restarted_unless_it_was_retiring(
         supervisor.signal(signal.SIGTERM)
         assert supervisor.wait(timeout=LONG + 30) == 0, supervisor.output()
         assert [(r.state, r.deliveries) for r in db.archived() if r.id == long_job] == [("completed", 2)]
+        assert sorted((r.state, r.deliveries) for r in db.archived() if r.id in longs.values()) == [
+            ("completed", 1),
+            ("completed", 1),
+            ("completed", 2),
+        ]
         assert db.live() == []
         assert "Traceback" not in supervisor.output()
     finally:
@@ -492,44 +505,93 @@ def test_sigterm_to_the_process_group_is_one_graceful_stop(
         producer.close()
 
 
-def test_a_second_sigterm_stops_a_retiring_worker_process_at_once(
+def test_a_scale_in_stops_an_idle_process_and_not_the_newest_busy_one(
     postgres_database: str, procs: Procs, tmp_path: Path
 ) -> None:
-    """A scale-in is stopping a busy process gracefully; SIGTERM to the supervisor stops the others, and a second
-    one reaches the retiring process too, which exits at once: the supervisor exits 1 (before: 0), the job it ran
-    is not lost (still leased, it comes back when its lease expires)."""
+    """-c 1 --autoscale 1:2, an 8 s job in the first process and a 25 s one in the process the scale-out started;
+    once the short one ends the load asks for one process. The scale-in stopped the newest process, busy, and cut
+    its job after the graceful timeout (2 s here): the job ran again once its lease expired. Now the idle process
+    goes, and the long job runs once."""
     producer = App(postgres_database, migrate=True)
     e2e_app.register(producer)
     run_log = tmp_path / "runs.log"
     db = Db(postgres_database)
     try:
         short = producer.send_many([Message(task=e2e_app.SLOW, payload={"seconds": 8.0})])[0].id
-        long = producer.send_many([Message(task=e2e_app.SLOW, payload={"seconds": 60.0})])[0].id
+        long = producer.send_many([Message(task=e2e_app.SLOW, payload={"seconds": 25.0})])[0].id
         argv = worker_argv(
             postgres_database, "--queues", "slow", "--concurrency", "1", "--autoscale", "1:2", *FAST,
-            "--scale-in-cooldown", "0.5", "--graceful-timeout", "90",
+            "--scale-in-cooldown", "0.5", "--graceful-timeout", "2",
         )  # fmt: skip
         supervisor = procs.start("autoscale", argv, env={"E2E_RUN_LOG": str(run_log)})
         wait_until(lambda: len([f for f in iter_lines(run_log) if f[0] == "start"]) == 2, 30, "both jobs running")
         pids = {UUID(f[1]): int(f[4]) for f in iter_lines(run_log) if f[0] == "start"}
-        assert pids[long] != pids[short], supervisor.output()  # the long one in the process the scale-out started
-        retiring = f"autoscale: stopping worker process {pids[long]} gracefully"
-        wait_until(lambda: retiring in supervisor.output(), 30, "the scale-in of the busy process")
+        assert pids[long] != pids[short], supervisor.output()
+        wait_until(lambda: "autoscale: stopping worker process" in supervisor.output(), 30, "the scale-in")
+        output = supervisor.output()
+        assert f"autoscale: stopping worker process {pids[short]} gracefully (scale-in, idle;" in output, output
+        assert f"stopping worker process {pids[long]}" not in output
+        wait_until(lambda: [f for f in iter_lines(run_log) if f[:2] == ["end", str(long)]], 40, "the long job done")
+        supervisor.signal(signal.SIGTERM)
+        assert supervisor.wait(timeout=30) == 0, supervisor.output()
+        assert [f[1] for f in iter_lines(run_log) if f[0] == "start"] == [str(short), str(long)] or [
+            f[1] for f in iter_lines(run_log) if f[0] == "start"
+        ] == [str(long), str(short)]
+        assert {(r.id, r.state, r.deliveries) for r in db.archived()} == {
+            (short, "completed", 1),
+            (long, "completed", 1),
+        }
+        assert "still running after" not in supervisor.output()
+        assert "Traceback" not in supervisor.output()
+    finally:
+        db.close()
+        producer.close()
+
+
+def test_a_second_sigterm_stops_a_retiring_worker_process_at_once(
+    postgres_database: str, procs: Procs, tmp_path: Path
+) -> None:
+    """A scale-in is stopping a busy process gracefully; SIGTERM to the supervisor stops the others, and a second
+    one reaches the retiring process too, which exits at once: the supervisor exits 1 (before: 0), the job it ran
+    is not lost (still leased, it comes back when its lease expires). Every process is busy (-c 2, one long job
+    each once the short one ends, a load of one process), so the scale-in has no idle process to stop instead."""
+    producer = App(postgres_database, migrate=True)
+    e2e_app.register(producer)
+    run_log = tmp_path / "runs.log"
+    db = Db(postgres_database)
+    try:
+        short = producer.send_many([Message(task=e2e_app.SLOW, payload={"seconds": 4.0})])[0].id
+        longs = {producer.send_many([Message(task=e2e_app.SLOW, payload={"seconds": 60.0})])[0].id for _ in range(2)}
+        argv = worker_argv(
+            postgres_database, "--queues", "slow", "--concurrency", "2", "--autoscale", "1:2", *FAST,
+            "--scale-in-cooldown", "0.5", "--graceful-timeout", "90",
+        )  # fmt: skip
+        supervisor = procs.start("autoscale", argv, env={"E2E_RUN_LOG": str(run_log)})
+        wait_until(lambda: len([f for f in iter_lines(run_log) if f[0] == "start"]) == 3, 30, "three jobs running")
+        pids = {UUID(f[1]): int(f[4]) for f in iter_lines(run_log) if f[0] == "start"}
+        assert len(set(pids.values())) == 2, supervisor.output()  # the scale-out's process took a job too
+        busy_retire = re.compile(r"autoscale: stopping worker process (\d+) gracefully \(scale-in, 1 handler running;")
+        wait_until(lambda: busy_retire.search(supervisor.output()), 30, "the scale-in of a busy process")
+        found = busy_retire.search(supervisor.output())
+        assert found is not None
+        retiring = int(found.group(1))
+        assert len([j for j in longs if pids[j] == retiring]) == 1, (pids, retiring)
         assert [f for f in iter_lines(run_log) if f[:2] == ["end", str(short)]]
         supervisor.signal(signal.SIGTERM)
         time.sleep(1.0)
-        assert supervisor.popen.poll() is None  # it waits for the retiring process's job
-        assert pids[long] in worker_children(supervisor.pid)
+        assert supervisor.popen.poll() is None  # it waits for the processes' jobs
+        assert retiring in worker_children(supervisor.pid)
         supervisor.signal(signal.SIGTERM)
         code = supervisor.wait(timeout=15)
         assert worker_children(supervisor.pid) == []
         output = supervisor.output()
         assert "second SIGTERM: exiting at once" in output, output
-        assert code == 1  # a job was cut short, as with --processes
+        assert code == 1  # jobs were cut short, as with --processes
         assert "Traceback" not in output
-        # The long job is still leased by the process that exited: its lease (2 s) runs out, and it is ready again.
-        assert [(r.id, r.state) for r in db.live()] == [(long, "processing")]
-        assert not [f for f in iter_lines(run_log) if f[:2] == ["end", str(long)]]
+        # The long jobs are still leased by the processes that exited: their leases (2 s) run out, and they are
+        # ready again.
+        assert {(r.id, r.state) for r in db.live()} == {(j, "processing") for j in longs}
+        assert not [f for f in iter_lines(run_log) if f[0] == "end" and UUID(f[1]) in longs]
     finally:
         db.close()
         producer.close()

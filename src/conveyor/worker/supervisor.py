@@ -17,15 +17,18 @@ import sys
 import threading
 import time
 from collections.abc import Callable, MutableSequence
+from datetime import datetime
+from typing import Any
 
 from conveyor._app import App
 from conveyor._errors import EXIT_DAMAGED, ConfigurationError, ConveyorError, exit_code, first_line
 from conveyor._scaling import ScalingPolicy, ScalingState, sum_load
 from conveyor._stderr import log_to_stderr
 from conveyor.backends import check_url
+from conveyor.backends.base import Delivery
 from conveyor.worker import _cpu
 from conveyor.worker._config import WorkerConfig
-from conveyor.worker._observe import Observer
+from conveyor.worker._observe import Observer, Outcome
 from conveyor.worker._worker import Worker
 
 log = logging.getLogger("conveyor.worker")
@@ -52,7 +55,7 @@ FAILED_STARTS_LIMIT = 5
 #: the database (a lock, a network that swallows packets): the count stays meanwhile, as when a read fails.
 HUNG_READ = 10.0
 
-#: A worker process's flag (see _Up) once its worker stopped by itself (a burst drained, a signal), set just
+#: A worker process's flag (see _Report) once its worker stopped by itself (a burst drained, a signal), set just
 #: before it exits: an exit 0 without it is a handler's ``os._exit(0)``, with the process's jobs in flight.
 _STOPPED = 2
 
@@ -203,19 +206,33 @@ def _log_config() -> tuple[int, str | None]:
     return root.level, formatter._fmt if formatter is not None else None
 
 
-class _Up(Observer):
-    """Marks a worker process up, in memory its supervisor reads, once its first acquire is answered:
-    then its app imported, its database answered and its loops run."""
+class _Report(Observer):
+    """What a worker process tells its supervisor, in memory the supervisor reads (one writer per slot): that it is
+    up, once its first acquire is answered (then its app imported, its database answered and its loops run), and
+    how many handlers it is running (a scale-in stops an idle process rather than cut a busy one's jobs)."""
 
-    def __init__(self, flags: MutableSequence[int], index: int) -> None:
+    def __init__(self, flags: MutableSequence[int], running: MutableSequence[int], index: int) -> None:
         self.flags = flags
+        self.running = running
         self.index = index
         self.up = False
+        self._count = 0
+        self._lock = threading.Lock()  # before_run/after_run of ``def`` handlers run in their threads
 
     def fetched(self, queue: str, deliveries: int) -> None:
         if not self.up:
             self.up = True
             self.flags[self.index] = 1
+
+    def before_run(self, delivery: Delivery, now: datetime) -> None:
+        with self._lock:
+            self._count += 1
+            self.running[self.index] = self._count
+
+    def after_run(self, delivery: Delivery, outcome: Outcome | None, seconds: float, token: Any) -> None:
+        with self._lock:
+            self._count -= 1
+            self.running[self.index] = self._count
 
 
 def _child_main(
@@ -227,13 +244,19 @@ def _child_main(
     up: MutableSequence[int],
     index: int,
     asked: MutableSequence[int],
+    running: MutableSequence[int],
 ) -> None:
     level, fmt = log_config
     log_to_stderr(level, fmt or logging.BASIC_FORMAT)
     _follow(supervisor)
     try:
         code = run_worker(
-            app_path, database_url, config, supervisor=supervisor, observer=_Up(up, index), asked=lambda: asked[index]
+            app_path,
+            database_url,
+            config,
+            supervisor=supervisor,
+            observer=_Report(up, running, index),
+            asked=lambda: asked[index],
         )
         up[index] = _STOPPED  # its worker stopped: an exit 0 without this is a handler's os._exit(0)
     except ConveyorError as exc:
@@ -275,6 +298,10 @@ def _poll_parent(supervisor: int, interval: float = 1.0) -> None:
     while os.getppid() == supervisor:
         time.sleep(interval)
     os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _handlers(n: int) -> str:
+    return "idle" if n <= 0 else f"{n} handler{'s' if n > 1 else ''} running"
 
 
 def _how(code: int | None) -> str:
@@ -397,9 +424,10 @@ def run_processes(
     ``autoscale``: ``processes`` is ignored; the supervisor starts ``autoscale.minimum`` processes and every
     ``scale_interval`` seconds reads the load of the worker's queues (``app.admin.queues()``) and applies the
     policy: a scale-out starts new slots (the lowest free index: metrics ports and CPUs are laid out for
-    ``autoscale.maximum`` processes); a scale-in stops the newest process gracefully (SIGTERM: its buffered jobs
-    go back at once, its running ones finish) and does not restart it, however it ends. While the load cannot be
-    read, the count stays as it is (logged once per outage)."""
+    ``autoscale.maximum`` processes); a scale-in stops the process running the fewest handlers (an idle one; of
+    equals the newest) gracefully (SIGTERM: its buffered jobs go back at once, its running ones finish) and does
+    not restart it, however it ends. While the load cannot be read, the count stays as it is (logged once per
+    outage)."""
     if autoscale is not None:
         if config.burst:
             raise ConfigurationError("--autoscale cannot be combined with --burst (a burst drains and exits)")
@@ -432,9 +460,10 @@ def run_processes(
             "autoscale: %s; load read from queues %s every %gs", autoscale.describe(), ",".join(queues), scale_interval
         )
     ctx = multiprocessing.get_context("spawn")
-    # One flag per slot that its worker process sets once it is up (see _Up): shared memory, one writer.
-    # With autoscale, one per slot the maximum may use.
+    # One flag per slot that its worker process sets once it is up, and how many handlers it runs (see _Report):
+    # shared memory, one writer each. With autoscale, one per slot the maximum may use.
     up = ctx.RawArray("b", processes)
+    running = ctx.RawArray("i", processes)
     # The SIGTERMs the supervisor has sent the process in each slot (0 when one starts there), written before each is
     # sent: what forward() has yet to send, and how a child tells a SIGTERM to the whole process group (systemd's
     # default stop, timeout(1)), which reaches it directly and again forwarded, from an operator's second one.
@@ -454,12 +483,12 @@ def run_processes(
                 own = dataclasses.replace(own, cpu=cpus[index])
             except ConfigurationError as exc:  # the supervisor's CPUs changed since it started
                 log.warning("worker process %d starts unpinned: %s", index, first_line(exc))
-        up[index] = asked[index] = 0
+        up[index] = asked[index] = running[index] = 0
         # Started from this (the main) thread: a child's parent-death signal fires when the thread that
         # started it exits, which must be the supervisor's exit, not a helper thread's.
         p = ctx.Process(
             target=_child_main,
-            args=(app_path, database_url, own, _log_config(), supervisor, up, index, asked),
+            args=(app_path, database_url, own, _log_config(), supervisor, up, index, asked, running),
             daemon=False,
         )
         # The child starts with SIGINT blocked (fork and exec keep the signal mask): a Ctrl-C to the process group
@@ -503,9 +532,14 @@ def run_processes(
     outage = False
 
     def retire() -> None:
-        """Scale in by one: the newest slot (its highest index, so that the metrics ports in use stay
-        contiguous) stops gracefully as on SIGTERM and is not restarted; one waiting to be restarted just goes."""
-        slot = max((s for s in slots if not s.retiring), key=lambda s: s.index)
+        """Scale in by one: a slot waiting for its restart just goes; else the process running the fewest handlers
+        (an idle one: a busy one's jobs longer than the graceful timeout would be cut and run again), of those the
+        newest (its highest index, so that the metrics ports in use stay contiguous when it can), stops gracefully
+        as on SIGTERM and is not restarted."""
+        slot = max(
+            (s for s in slots if not s.retiring),
+            key=lambda s: (not s.process.is_alive(), -running[s.index], s.index),
+        )
         p = slot.process
         if not p.is_alive():
             slots.remove(slot)
@@ -519,7 +553,11 @@ def run_processes(
             with contextlib.suppress(ProcessLookupError):
                 os.kill(p.pid, signal.SIGTERM)
                 os.kill(p.pid, signal.SIGCONT)
-        log.info("autoscale: stopping worker process %s gracefully (scale-in; it is not restarted)", p.pid)
+        log.info(
+            "autoscale: stopping worker process %s gracefully (scale-in, %s; it is not restarted)",
+            p.pid,
+            _handlers(running[slot.index]),
+        )
 
     refused: list[float | None] = [None]  # when a scale-out that could not start a process is tried again
 
