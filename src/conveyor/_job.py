@@ -14,6 +14,9 @@ from conveyor._errors import ConfigurationError, JobNotFoundError, JobTimeoutErr
 from conveyor._limits import check_seconds
 from conveyor.backends.base import TERMINAL_STATES, Backend, JobGetParams, JobRecord, JobState
 
+#: How many characters of a stored value Python cannot read a JobStatus shows (see ``_stored_json``).
+UNREADABLE_PREVIEW = 200
+
 
 @dataclass(frozen=True, slots=True)
 class JobError:
@@ -71,13 +74,13 @@ class JobStatus:
             deliveries=record.deliveries,
             max_attempts=record.max_attempts,
             priority=record.priority,
-            payload=json.loads(record.payload),
-            headers=json.loads(record.headers),
+            payload=_stored_json(record.payload, "payload"),
+            headers=_stored_json(record.headers, "headers"),
             enqueued_at=record.enqueued_at,
             run_at=record.run_at,
             started_at=record.started_at,
             finished_at=record.finished_at,
-            result=json.loads(record.result) if record.result is not None else None,
+            result=_stored_json(record.result, "result") if record.result is not None else None,
             error=error,
             reason=record.reason,
             idempotency_key=record.idempotency_key,
@@ -115,6 +118,19 @@ class JobStatus:
             "error_message": self.error.message if self.error else None,
             "idempotency_key": self.idempotency_key,
         }
+
+
+def _stored_json(text: str, what: str) -> Any:
+    """A stored payload, headers or result as Python values; one that Python cannot read as a note
+    ``{"unreadable": ...}`` saying why and how it begins, so that one row another writer stored (an integer
+    of 4,300+ digits, JSON nested past Python's recursion limit, text that is not JSON) shows as what it
+    is rather than stopping every listing, selection and replay it is part of."""
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as exc:  # ValueError: not JSON, or an integer of 4,300+ digits
+        begins = text[:UNREADABLE_PREVIEW] + ("..." if len(text) > UNREADABLE_PREVIEW else "")
+        why = str(exc)[:200]
+        return {"unreadable": f"the stored {what} is not JSON Python can read ({why}); it begins: {begins}"}
 
 
 class Job:

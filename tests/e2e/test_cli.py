@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.conftest import driver_connection, make_dead_letters
 
 from conveyor import ConfigurationError
 
@@ -380,6 +381,39 @@ def test_dlq_list_show_replay_purge_and_audit(database_url: str) -> None:
 
     row = stats(database_url)["e2e"]
     assert (row["pending"], row["completed"], row["dead"]) == (2, 1, 1)
+
+
+def test_one_dead_letter_python_cannot_read_stops_no_listing_or_replay_of_the_others(database_url: str) -> None:
+    dead = make_dead_letters(database_url, 4)
+    # What each engine can hold that Python's json cannot read: PostgreSQL's jsonb an integer of 5,000 digits
+    # (past Python's 4,300) or arrays nested 3,000 deep (past its recursion limit); SQLite's and MySQL's text
+    # columns text that is not JSON at all (another writer, a hand edit).
+    if database_url.startswith("postgresql"):
+        unreadable = [
+            "('{\"n\": ' || repeat('9', 5000) || '}')::jsonb",
+            "(repeat('[', 3000) || repeat(']', 3000))::jsonb",
+        ]
+    else:
+        unreadable = ["'{\"n\": 1'"]
+    with driver_connection(database_url, autocommit=True) as conn:
+        for n, value in enumerate(unreadable, 1):
+            update = f"UPDATE archive SET payload = {value} WHERE id = '{dead[n]}'"
+            if database_url.startswith("mysql://"):
+                with conn.cursor() as cur:
+                    cur.execute(update)
+            else:
+                conn.execute(update)
+
+    # Before: every one of these failed with a traceback (JSONDecodeError, ValueError, RecursionError).
+    listed = conveyor(database_url, "dlq", "list", "--queue", "doomed", "--json").json()
+    assert sorted(r["id"] for r in listed) == sorted(dead)
+    for n in range(1, len(unreadable) + 1):
+        shown = conveyor(database_url, "dlq", "show", dead[n], "--json").json()
+        assert list(shown["payload"]) == ["unreadable"]
+        assert shown["payload"]["unreadable"].startswith("the stored payload is not JSON Python can read (")
+    assert conveyor(database_url, "dlq", "show", dead[0], "--json").json()["payload"] == {"n": 0}
+    replayed = conveyor(database_url, "dlq", "replay", "--all", "--queue", "doomed", "--reason", "r", "--json").json()
+    assert [r["dead_id"] for r in replayed] == dead, "each once, in enqueue order, the unreadable ones too"
 
 
 @pytest.mark.parametrize("args", [["--help"], ["worker", "--help"], ["dlq", "replay", "--help"]])
