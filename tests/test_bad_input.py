@@ -27,6 +27,7 @@ from conveyor import (
     JobContext,
     Message,
     PayloadError,
+    Reject,
     Retry,
     Worker,
 )
@@ -475,6 +476,42 @@ def test_names_from_non_utf8_bytes_in_lookups_are_one_clear_error(app: App) -> N
     with pytest.raises(ConfigurationError, match="lone surrogate"):
         app.admin.unsubscribe("orders", name, actor="t")
     _nothing_written(app)
+
+
+def test_bad_dead_letter_arguments_are_one_typed_error_alike_on_every_engine(app: App) -> None:
+    @app.task(name="doomed", queue="doomed", max_attempts=1)
+    def doomed() -> None:
+        raise Reject("always")
+
+    dead = [doomed.delay().id for _ in range(2)]
+    assert drain(app, ["doomed"]).dead == 2
+    aware = datetime(2030, 1, 1, tzinfo=UTC)
+    refused: list[tuple[Any, str]] = [
+        # Before: SQLite refused 1.5 and took True, PostgreSQL the reverse (BackendError both), "5" a TypeError.
+        (lambda: app.admin.dead_letters(limit=True), "^limit must be an integer, got True$"),
+        (lambda: app.admin.dead_letters(limit=1.5), "^limit must be an integer, got float 1.5$"),
+        (lambda: app.admin.dead_letters(limit="5"), "^limit must be an integer"),
+        (lambda: app.admin.audit(True), "^limit must be an integer"),
+        # Before: a TypeError on SQLite; PostgreSQL read the naive time in its session's zone and the string as a time.
+        (lambda: app.admin.dead_letters(before=(datetime(2030, 1, 1), dead[0])), "timezone-aware"),
+        (lambda: app.admin.dead_letters(before=("2030-01-01T00:00:00Z", dead[0])), "timezone-aware"),
+        (lambda: app.admin.dead_letters(before=(aware, "x")), "^not a job id: 'x'$"),  # PostgreSQL: BackendError
+        (lambda: app.admin.dead_letters(before=(aware,)), "^before must be the"),  # an IndexError
+        (lambda: app.admin.dead_letters(before=aware), "^before must be the"),  # a TypeError
+        # A string is a sequence of characters: refused for its first one ("not a job id: '0'").
+        (lambda: app.admin.replay(str(dead[0]), reason="r", actor="t"), "^ids must be a list of job ids"),
+        (lambda: app.admin.purge(str(dead[0]), reason="r", actor="t"), "^ids must be a list of job ids"),
+        # The message quoted all million characters.
+        (lambda: app.admin.purge(["x" * 10**6], reason="r", actor="t"), "^not a job id: 'x{40}'\\.\\.\\.$"),
+        # Before: the database refused it (UnstorableText) or, when nothing was selected, nothing wrote it.
+        (lambda: app.admin.replay(dead[:1], reason="r\udcff", actor="t"), "valid Unicode"),
+        (lambda: app.admin.purge(queue="nowhere", reason="r\udcff", actor="t"), "valid Unicode"),
+    ]
+    for call, message in refused:
+        with pytest.raises(ConfigurationError, match=message):
+            call()
+    assert {s.id for s in app.admin.dead_letters(queue="doomed")} == set(dead), "nothing replayed or purged"
+    assert app.admin.audit() == []
 
 
 def test_one_failing_schedule_does_not_block_the_others(app: App) -> None:

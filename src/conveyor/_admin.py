@@ -23,7 +23,7 @@ from conveyor._cron import Cron
 from conveyor._errors import BackendUnavailable, ConfigurationError, JobNotFoundError, NotFoundError
 from conveyor._ids import uuid7
 from conveyor._job import JobStatus
-from conveyor._limits import check_name
+from conveyor._limits import check_int, check_name, is_utf8, preview
 from conveyor._scaling import ScalingDecision, ScalingPolicy, sum_load
 from conveyor.backends import open_backend
 from conveyor.backends.base import (
@@ -226,9 +226,12 @@ class Admin:
     ) -> list[JobStatus]:
         """Unreplayed dead letters, newest first, filtered by queue, task and error type.
 
-        Page with ``before``: the ``(finished_at, id)`` of the last dead letter of the previous page."""
-        if not 1 <= limit <= 10_000:
-            raise ConfigurationError(f"limit must be 1 to 10000, got {limit}")
+        Page with ``before``: the ``(finished_at, id)`` of the last dead letter of the previous page (a
+        timezone-aware datetime and a job id). Raises ConfigurationError for a bad filter, limit or ``before``."""
+        # An int, never a bool or a float: each engine took those differently (SQLite refused 1.5 and took
+        # True, PostgreSQL the reverse, MySQL a syntax error), as a BackendError or a TypeError.
+        limit = check_int(limit, "limit", 1, 10_000, ConfigurationError)
+        before = _cursor(before)
         # Filters are names: one that no engine can store (NUL, a lone surrogate) matches nothing,
         # and is refused here rather than by the database.
         for value, what in ((queue, "queue"), (task, "task"), (error_type, "error_type")):
@@ -245,9 +248,9 @@ class Admin:
         return status
 
     def audit(self, limit: int = 100) -> list[AuditEntry]:
-        """Operator actions, newest first."""
-        if not 1 <= limit <= 100_000:
-            raise ConfigurationError(f"limit must be 1 to 100000, got {limit}")
+        """Operator actions, newest first. Raises ConfigurationError for a limit that is not an int
+        from 1 to 100000."""
+        limit = check_int(limit, "limit", 1, 100_000, ConfigurationError)
         return self.app.backend.audit_list(AuditListParams(limit))
 
     def ready(self) -> list[str]:
@@ -279,6 +282,9 @@ class Admin:
         Raises ConfigurationError for both or neither, or a bad id."""
         if ids is not None and (queue or task or error_type):
             raise ConfigurationError("give job ids or a filter (queue, task, error type), not both")
+        if isinstance(ids, str | bytes):
+            # A string is a sequence of its characters: it was refused for its first one ("not a job id: '0'").
+            raise ConfigurationError("ids must be a list of job ids, not one string")
         if ids is not None:
             return [_uuid(i) for i in ids]
         if not queue:
@@ -554,7 +560,21 @@ def _uuid(value: UUID | str) -> UUID:
     try:
         return UUID(str(value))
     except ValueError:
-        raise ConfigurationError(f"not a job id: {value!r}") from None
+        raise ConfigurationError(f"not a job id: {preview(str(value))}") from None
+
+
+def _cursor(before: object) -> tuple[datetime, UUID] | None:
+    """A dead-letter page's ``before`` as a (timezone-aware datetime, UUID) pair, or ConfigurationError.
+    Checked here: a naive time or a string was a TypeError on SQLite and MySQL, and PostgreSQL read a naive
+    time in the session's time zone and any string as a time."""
+    if before is None:
+        return None
+    if not isinstance(before, tuple) or len(before) != 2:
+        raise ConfigurationError("before must be the (finished_at, id) of the last dead letter of the previous page")
+    at, job_id = before
+    if not isinstance(at, datetime) or at.tzinfo is None or at.utcoffset() is None:
+        raise ConfigurationError(f"before's finished_at must be a timezone-aware datetime, got {repr(at)[:60]}")
+    return at, _uuid(job_id)
 
 
 def _check_rate(rate: float) -> None:
@@ -574,5 +594,7 @@ def _check_reason(reason: str, actor: str) -> None:
     check_name(actor, "actor", ConfigurationError)
     if not isinstance(reason, str) or not reason.strip():
         raise ConfigurationError("an action on dead letters needs a reason (it is kept in the audit log)")
-    if len(reason) > 2000 or "\x00" in reason:
-        raise ConfigurationError("the reason must be at most 2000 characters, without NUL")
+    # A lone surrogate too: it was refused by the database in the first chunk's transaction (UnstorableText), and
+    # a purge or replay that selected nothing wrote no audit row and so took it.
+    if len(reason) > 2000 or "\x00" in reason or not is_utf8(reason):
+        raise ConfigurationError("the reason must be at most 2000 characters of valid Unicode, without NUL")
