@@ -295,7 +295,7 @@ class SqliteBackend:
     def job_get(self, params: base.JobGetParams) -> base.JobRecord | None:
         """The job, live or archived, or None."""
         args = {"id": cv.to_db_id(params.id)}
-        with self._pool.read() as conn:
+        with self._pool.read() as conn, _lenient_text(conn):
             rows = conn.execute(self._q["job_get_live"], args).fetchall()
             if not rows:
                 rows = conn.execute(self._q["job_get_archived"], args).fetchall()
@@ -344,7 +344,7 @@ class SqliteBackend:
 
     def dead_list(self, params: base.DeadListParams) -> list[base.JobRecord]:
         """Unreplayed dead letters, newest first, filtered by queue, task and error type."""
-        with self._pool.read() as conn:
+        with self._pool.read() as conn, _lenient_text(conn):
             rows = conn.execute(
                 self._q["dead_list"],
                 cv.dead_list_args(params),
@@ -760,3 +760,21 @@ def _all_or_nothing(conn: sqlite3.Connection) -> Iterator[None]:
             conn.execute("RELEASE conveyor_send")
         raise
     conn.execute("RELEASE conveyor_send")
+
+
+def _escaped(value: bytes) -> str:
+    return value.decode("utf-8", "backslashreplace")
+
+
+@contextmanager
+def _lenient_text(conn: sqlite3.Connection) -> Iterator[None]:
+    """Read text that is not UTF-8 with its bad bytes backslash-escaped (``\\xff``), for the reads an operator
+    looks at one job or the DLQ through: SQLite stores any bytes a writer gives it as text, and sqlite3 refused the
+    whole read (``Could not decode to UTF-8 column``), so one such row hid every other dead letter of its listing.
+    Not for the worker's reads: a Python callable per text value costs there, and a payload so escaped is not
+    the job's."""
+    conn.text_factory = _escaped
+    try:
+        yield
+    finally:
+        conn.text_factory = str
