@@ -34,6 +34,7 @@ from conveyor import (
 from conveyor._errors import UnstorableText
 from conveyor._limits import MAX_JSON_DEPTH, MAX_KEY_BYTES, MAX_NAME_CHARS
 from conveyor._message import LATEST
+from conveyor.admin import ScalingPolicy
 from conveyor.backends.base import DeadListParams, JobGetParams, QueuesStatsParams, Schedule, SchedulesUpsertParams
 from conveyor.testing import drain
 from conveyor.worker._calls import BackendCalls
@@ -512,6 +513,23 @@ def test_bad_dead_letter_arguments_are_one_typed_error_alike_on_every_engine(app
             call()
     assert {s.id for s in app.admin.dead_letters(queue="doomed")} == set(dead), "nothing replayed or purged"
     assert app.admin.audit() == []
+
+
+def test_a_token_expiry_or_scaling_queues_no_engine_takes_alike_are_refused(app: App) -> None:
+    # Before: PostgreSQL stored the first as the year 10000 and every later read of the token table failed;
+    # the string and the float were AttributeErrors.
+    for expires_at, message in [
+        (datetime.max.replace(tzinfo=timezone(-timedelta(hours=14))), "^expires_at must not be after 9999-12-31"),
+        (datetime.max.replace(tzinfo=UTC), "^expires_at must not be after"),
+        ("2099-01-01T00:00:00Z", "timezone-aware time in the future"),
+        (INF, "timezone-aware time in the future"),
+    ]:
+        with pytest.raises(ConfigurationError, match=message):
+            app.admin.create_token("t", "operator", expires_at=expires_at, actor="test")
+    assert app.admin.tokens() == []
+    # Before: a string was its characters, "emails" the queues e, m, a, i, l and s (a recommendation for others).
+    with pytest.raises(ConfigurationError, match="not one string"):
+        app.admin.scaling(ScalingPolicy(1, 100), queues="emails")
 
 
 def test_one_failing_schedule_does_not_block_the_others(app: App) -> None:

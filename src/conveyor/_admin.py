@@ -13,7 +13,7 @@ import math
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
@@ -24,6 +24,7 @@ from conveyor._errors import BackendUnavailable, ConfigurationError, JobNotFound
 from conveyor._ids import uuid7
 from conveyor._job import JobStatus
 from conveyor._limits import check_int, check_name, is_utf8, preview
+from conveyor._message import LATEST
 from conveyor._scaling import ScalingDecision, ScalingPolicy, sum_load
 from conveyor.backends import open_backend
 from conveyor.backends.base import (
@@ -200,6 +201,9 @@ class Admin:
         window does that work. Raises ConfigurationError on a bad queue name or number."""
         from conveyor.worker._config import DEFAULT_CONCURRENCY
 
+        if isinstance(queues, str | bytes):
+            # A string is a sequence of its characters: "emails" counted the queues e, m, a, i, l and s.
+            raise ConfigurationError("queues must be a list of queue names (or None for every queue), not one string")
         names = None if queues is None else [check_name(q, "queue", ConfigurationError) for q in queues]
         if names is not None and not names:
             raise ConfigurationError("queues: give at least one queue name (or None for every queue)")
@@ -476,8 +480,8 @@ class Admin:
                 raise ConfigurationError("queues must be a non-empty list of queue names (or none: every queue)")
             queues = tuple(dict.fromkeys(check_name(q, "queue", ConfigurationError) for q in queues))
         now = self.app.clock.now()
-        if expires_at is not None and (expires_at.tzinfo is None or expires_at <= now):
-            raise ConfigurationError("expires_at must be a timezone-aware time in the future")
+        if expires_at is not None:
+            expires_at = _expiry(expires_at, now)
         token_id, secret, bearer = _tokens.mint()
         token = Token(token_id, name, role, queues, _tokens.hash_secret(secret), now, expires_at)
         if not self.app.backend.tokens_insert(TokensInsertParams(token)):
@@ -575,6 +579,21 @@ def _cursor(before: object) -> tuple[datetime, UUID] | None:
     if not isinstance(at, datetime) or at.tzinfo is None or at.utcoffset() is None:
         raise ConfigurationError(f"before's finished_at must be a timezone-aware datetime, got {repr(at)[:60]}")
     return at, _uuid(job_id)
+
+
+def _expiry(expires_at: object, now: datetime) -> datetime:
+    """A token's expiry: a timezone-aware datetime after ``now`` and not after the latest time a database keeps
+    (PostgreSQL stored 9999-12-31T23:59:59.999999-14:00 as the year 10000, and then every read of the token table
+    failed: tokens list, and every request that token made)."""
+    if not isinstance(expires_at, datetime) or expires_at.utcoffset() is None or expires_at <= now:
+        raise ConfigurationError("expires_at must be a timezone-aware time in the future")
+    try:
+        at = expires_at.astimezone(UTC)
+    except OverflowError:
+        at = datetime.max.replace(tzinfo=UTC)
+    if at > LATEST:
+        raise ConfigurationError(f"expires_at must not be after {LATEST.isoformat()}, got {expires_at.isoformat()}")
+    return expires_at
 
 
 def _check_rate(rate: float) -> None:
