@@ -419,6 +419,20 @@ def test_one_dead_letter_python_cannot_read_stops_no_listing_or_replay_of_the_ot
     assert [r["dead_id"] for r in replayed] == dead, "each once, in enqueue order, the unreadable ones too"
 
 
+def test_dlq_replay_writes_nothing_but_its_lines_on_stderr_without_a_terminal(sqlite_url: str) -> None:
+    # Before: the progress bar, drawing nothing without a terminal, still left a blank line on stderr first.
+    dead = make_dead_letters(sqlite_url, 1)
+    unknown = "01a226f8-4b8c-7000-a129-d51ed5c80a0c"
+    skipped = conveyor(sqlite_url, "dlq", "replay", unknown, "--reason", "r")
+    assert (skipped.code, skipped.out) == (0, "replayed 0 of 1 dead letter(s)\n"), skipped
+    assert skipped.err == "1 id(s) were not unreplayed dead letters and were skipped\n", skipped
+    refused = conveyor(sqlite_url, "dlq", "replay", "xyz", "--reason", "r")
+    assert refused.code == 1 and refused.err == "conveyor: error: not a job id: 'xyz'\n", refused
+    done = conveyor(sqlite_url, "dlq", "replay", "--all", "--queue", "doomed", "--reason", "r")
+    assert (done.code, done.out, done.err) == (0, "replayed 1 of 1 dead letter(s)\n", ""), done
+    assert conveyor(sqlite_url, "dlq", "list", "--queue", "doomed", "--json").json() == [], dead
+
+
 @pytest.mark.parametrize("args", [["--help"], ["worker", "--help"], ["dlq", "replay", "--help"]])
 def test_help(args: list[str]) -> None:
     run = conveyor(None, *args)

@@ -106,7 +106,10 @@ def dlq_replay(
 ) -> None:
     """Re-enqueue dead letters to their source queue with fresh attempts (audited)."""
     selection = _selection(ids, all_, queue, task, error_type)
-    with Progress(console=Console(stderr=True), transient=True, disable=as_json) as progress:
+    # Only on a terminal: elsewhere (a script, a pipe, cron) the bar drew nothing but left a blank line on stderr,
+    # before the skipped-ids note or an error's one line.
+    bar_on = Console(stderr=True)
+    with Progress(console=bar_on, transient=True, disable=as_json or not bar_on.is_terminal) as progress:
         bar = progress.add_task("replaying", total=None)
         result = app_of(ctx).admin.replay(
             selection,
