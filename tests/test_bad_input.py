@@ -25,6 +25,7 @@ from conveyor import (
     ExponentialBackoff,
     FixedSchedule,
     JobContext,
+    JobNotFoundError,
     Message,
     PayloadError,
     Reject,
@@ -511,6 +512,9 @@ def test_bad_dead_letter_arguments_are_one_typed_error_alike_on_every_engine(app
     for call, message in refused:
         with pytest.raises(ConfigurationError, match=message):
             call()
+    # The message quoted all million characters (conveyor dlq show printed them).
+    with pytest.raises(JobNotFoundError, match=r"^not a job id: 'x{40}'\.\.\.$"):
+        app.admin.dead_letter("x" * 10**6)
     assert {s.id for s in app.admin.dead_letters(queue="doomed")} == set(dead), "nothing replayed or purged"
     assert app.admin.audit() == []
 

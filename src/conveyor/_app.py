@@ -24,7 +24,7 @@ from conveyor._clock import DatabaseClock
 from conveyor._cron import Cron
 from conveyor._errors import ConfigurationError, JobNotFoundError, PayloadError
 from conveyor._job import Job, JobStatus
-from conveyor._limits import INT32_MAX, INT32_MIN, check_int, check_name
+from conveyor._limits import INT32_MAX, INT32_MIN, check_int, check_name, preview
 from conveyor._message import DEFAULT_MAX_PAYLOAD_BYTES, Message, encode_json_object
 from conveyor._producer import Producer
 from conveyor._queue import DEFAULT_DEDUP_WINDOW, ExpireAction, QueueOptions
@@ -491,7 +491,7 @@ class App:
         try:
             uid = job_id if isinstance(job_id, UUID) else UUID(str(job_id))
         except ValueError:
-            raise JobNotFoundError(f"not a job id: {job_id!r}") from None
+            raise JobNotFoundError(f"not a job id: {preview(str(job_id))}") from None
         return Job(self.backend, uid).status()
 
     def handle(self, job_id: UUID) -> Job:
