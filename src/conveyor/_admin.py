@@ -83,8 +83,9 @@ REPLAY_CHUNK = 500
 MIN_REPLAY_RATE = 0.01
 #: The fastest a paced replay may go, in jobs per second.
 MAX_REPLAY_RATE = 1_000_000
-#: Rows read per page when a filter selects dead letters.
-_PAGE = 1000
+#: Rows read per page when a filter selects dead letters: a page's payloads are in memory at once (up to
+#: 100 x 256 KiB).
+_PAGE = 100
 #: A worker that has not reported for this long is listed as not alive (three default heartbeats).
 WORKER_STALE_AFTER = timedelta(seconds=30)
 #: Workers not seen for this long are left out of :meth:`Admin.workers` (the pruner deletes them).
@@ -236,11 +237,7 @@ class Admin:
         # True, PostgreSQL the reverse, MySQL a syntax error), as a BackendError or a TypeError.
         limit = check_int(limit, "limit", 1, 10_000, ConfigurationError)
         before = _cursor(before)
-        # Filters are names: one that no engine can store (NUL, a lone surrogate) matches nothing,
-        # and is refused here rather than by the database.
-        for value, what in ((queue, "queue"), (task, "task"), (error_type, "error_type")):
-            if value is not None:
-                check_name(value, what, ConfigurationError)
+        _check_filters(queue, task, error_type)
         params = DeadListParams(queue, task, error_type, limit=limit, before=before)
         return [JobStatus.from_record(r) for r in self.app.backend.dead_list(params)]
 
@@ -293,16 +290,19 @@ class Admin:
             return [_uuid(i) for i in ids]
         if not queue:
             raise ConfigurationError("selecting dead letters by filter needs a queue")
+        _check_filters(queue, task, error_type)
         # Listed newest first; a replay mints the new ids in this order, and jobs of one ordering key
         # run in id order: enqueue order, so that they run again in their original order.
-        dead = sorted(self._all_dead(queue, task, error_type), key=lambda status: (status.enqueued_at, status.id))
-        return [status.id for status in dead]
+        return [job_id for _, job_id in sorted(self._all_dead(queue, task, error_type))]
 
-    def _all_dead(self, queue: str, task: str | None, error_type: str | None) -> Iterator[JobStatus]:
+    def _all_dead(self, queue: str, task: str | None, error_type: str | None) -> Iterator[tuple[datetime, UUID]]:
+        """The (enqueued_at, id) of every unreplayed dead letter of a filter, a page of raw rows at a time: a
+        selection holds only these, never the dead letters' payloads (400 of 230 KB held 245 MB decoded)."""
         before: tuple[datetime, UUID] | None = None
         while True:
-            page = self.dead_letters(queue=queue, task=task, error_type=error_type, limit=_PAGE, before=before)
-            yield from page
+            params = DeadListParams(queue, task, error_type, limit=_PAGE, before=before)
+            page = self.app.backend.dead_list(params)
+            yield from ((record.enqueued_at, record.id) for record in page)
             if len(page) < _PAGE:
                 return
             last = page[-1]
@@ -565,6 +565,14 @@ def _uuid(value: UUID | str) -> UUID:
         return UUID(str(value))
     except ValueError:
         raise ConfigurationError(f"not a job id: {preview(str(value))}") from None
+
+
+def _check_filters(queue: str | None, task: str | None, error_type: str | None) -> None:
+    # Filters are names: one that no engine can store (NUL, a lone surrogate) matches nothing,
+    # and is refused here rather than by the database.
+    for value, what in ((queue, "queue"), (task, "task"), (error_type, "error_type")):
+        if value is not None:
+            check_name(value, what, ConfigurationError)
 
 
 def _cursor(before: object) -> tuple[datetime, UUID] | None:
