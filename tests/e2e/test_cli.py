@@ -7,9 +7,11 @@ import json
 import os
 import re
 import resource
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -460,6 +462,36 @@ def test_dlq_replay_all_holds_no_payloads_to_select_its_dead_letters(sqlite_url:
         preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_DATA, (limit, limit)),
     )
     assert (done.returncode, done.stdout) == (0, "replayed 400 of 400 dead letter(s)\n"), done.stderr[-500:]
+
+
+def test_an_interrupted_paced_replay_says_how_far_it_went(sqlite_url: str) -> None:
+    # Before: "conveyor: aborted", and nothing said that some of the dead letters were replayed already.
+    make_dead_letters(sqlite_url, 6)
+    replay = ["dlq", "replay", "--all", "--queue", "doomed", "--reason", "r", "--rate", "1"]
+    argv = [*_command(), "--db", sqlite_url, *replay]
+    proc = subprocess.Popen(
+        argv,
+        cwd=REPO,
+        env=child_env(),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        with App(sqlite_url) as app:
+            while len(app.admin.dead_letters(queue="doomed")) > 4:  # two chunks of one written, a second apart
+                time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    with App(sqlite_url) as app:
+        replayed = 6 - len(app.admin.dead_letters(queue="doomed"))
+    assert proc.returncode == 1 and out == "", (out, err)
+    match = re.fullmatch(r"conveyor: error: interrupted after (\d) of 6 selected dead letter\(s\) were done .*\n", err)
+    assert match, err
+    assert int(match.group(1)) in (replayed, replayed - 1), (err, replayed)
 
 
 @pytest.mark.parametrize("args", [["--help"], ["worker", "--help"], ["dlq", "replay", "--help"]])

@@ -109,18 +109,33 @@ def dlq_replay(
     # Only on a terminal: elsewhere (a script, a pipe, cron) the bar drew nothing but left a blank line on stderr,
     # before the skipped-ids note or an error's one line.
     bar_on = Console(stderr=True)
+    admin = app_of(ctx).admin
+    written = [0, 0]  # (done, total) after the last chunk written
+
+    def progressed(done: int, total: int) -> None:
+        written[:] = [done, total]
+        progress.update(bar, completed=done, total=total)
+
     with Progress(console=bar_on, transient=True, disable=as_json or not bar_on.is_terminal) as progress:
         bar = progress.add_task("replaying", total=None)
-        result = app_of(ctx).admin.replay(
-            selection,
-            queue=queue if all_ else None,
-            task=task if all_ else None,
-            error_type=error_type if all_ else None,
-            reason=reason,
-            actor=actor(who),
-            rate=rate,
-            on_progress=lambda done, total: progress.update(bar, completed=done, total=total),
-        )
+        try:
+            result = admin.replay(
+                selection,
+                queue=queue if all_ else None,
+                task=task if all_ else None,
+                error_type=error_type if all_ else None,
+                reason=reason,
+                actor=actor(who),
+                rate=rate,
+                on_progress=progressed,
+            )
+        except KeyboardInterrupt:
+            # Each chunk is its own transaction: those written stay replayed. "conveyor: aborted" said nothing of
+            # them, and the operator of a paced replay could not tell how far it went.
+            fail(
+                f"interrupted after {written[0]} of {written[1] or 'the'} selected dead letter(s) were done (the chunk "
+                "under way may be done too): the others are still dead letters; conveyor audit lists the replays"
+            )
     if as_json:
         dump([{"dead_id": str(d), "new_id": str(n)} for d, n in result.replayed])
     else:
