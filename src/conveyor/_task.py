@@ -139,7 +139,7 @@ class Task(Generic[P, R]):
 
         Raises PayloadError, with nothing written, if any payload is not a JSON object or is past a
         limit."""
-        if isinstance(payloads, (str, bytes, Mapping)):
+        if isinstance(payloads, (str, bytes, Mapping)) or not isinstance(payloads, Iterable):
             raise PayloadError(f"delay_many takes a list of payloads (dicts), not one {type(payloads).__name__}")
         return self._sender._send_payloads(self.name, list(payloads), conn)
 

@@ -146,3 +146,14 @@ def test_delay_many_on_the_callers_connection_commits_or_rolls_back_with_it(post
         assert app.job(jobs[-1].id).payload == {"i": n - 1}
     finally:
         app.close()
+
+
+def test_delay_many_refuses_what_is_not_a_list_of_payloads(app: App) -> None:
+    # Found by a hostile sweep: delay_many(None) raised a bare TypeError ("'NoneType' object is not
+    # iterable") instead of the PayloadError send_many(None) raises.
+    @app.task(name="t")
+    def t(i: int = 0) -> None: ...
+
+    for bad in (None, 5, object()):
+        with pytest.raises(PayloadError, match="delay_many takes a list of payloads"):
+            t.delay_many(bad)  # type: ignore[arg-type]
