@@ -15,14 +15,17 @@ U = TypeVar("U")
 
 class Lazy(Sequence[U], Generic[T, U]):
     """``build`` applied to each item of ``source``, on first read. An exception of ``build``
-    propagates to the reader (the backend's transaction then rolls back)."""
+    propagates to the reader (the backend's transaction then rolls back); :attr:`failed_at` then
+    names the item it was raised for."""
 
-    __slots__ = ("_build", "_built", "_source")
+    __slots__ = ("_build", "_built", "_source", "failed_at")
 
     def __init__(self, build: Callable[[T], U], source: Sequence[T]) -> None:
         self._build = build
         self._source = source
         self._built: list[U] = []
+        #: The index of the item whose build raised, if one did.
+        self.failed_at: int | None = None
 
     def __len__(self) -> int:
         return len(self._source)
@@ -30,7 +33,11 @@ class Lazy(Sequence[U], Generic[T, U]):
     def _build_to(self, stop: int) -> None:
         built, build, source = self._built, self._build, self._source
         for i in range(len(built), min(stop, len(source))):
-            built.append(build(source[i]))
+            try:
+                built.append(build(source[i]))
+            except BaseException:
+                self.failed_at = i
+                raise
 
     @overload
     def __getitem__(self, index: int) -> U: ...
@@ -47,5 +54,9 @@ class Lazy(Sequence[U], Generic[T, U]):
         built, build = self._built, self._build
         for i, item in enumerate(self._source):
             if i == len(built):
-                built.append(build(item))
+                try:
+                    built.append(build(item))
+                except BaseException:
+                    self.failed_at = i
+                    raise
             yield built[i]

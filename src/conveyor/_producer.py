@@ -12,7 +12,7 @@ from uuid import UUID
 
 from conveyor._catalogue import Catalogue
 from conveyor._clock import DatabaseClock
-from conveyor._errors import PayloadError
+from conveyor._errors import PayloadError, PayloadTooLarge
 from conveyor._ids import MintedId, uuid7
 from conveyor._lazy import Lazy
 from conveyor._limits import GOOD_NAMES, INT32_MAX, INT32_MIN, MAX_ATTEMPTS, check_int, check_key, check_name
@@ -108,13 +108,21 @@ class Producer:
 
         return self._insert_rows(Lazy(row, payloads), now, conn)
 
-    def _insert_rows(self, rows: Sequence[NewJob], now: datetime, conn: Any) -> list[UUID]:
+    def _insert_rows(self, rows: Lazy[Any, NewJob], now: datetime, conn: Any) -> list[UUID]:
         # Each row is built (validated, encoded) when the backend reads it: PostgreSQL's COPY thus
         # encodes one job while the server still inserts the ones before. A message that does not
         # validate raises PayloadError as its row is read, and the backend's transaction rolls back.
-        if self.catalogue.queues:
-            self.load.check(rows, now)
-        return self._backend().jobs_insert_many(JobsInsertParams(rows, now, conn))
+        try:
+            if self.catalogue.queues:
+                self.load.check(rows, now)
+            return self._backend().jobs_insert_many(JobsInsertParams(rows, now, conn))
+        except PayloadError as exc:
+            # The error names the job of a batch it is about ("payload is not JSON-serialisable" alone
+            # left the producer of 1,000 jobs to find the one at fault). Only a row's own refusal: a
+            # backend's (UnstorableText, TooLargeForDatabase) is another class and names its job itself.
+            if rows.failed_at is None or len(rows) == 1 or type(exc) not in (PayloadError, PayloadTooLarge):
+                raise
+            raise type(exc)(f"{exc} (job {rows.failed_at} of the send)") from None
 
     def prepare(self, message: Message, now: datetime | None = None, traceparent: str | None = None) -> NewJob:
         """Validate and encode one message as :meth:`insert` would, without sending it (the HTTP

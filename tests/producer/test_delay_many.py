@@ -148,6 +148,39 @@ def test_delay_many_on_the_callers_connection_commits_or_rolls_back_with_it(post
         app.close()
 
 
+@pytest.mark.parametrize("conn", [False, True], ids=["pooled", "callers_connection"])
+def test_a_bad_payload_of_a_batch_is_named_by_its_place(database_url: str, conn: bool) -> None:
+    # Found by a hostile sweep: item 500 of 1,000 bad raised "payload is not JSON-serialisable" and no
+    # more, on every engine, so a producer could not tell which of its 1,000 jobs to fix.
+    from tests.conftest import driver_connection
+
+    with App(database_url, migrate=True) as app:
+
+        @app.task(name="t", queue="atomic")
+        def t(i: int = 0) -> None: ...
+
+        payloads: list[Any] = [{"i": i} for i in range(1_000)]
+        payloads[500] = {"x": float("nan")}
+        messages = [Message("t", {"i": i}) for i in range(1_000)]
+        messages[500] = Message("t", {}, priority=2**40)
+        app.send("warm-up", {})  # migrated before the caller's connection opens
+        with driver_connection(database_url) as caller:
+            on = caller if conn else None
+            with pytest.raises(PayloadError, match=r"not JSON-serialisable .* \(job 500 of the send\)$"):
+                t.delay_many(payloads, conn=on)
+            with pytest.raises(PayloadError, match=r"^priority must be .* \(job 500 of the send\)$"):
+                app.send_many(messages, conn=on)
+            caller.rollback()
+        assert len(enqueued(app, queue="atomic")) == 0
+        # One job alone is not numbered: its error is about the only job there is.
+        with pytest.raises(
+            PayloadError, match=r"JSON-serialisable \(Out of range float values are not JSON compliant\); "
+        ):
+            t.delay_many([{"x": float("nan")}])
+        with pytest.raises(PayloadError, match=r"finite number of seconds, got nan$"):
+            t.send({}, delay=float("nan"))
+
+
 def test_delay_many_refuses_what_is_not_a_list_of_payloads(app: App) -> None:
     # Found by a hostile sweep: delay_many(None) raised a bare TypeError ("'NoneType' object is not
     # iterable") instead of the PayloadError send_many(None) raises.
