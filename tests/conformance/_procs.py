@@ -46,3 +46,28 @@ def migrate(url: str, worker_id: str, barrier: Barrier, results: Queue[Any]) -> 
     finally:
         backend.close()
     results.put((worker_id, outcome))
+
+
+def send_until_full(
+    url: str, max_depth: int, batch: int, worker_id: str, barrier: Barrier, results: Queue[Any]
+) -> None:
+    """Send batches of ``batch`` jobs to the queue ``bounded`` (declared with ``max_depth``, every
+    priority class refused at the mark) until QueueFull; put how many were accepted."""
+    from conveyor import App, Message, QueueFull
+
+    app = App(url)
+    app.queue("bounded", max_depth=max_depth, shedding={"low": 1.0, "normal": 1.0, "high": 1.0})
+    sent: int | str = 0
+    try:
+        _ = app.backend  # connected before the start, so that every process starts sending at once
+        barrier.wait(timeout=60)
+        while True:
+            app.send_many([Message("t", {"by": worker_id}, queue="bounded") for _ in range(batch)])
+            sent += batch
+    except QueueFull:
+        pass
+    except Exception as exc:
+        sent = f"error: {exc!r}"  # reported, so that the test fails with the error instead of timing out
+    finally:
+        app.close()
+    results.put((worker_id, sent))

@@ -3,10 +3,12 @@ from the drain rate; nothing of a refused batch is enqueued."""
 
 from __future__ import annotations
 
+import multiprocessing
 from collections.abc import Iterator
 from datetime import UTC, datetime
 
 import pytest
+from tests.conformance._procs import send_until_full
 
 from conveyor import App, Message
 from conveyor._errors import QueueFull
@@ -106,3 +108,33 @@ def test_a_key_repeated_in_one_batch_counts_once(app: App) -> None:
     jobs = app.send_many([Message("t", {}, queue="repeats", idempotency_key="k") for _ in range(5)])
     assert len({job.id for job in jobs}) == 1
     assert app.backend.queue_load(QueueLoadParams("repeats", datetime.now(UTC))).depth == 2
+
+
+@pytest.mark.parametrize("batch", [1, 10])
+def test_producer_processes_at_once_overshoot_the_mark_by_at_most_a_tenth_each(database_url: str, batch: int) -> None:
+    # Found by a hostile sweep: each producer process trusted its last reading of the depth for 100 ms
+    # and counted only its own sends meanwhile, so processes filling a queue at once each sent up to
+    # the mark: four took a queue of max_depth 1,000 to 1,720 jobs (SQLite) and 1,810 (PostgreSQL), and
+    # 200 to 769. A reading now covers a tenth of the room it left; the README's bound is N processes
+    # past the mark by at most max(their batch, a tenth of the mark) each.
+    with App(database_url, migrate=True) as app:
+        app.backend.migrate()
+    n, mark = 4, 1_000
+    ctx = multiprocessing.get_context("spawn")
+    barrier, results = ctx.Barrier(n), ctx.Queue()
+    procs = [
+        ctx.Process(target=send_until_full, args=(database_url, mark, batch, f"p{i}", barrier, results))
+        for i in range(n)
+    ]
+    for proc in procs:
+        proc.start()
+    try:
+        sent = dict(results.get(timeout=120) for _ in procs)
+    finally:
+        for proc in procs:
+            proc.join(timeout=60)
+    assert all(isinstance(v, int) for v in sent.values()), sent
+    with App(database_url) as app:
+        depth = app.backend.queue_load(QueueLoadParams("bounded", datetime.now(UTC))).depth
+    assert depth == sum(sent.values())  # every accepted job is there, none other
+    assert mark <= depth <= mark + n * max(batch, mark // 10), sent
