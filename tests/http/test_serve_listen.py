@@ -55,6 +55,37 @@ def test_an_address_that_is_not_of_this_machine_is_one_line(sqlite_url: str, hos
         _refused(_serve(sqlite_url, "--host", host, "--port", "8000", "--workers", workers), "cannot listen on")
 
 
+@pytest.mark.parametrize("host", ["x" * 70, "caf\udce9"], ids=["label-past-63", "not-utf8"])
+def test_a_host_no_name_lookup_can_encode_is_one_line(sqlite_url: str, host: str) -> None:
+    # Before: a traceback (UnicodeError from the idna codec in getaddrinfo).
+    _refused(_serve(sqlite_url, "--host", host, "--port", "0"), "not an address or a host name")
+
+
+@pytest.mark.parametrize("ips", ["nan", "127.0.0.1,junk", "10.0.0.300"])
+def test_forwarded_allow_ips_that_name_no_address_are_refused(sqlite_url: str, ips: str) -> None:
+    # Before: the service started, uvicorn took each bad entry as a literal name no TCP peer matches, and no proxy
+    # was believed, without a word.
+    done = _serve(sqlite_url, "--port", "0", "--forwarded-allow-ips", ips)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == [done.stderr.strip()], done.stderr
+    assert "is not an IP address or network" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("ips", ["127.0.0.1/8", "*, 10.0.0.1"])
+def test_forwarded_allow_ips_a_network_with_host_bits_or_a_star_in_a_list_are_believed(
+    sqlite_url: str, tmp_path: Path, ips: str
+) -> None:
+    # Before: uvicorn read 127.0.0.1/8 (host bits set) as a literal name, and "*" only alone: neither trusted the
+    # proxy on 127.0.0.1, so its X-Forwarded-For was ignored.
+    server = start(sqlite_url, tmp_path, "--insecure-no-auth", "--access-log", "-v", "--forwarded-allow-ips", ips)
+    try:
+        answer = httpx.get(f"{server.url}/healthz", headers={"X-Forwarded-For": "203.0.113.7"}, timeout=5)
+        assert answer.status_code == 200
+    finally:
+        stop(server)
+    assert "203.0.113.7" in server.stderr(), server.stderr()
+
+
 # A Ctrl-C to the process group right after `conveyor serve --workers 2` started its first process, which is still
 # importing. The wrapper stands in for a terminal whose signal lands at that moment.
 _CTRL_C_WHILE_STARTING = """

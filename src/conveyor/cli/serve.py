@@ -2,10 +2,31 @@
 
 from __future__ import annotations
 
+import ipaddress
+
 import click
 
 from conveyor._errors import BackendError, ConfigurationError, printable
+from conveyor._limits import preview
 from conveyor.cli._common import FiniteFloat, app_of, fail, settings
+
+
+def _proxies(_ctx: click.Context, _param: click.Parameter, value: str) -> str:
+    """``--forwarded-allow-ips`` as uvicorn reads it, or a usage error. uvicorn takes an entry that is not an
+    address or a network as a literal name, which no TCP peer matches, and ``*`` only alone: a typo, a network
+    written with its host bits (``10.0.0.1/8``) or ``*`` in a list trusted no proxy, without a word."""
+    entries = [entry.strip() for entry in value.split(",") if entry.strip()]
+    if "*" in entries:
+        return "*"
+    kept = []
+    for entry in entries:
+        try:
+            kept.append(str(ipaddress.ip_network(entry, strict=False) if "/" in entry else ipaddress.ip_address(entry)))
+        except ValueError:
+            raise click.BadParameter(
+                f"{preview(entry)} is not an IP address or network (a.b.c.d, a.b.c.d/nn, an IPv6 one, or '*')"
+            ) from None
+    return ",".join(kept)
 
 
 @click.command()
@@ -49,6 +70,7 @@ from conveyor.cli._common import FiniteFloat, app_of, fail, settings
     "--forwarded-allow-ips",
     default="",
     metavar="IPS",
+    callback=_proxies,
     help="Believe X-Forwarded-Proto/-For from these proxies (comma-separated addresses or networks; '*': any). "
     "Behind a TLS-terminating proxy the dashboard then sees https: its session cookie gets Secure. Default: none.",
 )
@@ -112,7 +134,9 @@ def serve(
     try:
         sockets = listen(host, port, workers)
     except OSError as exc:
-        fail(f"cannot listen on {printable(host)}:{port}: {printable(exc.strerror or exc).lower()}")
+        fail(f"cannot listen on {preview(host)}:{port}: {printable(exc.strerror or exc).lower()}")
+    except UnicodeError:  # a label of more than 63 characters, a character no host name may hold
+        fail(f"cannot listen on {preview(host)}:{port}: not an address or a host name")
     # Opens the database once before the service starts: the embedded SQLite default is migrated
     # here, and a PostgreSQL schema that lacks migrations is reported at once. A database that
     # cannot be reached does not stop the service: it answers 503 (and /readyz says why) until the

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from uuid import UUID
 
 from conveyor._errors import first_line
+from conveyor._limits import preview
 from conveyor.backends.base import ArchiveReadParams, Backend, JobRecord, JobsListParams
 from conveyor.pipeline.errors import PipelineError
 from conveyor.pipeline.schema import (
@@ -328,18 +329,21 @@ def _check_int(name: str, value: int, low: int, high: int) -> None:
 def _claim(out: Path) -> Path:
     """``out`` (made absolute) if it may be exported into (new, empty, or an export directory), created."""
     out = out.absolute()
-    if out.exists() and not out.is_dir():
-        raise PipelineError(f"--out {out}: not a directory")
-    foreign = out.is_dir() and not (out / WATERMARK_FILE).exists() and any(p.name != _LOCK_FILE for p in out.iterdir())
-    if foreign:
-        raise PipelineError(
-            f"--out {out}: the directory is not empty and holds no {WATERMARK_FILE}, so it is not an "
-            "export directory; give a new or empty directory (nothing was changed)"
-        )
     try:
+        if out.exists() and not out.is_dir():
+            raise PipelineError(f"--out {out}: not a directory")
+        foreign = (
+            out.is_dir() and not (out / WATERMARK_FILE).exists() and any(p.name != _LOCK_FILE for p in out.iterdir())
+        )
+        if foreign:
+            raise PipelineError(
+                f"--out {out}: the directory is not empty and holds no {WATERMARK_FILE}, so it is not an "
+                "export directory; give a new or empty directory (nothing was changed)"
+            )
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise PipelineError(f"--out {out}: {exc.strerror or exc}") from None
+        # Looking at the path fails too: a name longer than the file system takes, a parent it may not search.
+        raise PipelineError(f"--out {preview(str(out), 200)}: {exc.strerror or exc}") from None
     return out
 
 
