@@ -285,6 +285,9 @@ def test_export_refuses_a_directory_that_is_not_an_export(backend: Backend, data
     (tmp_path / "file").write_text("")
     with pytest.raises(PipelineError, match="not a directory"):
         export(database_url, tmp_path / "file")
+    # A name the file system cannot hold: one line (before, an OSError traceback from the look at the path).
+    with pytest.raises(PipelineError, match=r"\.\.\.: File name too long"):
+        export(database_url, tmp_path / ("x" * 300))
 
 
 def test_auto_reads_over_jdbc_only_where_it_runs_and_pays(
