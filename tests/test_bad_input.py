@@ -32,7 +32,6 @@ from conveyor import (
     Retry,
     Worker,
 )
-from conveyor._errors import UnstorableText
 from conveyor._limits import MAX_JSON_DEPTH, MAX_KEY_BYTES, MAX_NAME_CHARS
 from conveyor._message import LATEST
 from conveyor.admin import ScalingPolicy
@@ -467,12 +466,13 @@ def test_names_from_non_utf8_bytes_in_lookups_are_one_clear_error(app: App) -> N
     # A name read from a command line of non-UTF-8 bytes holds lone surrogates. Before, on SQLite,
     # pausing or removing a schedule or unsubscribing by such a name raised a bare UnicodeEncodeError
     # (a traceback at the CLI); PostgreSQL already said UnstorableText.
+    # Schedule lookups now check the name as adding one does (below).
     name = b"\xff\xfe".decode("utf-8", "surrogateescape")
     for call in (
         lambda: app.admin.pause_schedule(name, actor="t"),
         lambda: app.admin.remove_schedule(name, actor="t"),
     ):
-        with pytest.raises(UnstorableText, match="U\\+DCFF"):
+        with pytest.raises(ConfigurationError, match="schedule name is not valid Unicode"):
             call()
     # Unsubscribing checks its names as subscribing does, on every engine.
     with pytest.raises(ConfigurationError, match="lone surrogate"):
@@ -534,6 +534,34 @@ def test_a_token_expiry_or_scaling_queues_no_engine_takes_alike_are_refused(app:
     # Before: a string was its characters, "emails" the queues e, m, a, i, l and s (a recommendation for others).
     with pytest.raises(ConfigurationError, match="not one string"):
         app.admin.scaling(ScalingPolicy(1, 100), queues="emails")
+
+
+def test_schedule_lookups_refuse_names_no_schedule_can_have(app: App) -> None:
+    # Before: on PostgreSQL a NUL in the name failed the statement ("PostgreSQL failed schedules_update:
+    # ... cannot contain NUL", a BackendError, which the CLI and HTTP take for the database's fault);
+    # the other engines said NotFoundError, quoting a 100,000-character name whole; an int failed
+    # PostgreSQL's statement as "operator does not exist: text = smallint".
+    app.admin.add_schedule("s", "* * * * *", "t", actor="test")
+    cases: list[tuple[object, str]] = [
+        ("s\x00", "schedule name contains a NUL character"),
+        ("s" * 100_000, "schedule name is 100000 characters long"),
+        (5, "schedule name must be a string, got int"),
+        ("", "schedule name must not be empty"),
+    ]
+    admin = app.admin
+    lookups: list[tuple[Any, tuple[str, ...]]] = [
+        (admin.pause_schedule, ()),
+        (admin.resume_schedule, ()),
+        (admin.set_schedule, ("0 * * * *",)),
+        (admin.remove_schedule, ()),
+    ]
+    for name, message in cases:
+        for lookup, rest in lookups:
+            with pytest.raises(ConfigurationError, match=re.escape(message)) as raised:
+                lookup(name, *rest, actor="t")
+            assert len(str(raised.value)) < 200
+    assert [(s.name, s.cron, s.paused) for s in app.backend.schedules_list()] == [("s", "* * * * *", False)]
+    assert [e.action for e in app.admin.audit()] == ["schedule.add"]
 
 
 def test_one_failing_schedule_does_not_block_the_others(app: App) -> None:

@@ -402,13 +402,16 @@ class Admin:
         return schedule
 
     def pause_schedule(self, name: str, *, actor: str) -> Schedule:
-        """Stop firing a schedule until it is resumed. Raises NotFoundError."""
+        """Stop firing a schedule until it is resumed. Raises NotFoundError (ConfigurationError for a name no
+        schedule can have, as add_schedule refuses it)."""
+        name = _schedule_name(name)
         self._update(name, SchedulesUpdateParams(name, paused=True))
         self._audit(actor, "schedule.pause", {"schedule": name})
         return self._schedule(name)
 
     def resume_schedule(self, name: str, *, actor: str) -> Schedule:
         """Fire a paused schedule again, from its next tick after now (missed ticks are not fired)."""
+        name = _schedule_name(name)
         schedule = self._schedule(name)
         following = Cron.parse(schedule.cron).next_after(self.app.clock.now())
         self._update(name, SchedulesUpdateParams(name, paused=False, next_run_at=following))
@@ -417,6 +420,7 @@ class Admin:
 
     def set_schedule(self, name: str, cron: str, *, actor: str) -> Schedule:
         """Give a schedule a new cron expression (its next tick is recomputed from now)."""
+        name = _schedule_name(name)
         parsed = Cron.parse(cron)
         self._update(
             name,
@@ -427,6 +431,7 @@ class Admin:
 
     def remove_schedule(self, name: str, *, actor: str) -> None:
         """Delete a schedule (a worker whose App still declares it adds it back when it starts)."""
+        name = _schedule_name(name)
         if not self.app.backend.schedules_delete(SchedulesDeleteParams(name)):
             raise NotFoundError(f"no schedule named {name!r}")
         self._audit(actor, "schedule.remove", {"schedule": name})
@@ -625,3 +630,10 @@ def _check_reason(reason: str, actor: str) -> None:
     # a purge or replay that selected nothing wrote no audit row and so took it.
     if len(reason) > 2000 or "\x00" in reason or not is_utf8(reason):
         raise ConfigurationError("the reason must be at most 2000 characters of valid Unicode, without NUL")
+
+
+def _schedule_name(name: object) -> str:
+    # A name no schedule can have (a NUL, a lone surrogate, past the length limit, not a string) is
+    # refused as add_schedule refuses it: PostgreSQL failed the lookup itself with a BackendError, and
+    # a NotFoundError quoted a 100 KB name whole.
+    return check_name(name, "schedule name", ConfigurationError)
