@@ -160,3 +160,26 @@ def test_the_latest_tick_between_two_times() -> None:
     feb29 = Cron.parse("0 0 29 2 *")
     assert feb29.latest_between(datetime(2020, 1, 1, tzinfo=UTC), now) == datetime(2024, 2, 29, tzinfo=UTC)
     assert feb29.latest_between(datetime(2024, 3, 1, tzinfo=UTC), now) is None
+
+
+@pytest.mark.parametrize(
+    "expression",
+    [
+        "1" + ",1" * 50_000 + " * * * *",  # valid, 100 KB: parsed in 70 ms at every fire
+        "* " * 50_000,  # 50,000 fields
+        "x" * 100_000,
+        "0" * 100_000 + "1-0 * * * *",  # a backwards range whose item is 100 KB
+        "0 0 1 1 " + ",".join(["mon"] * 300),
+    ],
+    ids=["valid", "fields", "garbage", "range", "names"],
+)
+def test_an_expression_past_1000_characters_is_refused_in_one_short_line(expression: str) -> None:
+    # Before: the first was accepted (and a worker parsed it at every fire, on its event loop: 10 MB
+    # held it for seconds); the others were refused quoting all 100 KB in the message.
+    with pytest.raises(ConfigurationError, match=r"characters long, over the 1,000-character limit") as raised:
+        Cron.parse(expression)
+    message = str(raised.value)
+    assert len(message) < 250 and "\n" not in message, message
+    # At the limit an expression is still parsed.
+    at_limit = "0," * 495 + "0 * * * * "
+    assert len(at_limit) == 1000 and Cron.parse(at_limit).minutes == frozenset({0})

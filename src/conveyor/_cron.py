@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from conveyor._errors import ConfigurationError
+from conveyor._limits import preview
 
 # What separates the five fields.
 _SPACES = " \t"
@@ -29,6 +30,10 @@ _NAMES = {
 }
 _BOUNDS = [(0, 59), (0, 23), (1, 31), (1, 12), (0, 7)]
 _FIELDS = ["minute", "hour", "day of month", "month", "day of week"]
+# The longest expression parse takes. Every value of every field listed one by one is under 400
+# characters; a longer one is a mistake, and one of 10 MB held a worker's event loop (its heartbeats
+# with it) for seconds at every fire.
+MAX_CRON_CHARS = 1000
 # How many days ahead next_after looks. The rarest day an expression can name is 29 February that is
 # also a given weekday (``0 0 29 2 */7``: a day of week starting with ``*`` is ANDed with the day of
 # month, as in cron), and in the Gregorian 400-year cycle that can be 40 years away (29 February
@@ -57,12 +62,17 @@ class Cron:
         that never fires (a day none of its months has, such as ``0 0 31 2 *``)."""
         if not isinstance(expression, str):
             raise ConfigurationError(f"a cron expression must be a string, got {type(expression).__name__}")
+        if len(expression) > MAX_CRON_CHARS:
+            raise ConfigurationError(
+                f"cron expression {_shown(expression)} is {len(expression):,} characters long, "
+                f"over the {MAX_CRON_CHARS:,}-character limit"
+            )
         stripped = expression.strip(_SPACES + "\r\n")
         if stripped.startswith("@") and stripped.lower() not in _ALIASES:
             # Without this, "@reboot" was refused as "must have 5 fields, got 1".
             why = " (a schedule's ticks are times, not worker starts)" if stripped.lower() == "@reboot" else ""
             raise ConfigurationError(
-                f"cron expression {expression!r} is not supported{why}: the aliases are {', '.join(_ALIASES)}"
+                f"cron expression {_shown(expression)} is not supported{why}: the aliases are {', '.join(_ALIASES)}"
             )
         text = _ALIASES.get(stripped.lower(), stripped)
         # Fields are apart by spaces and tabs only: str.split() also split at a no-break space or an em
@@ -70,7 +80,8 @@ class Cron:
         parts = [part for part in re.split(f"[{_SPACES}]+", text) if part]
         if len(parts) != 5:
             raise ConfigurationError(
-                f"cron expression {expression!r} must have 5 fields (minute hour day month weekday), got {len(parts)}"
+                f"cron expression {_shown(expression)} must have 5 fields (minute hour day month weekday), "
+                f"got {len(parts)}"
             )
         sets = [_field(parts[i], i, expression) for i in range(5)]
         weekdays = frozenset(d % 7 for d in sets[4])
@@ -82,7 +93,7 @@ class Cron:
         # February counts 29 days, which it has in leap years.
         if weekdays_any and not days_any and not any(d <= _month_days(m) for m in sets[3] for d in sets[2]):
             raise ConfigurationError(
-                f"cron expression {expression!r} never fires: no month it names has a day it names"
+                f"cron expression {_shown(expression)} never fires: no month it names has a day it names"
             )
         return cls(expression, sets[0], sets[1], sets[2], sets[3], weekdays, days_any, weekdays_any)
 
@@ -113,10 +124,10 @@ class Cron:
                 day += timedelta(days=1)
         except OverflowError:
             raise ConfigurationError(
-                f"cron expression {self.expression!r} has no tick after {after.isoformat()} before the year 10000"
+                f"cron expression {_shown(self.expression)} has no tick after {after.isoformat()} before the year 10000"
             ) from None
         # Unreachable for an expression parse accepted (see _HORIZON_DAYS); kept as a guard.
-        raise ConfigurationError(f"cron expression {self.expression!r} never fires")
+        raise ConfigurationError(f"cron expression {_shown(self.expression)} never fires")
 
     def latest_between(self, earliest: datetime, at: datetime) -> datetime | None:
         """The last tick at or before ``at`` and not before ``earliest`` (aware datetimes), or None.
@@ -144,10 +155,10 @@ def _field(text: str, index: int, expression: str) -> frozenset[int]:
         try:
             values.update(_item(item, index, low, high))
         except _Wraps as exc:
-            raise ConfigurationError(f"cron expression {expression!r}: {_FIELDS[index]} {exc}") from None
+            raise ConfigurationError(f"cron expression {_shown(expression)}: {_FIELDS[index]} {exc}") from None
         except ValueError:
             raise ConfigurationError(
-                f"cron expression {expression!r}: bad {_FIELDS[index]} field {text!r} "
+                f"cron expression {_shown(expression)}: bad {_FIELDS[index]} field {_shown(text)} "
                 f"(allowed {low}-{high}, '*', ranges a-b, steps */n, lists a,b)"
             ) from None
     return frozenset(values)
@@ -180,7 +191,7 @@ def _item(item: str, index: int, low: int, high: int) -> range:
 def _wrap_hint(item: str, index: int, first: int, last: int, low: int, high: int) -> str:
     # Cron refuses a range that wraps around too; the message says so and what to write instead.
     if "/" in item:
-        return f"range {item!r} runs backwards: ranges do not wrap around, split it into two ranges"
+        return f"range {_shown(item)} runs backwards: ranges do not wrap around, split it into two ranges"
     if index == 4:  # day of week: 7 is Sunday as well as 0, so a range that ends on Sunday can end at 7
         high = 6
     wrapped = [*range(first, high + 1), *range(low, last + 1)]
@@ -191,7 +202,7 @@ def _wrap_hint(item: str, index: int, first: int, last: int, low: int, high: int
     else:
         ranges = f"{_span(first, high)},{_span(low, last)}"
     instead = f"{listed!r} or {ranges!r}" if listed else repr(ranges)
-    return f"range {item!r} runs backwards: ranges do not wrap around, as in cron; write {instead}"
+    return f"range {_shown(item)} runs backwards: ranges do not wrap around, as in cron; write {instead}"
 
 
 def _span(first: int, last: int) -> str:
@@ -201,6 +212,12 @@ def _span(first: int, last: int) -> str:
 def _value(text: str, index: int) -> int:
     names = _NAMES.get(index, {})
     return names[text] if text in names else _number(text)
+
+
+def _shown(text: str) -> str:
+    # An expression is quoted in its errors, cut as names are: one of 100 KB made a 100 KB message (and
+    # log line, and CLI line).
+    return preview(text, 100)
 
 
 def _number(text: str) -> int:
