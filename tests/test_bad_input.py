@@ -337,6 +337,13 @@ def test_bad_app_options_raise_configuration_error() -> None:
         ({"worker_id": "w" * 513}, "worker_id is 513 bytes, over the 512-byte limit"),
         ({"worker_id": "host\x00:1"}, "worker_id contains a NUL character"),
         ({"worker_id": "host\ud800:1"}, "worker_id is not valid Unicode"),
+        # Each was taken, and its loop queried the database without pause (about 90 % of a core, idle).
+        ({"poll_interval": 1e-9}, r"poll_interval must be >= 0\.01 and at most"),
+        ({"heartbeat_interval": 1e-9}, r"heartbeat_interval must be >= 0\.01"),
+        ({"schedule_interval": 1e-9}, r"schedule_interval must be >= 0\.01"),
+        ({"rescue_interval": 0.009}, r"rescue_interval must be >= 0\.01"),
+        ({"prune_interval": 1e-300}, r"prune_interval must be >= 0\.01"),
+        ({"presence_interval": 5e-324}, r"presence_interval must be >= 0\.01"),
     ],
 )
 def test_bad_worker_options_raise_before_anything_is_leased(options: dict[str, Any], message: str) -> None:
