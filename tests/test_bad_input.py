@@ -344,6 +344,9 @@ def test_bad_app_options_raise_configuration_error() -> None:
         ({"rescue_interval": 0.009}, r"rescue_interval must be >= 0\.01"),
         ({"prune_interval": 1e-300}, r"prune_interval must be >= 0\.01"),
         ({"presence_interval": 5e-324}, r"presence_interval must be >= 0\.01"),
+        # Each was taken: leases ran out between heartbeats, and every job longer than one ran twice.
+        ({"heartbeat_interval": 60}, r"heartbeat_interval \(60 s\) must be shorter than visibility_timeout \(30 s\)"),
+        ({"heartbeat_interval": 5, "visibility_timeout": 5}, r"heartbeat_interval \(5 s\) must be shorter"),
     ],
 )
 def test_bad_worker_options_raise_before_anything_is_leased(options: dict[str, Any], message: str) -> None:
@@ -353,6 +356,34 @@ def test_bad_worker_options_raise_before_anything_is_leased(options: dict[str, A
     with pytest.raises(ConfigurationError, match=message):
         Worker(app, ["q"], burst=True, **options)
     assert app.backend.queues_stats(QueuesStatsParams(datetime.now(UTC)))[0].pending == 1
+
+
+def test_a_heartbeat_not_shorter_than_a_drained_tasks_lease_is_warned_of(caplog: pytest.LogCaptureFixture) -> None:
+    # A task's lease may be shorter than the worker's default, which WorkerConfig compares the interval
+    # with: its jobs running longer than it were rescued and run again, silently.
+    app = App("memory://")
+
+    @app.task(name="short", queue="q", visibility_timeout=5)
+    def short() -> None:
+        pass
+
+    @app.task(queue="q")
+    def usual() -> None:
+        pass
+
+    @app.task(queue="elsewhere", visibility_timeout=1)
+    def not_drained() -> None:
+        pass
+
+    with caplog.at_level("WARNING", logger="conveyor.worker"):
+        Worker(app, ["q"], heartbeat_interval=10)
+        Worker(app, ["q"], heartbeat_interval=4.9)
+        Worker(app, ["q"])
+    warnings = [r.getMessage() for r in caplog.records]
+    assert warnings == [
+        "heartbeat_interval 10 s is not shorter than the visibility_timeout of task(s) 'short': their jobs that "
+        "run longer than their lease will be delivered again while they run"
+    ]
 
 
 def test_handler_side_numbers_are_checked_where_the_handler_gives_them() -> None:

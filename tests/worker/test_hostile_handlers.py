@@ -534,7 +534,15 @@ def test_a_stale_run_of_a_job_leaves_the_newer_delivery_alone(app: App) -> None:
         extended.append(ctx.extend(30))
 
     job = twice.delay()
-    worker = Worker(app, burst=True, concurrency=2, heartbeat_interval=100, rescue_interval=0.2, poll_interval=0.05)
+    worker = Worker(
+        app,
+        burst=True,
+        concurrency=2,
+        heartbeat_interval=100,
+        visibility_timeout=200,  # a default only: the task's lease of 1 s applies
+        rescue_interval=0.2,
+        poll_interval=0.05,
+    )
     asyncio.run(asyncio.wait_for(worker.run(), timeout=60))
     assert extended == [True]
     assert len(runs) == 2 and worker.counters.stale_acks == 1

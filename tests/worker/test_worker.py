@@ -303,7 +303,15 @@ def test_stale_ack_is_fenced_and_counted(app: App) -> None:
     # more, so the rescued job can only go to "someone else" (with room, its own listener would
     # take the job back the moment rescue returns it).
     worker = Worker(
-        app, ["q", "f"], concurrency=1, prefetch=1, poll_interval=0.02, heartbeat_interval=3600, rescue_interval=3600
+        app,
+        ["q", "f"],
+        concurrency=1,
+        prefetch=1,
+        poll_interval=0.02,
+        # No heartbeat during the test (the tasks' own leases apply: the worker's is only a default).
+        heartbeat_interval=3600,
+        visibility_timeout=7200,
+        rescue_interval=3600,
     )
 
     async def scenario() -> None:
@@ -359,7 +367,7 @@ def test_ctx_extend(app: App) -> None:
         return ok
 
     job = extends.delay()
-    drain(app, heartbeat_interval=3600, rescue_interval=0.1)
+    drain(app, heartbeat_interval=3600, visibility_timeout=7200, rescue_interval=0.1)
     status = job.status()
     assert (status.state, status.result, status.deliveries) == ("completed", True, 1)
 

@@ -29,9 +29,9 @@ class WorkerConfig:
     (else lanes are drained in strict order). ``prefetch`` None: adaptive, 4 to 16 per slot (see the
     fetcher); a given number is fixed; 0: none, a job is leased only for a slot that is free (the prefork
     supervisor's default under autoscaling). ``poll_interval`` None: 1 s with notifications, else 0.25 s.
-    ``heartbeat_interval`` None: a third of the shortest lease held. Every interval but ``flush_interval``
-    (0: flush at once) is at least ``MIN_INTERVAL`` (10 ms). ``burst``: stop once the queues hold no live
-    job. ``worker_id`` None: ``host:pid``."""
+    ``heartbeat_interval`` None: a third of the shortest lease held; given, shorter than ``visibility_timeout``.
+    Every interval but ``flush_interval`` (0: flush at once) is at least ``MIN_INTERVAL`` (10 ms). ``burst``:
+    stop once the queues hold no live job. ``worker_id`` None: ``host:pid``."""
 
     queues: tuple[str, ...] | None = None
     weights: Mapping[str, int] | None = None
@@ -90,6 +90,13 @@ class WorkerConfig:
                 check_seconds(value, name, error, minimum=MIN_INTERVAL)
         for name in ("rescue_interval", "schedule_interval", "prune_interval", "presence_interval"):
             check_seconds(getattr(self, name), name, error, minimum=MIN_INTERVAL)
+        if self.heartbeat_interval is not None and self.heartbeat_interval >= self.visibility_timeout:
+            # Leases would run out between two heartbeats, and every job running longer than one be
+            # rescued and run again meanwhile. (A task's own shorter lease is the task's choice.)
+            raise error(
+                f"heartbeat_interval ({self.heartbeat_interval:g} s) must be shorter than visibility_timeout "
+                f"({self.visibility_timeout:g} s), or leases run out between heartbeats and their jobs run twice"
+            )
         check_seconds(self.flush_interval, "flush_interval", error)
         if self.metrics_port is not None:
             check_int(self.metrics_port, "metrics_port", 0, 65535, error)

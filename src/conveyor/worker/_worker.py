@@ -15,6 +15,7 @@ from typing import Any
 
 from conveyor._app import App
 from conveyor._errors import BackendCorrupt, BackendError, ConfigurationError, exit_code
+from conveyor._limits import preview
 from conveyor.backends.base import JobsReleaseParams, LeaseRef, QueuesStatsParams
 from conveyor.worker import _cpu, _threads
 from conveyor.worker._config import WorkerConfig
@@ -74,6 +75,7 @@ class Worker:
                 f"weights name queues this worker does not drain: {', '.join(unknown)} "
                 f"(it drains {', '.join(self.queues)})"
             )
+        _warn_of_leases_between_heartbeats(app, self.queues, config.heartbeat_interval)
         self.worker_id = config.identity
         # The app's clock, unless a test gives one: then kept as given, never set to the database's.
         self.clock = clock if clock is not None else app.clock
@@ -513,3 +515,26 @@ def _observers(config: WorkerConfig, extra: Observer | None) -> tuple[Any, Obser
     if not chain:
         return metrics, NO_OBSERVER
     return metrics, chain[0] if len(chain) == 1 else Observers(chain)
+
+
+def _warn_of_leases_between_heartbeats(app: App, queues: Sequence[str], heartbeat_interval: float | None) -> None:
+    """Warn of the drained tasks whose lease a configured heartbeat interval is not shorter than.
+
+    WorkerConfig refuses an interval not shorter than its own default lease; a task may set a shorter one,
+    and its jobs that run longer than it are then rescued and run again while they run. Not refused: a
+    test may leave leases to expire on purpose."""
+    if heartbeat_interval is None:
+        return
+    short = sorted(
+        task.name
+        for task in app.catalogue.tasks.values()
+        if task.options.queue in queues and task.options.visibility_timeout <= heartbeat_interval
+    )
+    if short:
+        log.warning(
+            "heartbeat_interval %g s is not shorter than the visibility_timeout of task(s) %s: their jobs that run "
+            "longer than their lease will be delivered again while they run",
+            heartbeat_interval,
+            ", ".join(preview(name, 100) for name in short[:10])
+            + (f" and {len(short) - 10} more" if len(short) > 10 else ""),
+        )
