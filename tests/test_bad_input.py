@@ -358,6 +358,20 @@ def test_bad_worker_options_raise_before_anything_is_leased(options: dict[str, A
     assert app.backend.queues_stats(QueuesStatsParams(datetime.now(UTC)))[0].pending == 1
 
 
+def test_an_empty_queue_list_is_refused_and_a_queue_named_twice_is_drained_once() -> None:
+    # Before: an empty list drained every queue the app's tasks declare (a filter that kept no queue took
+    # all the work), and a queue named twice was kept twice: each round acquired from it twice and the
+    # worker registry listed it twice.
+    app = App("memory://")
+    app.send("t", {}, queue="q")
+    for empty in ([], (), iter([])):
+        with pytest.raises(ConfigurationError, match="queues is empty: name at least one queue, or give None"):
+            Worker(app, empty, burst=True)
+    assert app.backend.queues_stats(QueuesStatsParams(datetime.now(UTC)))[0].pending == 1
+    worker = Worker(app, ["b", "a", "b", "a"], weights={"a": 2, "b": 1})
+    assert (worker.queues, worker.config.queues) == (["b", "a"], ("b", "a"))
+
+
 def test_a_heartbeat_not_shorter_than_a_drained_tasks_lease_is_warned_of(caplog: pytest.LogCaptureFixture) -> None:
     # A task's lease may be shorter than the worker's default, which WorkerConfig compares the interval
     # with: its jobs running longer than it were rescued and run again, silently.

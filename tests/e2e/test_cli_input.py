@@ -101,6 +101,18 @@ def test_bad_numbers_elsewhere_are_one_line(sqlite_url: str) -> None:
     assert conveyor(sqlite_url, "schedules", "list", "--json").json() == []
 
 
+def test_worker_queues_that_name_no_queue_or_one_weighted_twice_are_one_line(sqlite_url: str) -> None:
+    # Before: "" and "," drained every queue the app declares, and a:3,a:1 was told to give every queue a weight.
+    send(sqlite_url, e2e_app.WORK, {"kind": "ok", "n": 1})
+    for queues, message in [
+        ("", "--queues '' names no queue"),
+        (" , ", "--queues ' , ' names no queue"),
+        ("e2e:3,e2e:1", "--queues: queue 'e2e' is given a weight twice"),
+    ]:
+        assert_one_line_error(conveyor(sqlite_url, "worker", APP_PATH, "--burst", "--queues", queues), message)
+    assert stats(sqlite_url)[e2e_app.WORK_QUEUE]["pending"] == 1
+
+
 def test_an_integer_past_pythons_4300_digits_in_a_json_option_is_one_line(sqlite_url: str) -> None:
     # Valid JSON that json.loads refuses with a ValueError (not a JSONDecodeError): a traceback before.
     assert conveyor(sqlite_url, "migrate").code == 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from conveyor._limits import preview
 from conveyor.cli._common import FiniteFloat, fail, given_database, shared
 from conveyor.worker import WorkerConfig
 
@@ -168,7 +169,7 @@ def worker(
 
 def _lanes(text: str | None) -> tuple[list[str] | None, dict[str, int] | None]:
     """``a,b`` (strict order) or ``a:3,b:1`` (weighted) → (queues, weights)."""
-    if not text:
+    if text is None:
         return None, None
     queues: list[str] = []
     weights: dict[str, int] = {}
@@ -176,11 +177,18 @@ def _lanes(text: str | None) -> tuple[list[str] | None, dict[str, int] | None]:
         if not item:
             continue
         name, sep, weight = item.partition(":")
+        if sep and name in weights:
+            fail(f"--queues: queue {preview(name)} is given a weight twice")
         queues.append(name)
         if sep:
             if not weight.isdigit() or int(weight) < 1:
                 fail(f"--queues: weight of {name!r} must be a positive integer, got {weight!r}")
             weights[name] = int(weight)
-    if weights and len(weights) != len(queues):
+    if not queues:
+        fail(
+            f"--queues {preview(text)} names no queue: leave the option out "
+            "to drain every queue the app's tasks declare"
+        )
+    if weights and len(weights) != len(set(queues)):
         fail("--queues: give a weight to every queue (a:3,b:1) or to none (a,b)")
     return queues, weights or None

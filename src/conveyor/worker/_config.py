@@ -25,7 +25,8 @@ MIN_INTERVAL = 0.01
 class WorkerConfig:
     """How one worker process runs. Raises ConfigurationError for a value out of range.
 
-    ``queues`` None: every queue a registered task declares. ``weights`` shares slots between lanes
+    ``queues`` None: every queue a registered task declares (an empty list is refused; a queue named twice
+    counts once). ``weights`` shares slots between lanes
     (else lanes are drained in strict order). ``prefetch`` None: adaptive, 4 to 16 per slot (see the
     fetcher); a given number is fixed; 0: none, a job is leased only for a slot that is free (the prefork
     supervisor's default under autoscaling). ``poll_interval`` None: 1 s with notifications, else 0.25 s.
@@ -72,7 +73,14 @@ class WorkerConfig:
             # A string is a sequence of its letters: "emails" would drain queues e, m, a, i, l, s.
             raise error(f"queues must be a list of queue names, not one string: give [{self.queues!r}]")
         if self.queues is not None:
-            object.__setattr__(self, "queues", tuple(check_name(q, "queue", error) for q in self.queues) or None)
+            # A queue named twice is drained once, in its first place (a token's queues are kept so too).
+            queues = tuple(dict.fromkeys(check_name(q, "queue", error) for q in self.queues))
+            if not queues:
+                # An empty list drained every queue: a filter that kept none took the whole database's work.
+                raise error(
+                    "queues is empty: name at least one queue, or give None for every queue the app's tasks declare"
+                )
+            object.__setattr__(self, "queues", queues)
         if self.worker_id:
             # Stored on every lease the worker holds and keying the worker registry: an index entry, as a
             # key is. Past the limit, MySQL refused the first acquire (a 700-character column) and the

@@ -63,7 +63,7 @@ class Worker:
         if config is None:
             if isinstance(queues, (str, bytes)):
                 queues = WorkerConfig(queues=queues).queues  # type: ignore[arg-type]  # refused, with its message
-            config = WorkerConfig(queues=tuple(queues) if queues else None, **options)
+            config = WorkerConfig(queues=tuple(queues) if queues is not None else None, **options)
         elif queues or options:
             raise TypeError("give either config or queues and options, not both")
         self.app = app
