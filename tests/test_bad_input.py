@@ -12,6 +12,7 @@ import math
 import os
 import random
 import re
+import time
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta, timezone
@@ -239,7 +240,10 @@ def test_payloads_and_headers_round_trip_identically_on_every_engine(app: App) -
 BAD_TASK_OPTIONS: list[tuple[dict[str, Any], str]] = [
     ({"visibility_timeout": NAN}, "visibility_timeout must be a finite number"),
     ({"visibility_timeout": INF}, "visibility_timeout must be a finite number"),
-    ({"visibility_timeout": 0}, "visibility_timeout must be > 0"),
+    ({"visibility_timeout": 0}, r"visibility_timeout must be >= 0\.5"),
+    # Taken before: shorter than the heartbeat's 0.2 s, so a job of a few seconds was rescued and run again
+    # until it was dead-lettered as poison (test_a_lease_shorter_than_the_heartbeat_is_refused).
+    ({"visibility_timeout": 0.1}, r"visibility_timeout must be >= 0\.5 and at most"),
     ({"timeout": NAN}, "timeout must be a finite number"),
     ({"timeout": -1}, "timeout must be > 0"),
     ({"max_attempts": 0}, "max_attempts must be between 1"),
@@ -330,7 +334,8 @@ def test_bad_app_options_raise_configuration_error() -> None:
     ("options", "message"),
     [
         ({"visibility_timeout": NAN}, "visibility_timeout must be a finite number"),
-        ({"visibility_timeout": 0}, "visibility_timeout must be > 0"),
+        ({"visibility_timeout": 0}, r"visibility_timeout must be >= 0\.5"),
+        ({"visibility_timeout": 0.499}, r"visibility_timeout must be >= 0\.5 and at most"),
         ({"graceful_timeout": INF}, "graceful_timeout must be a finite number"),
         ({"concurrency": 0}, "concurrency must be between 1"),
         ({"prefetch": -1}, "prefetch must be between 0"),
@@ -370,6 +375,27 @@ def test_an_empty_queue_list_is_refused_and_a_queue_named_twice_is_drained_once(
     assert app.backend.queues_stats(QueuesStatsParams(datetime.now(UTC)))[0].pending == 1
     worker = Worker(app, ["b", "a", "b", "a"], weights={"a": 2, "b": 1})
     assert (worker.queues, worker.config.queues) == (["b", "a"], ("b", "a"))
+
+
+def test_a_lease_shorter_than_the_heartbeat_is_refused_and_the_shortest_keeps_its_job(tmp_path: Any) -> None:
+    # A task leased for 0.1 s whose handler took 1.5 s was rescued and run again at each heartbeat it
+    # missed (the heartbeat extends every 0.2 s at most), and dead-lettered after 10 deliveries
+    # without ever failing. Now such a lease is refused, and the shortest one allowed keeps its job.
+    app = App(f"sqlite:///{tmp_path}/conveyor.db", migrate=True)
+    with pytest.raises(ConfigurationError, match=r"visibility_timeout must be >= 0\.5"):
+        app.task(name="too.short", queue="q", visibility_timeout=0.1)(lambda: None)
+    runs: list[int] = []
+
+    @app.task(name="shortest", queue="q", visibility_timeout=0.5)
+    def shortest(ctx: JobContext) -> None:
+        runs.append(ctx.deliveries)
+        time.sleep(1.5)
+
+    job = shortest.delay()
+    worker = Worker(app, ["q"], burst=True, rescue_interval=0.05, poll_interval=0.02)
+    asyncio.run(asyncio.wait_for(worker.run(), timeout=60))
+    assert (job.status().state, runs, worker.counters.stale_acks) == ("completed", [1], 0)
+    app.close()
 
 
 def test_a_heartbeat_not_shorter_than_a_drained_tasks_lease_is_warned_of(caplog: pytest.LogCaptureFixture) -> None:

@@ -42,6 +42,10 @@ INT32_MAX = 2**31 - 1
 MAX_ATTEMPTS = 1_000_000
 #: Longest delay, ttl, lease, timeout or backoff, in seconds (100 years).
 MAX_SECONDS = 100 * 365 * 24 * 3600.0
+#: Shortest lease (a task's or a worker's visibility_timeout), in seconds. The heartbeat extends leases every
+#: 0.2 s at the most often (worker/heartbeat.py): a lease of 0.1 s ran out between two extensions, and a job of
+#: a few seconds was rescued and run again until it was dead-lettered as poison.
+MIN_VISIBILITY_TIMEOUT = 0.5
 
 ErrorClass = type[PayloadError] | type[ConfigurationError]
 
@@ -180,7 +184,7 @@ def check_worker_options(
     check_int(concurrency, "concurrency", 1, 10_000, ConfigurationError)
     if prefetch is not None:
         check_int(prefetch, "prefetch", 0, 1_000_000, ConfigurationError)
-    check_seconds(visibility_timeout, "visibility_timeout", ConfigurationError, strict=True)
+    check_seconds(visibility_timeout, "visibility_timeout", ConfigurationError, minimum=MIN_VISIBILITY_TIMEOUT)
     check_seconds(graceful_timeout, "graceful_timeout", ConfigurationError)
 
 

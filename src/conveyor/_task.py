@@ -10,7 +10,15 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, ParamSpec, Protocol, Ty
 
 from conveyor._backoff import Backoff, ExponentialBackoff
 from conveyor._errors import ConfigurationError, PayloadError
-from conveyor._limits import INT32_MAX, INT32_MIN, MAX_ATTEMPTS, check_int, check_name, check_seconds
+from conveyor._limits import (
+    INT32_MAX,
+    INT32_MIN,
+    MAX_ATTEMPTS,
+    MIN_VISIBILITY_TIMEOUT,
+    check_int,
+    check_name,
+    check_seconds,
+)
 
 if TYPE_CHECKING:
     from conveyor._job import Job
@@ -86,7 +94,7 @@ class TaskOptions:
             raise error(f"dead_on must list exception classes, got {self.dead_on!r}")
         if self.timeout is not None:
             check_seconds(self.timeout, "timeout", error, strict=True)
-        check_seconds(self.visibility_timeout, "visibility_timeout", error, strict=True)
+        check_seconds(self.visibility_timeout, "visibility_timeout", error, minimum=MIN_VISIBILITY_TIMEOUT)
         if self.ack_policy not in ("auto", "manual"):
             raise error(f"ack_policy must be 'auto' or 'manual', got {self.ack_policy!r}")
         setattr_(self, "priority", check_int(self.priority, "priority", INT32_MIN, INT32_MAX, error))
