@@ -216,6 +216,28 @@ def test_nul_in_payload_or_headers_is_refused_on_every_engine(app: App) -> None:
     _nothing_written(app)
 
 
+def test_a_payload_whose_keys_json_writes_alike_is_refused_on_every_engine(app: App) -> None:
+    """{1: "a", "1": "b"} was written with the key "1" twice and read back as {"1": "b"}: one value silently lost
+    (the README: a payload round-trips or is not accepted)."""
+    colliding: list[dict[Any, Any]] = [
+        {1: "a", "1": "b"},
+        {True: 1, "true": 2},
+        {None: 1, "null": 2},
+        {"outer": [{"x": 1}, {1.5: "a", "1.5": "b"}]},
+    ]
+    for payload in colliding:
+        with pytest.raises(PayloadError, match="two keys that JSON writes as the same text"):
+            app.send("t", payload, queue="q")
+        with pytest.raises(PayloadError, match=r"two keys that JSON writes as the same text.*\(job 1 of the send\)"):
+            app.send_many([Message(task="t", queue="q"), Message(task="t", payload=payload, queue="q")])
+    with pytest.raises(PayloadError, match="two keys that JSON writes as the same text"):
+        app.send("t", {}, queue="q", headers={1: "a", "1": "b"})
+    _nothing_written(app)
+    # A non-string key alone is written as its text, as before.
+    job = app.send("t", {1: "a", "n": {None: 2}}, queue="q")
+    assert job.status().payload == {"1": "a", "n": {"null": 2}}
+
+
 ROUND_TRIP = {
     "backslash-u0000 as text": "\\u0000",
     "backslashes": "\\\\u0000 \\",

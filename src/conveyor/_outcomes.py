@@ -15,7 +15,7 @@ from typing import Any
 from conveyor._context import JobContext
 from conveyor._errors import PayloadError, Reject, Retry
 from conveyor._limits import MAX_SECONDS, is_utf8
-from conveyor._message import SCHEMA_VERSION
+from conveyor._message import SCHEMA_VERSION, keys_collide
 from conveyor._task import TaskOptions
 from conveyor.backends.base import Delivery, ErrorInfo, Finish, RetryItem
 
@@ -100,7 +100,7 @@ def on_success(delivery: Delivery, options: TaskOptions, result: Any) -> Finish:
     if options.keep_result and result is not None:
         try:
             encoded = _json(result)
-            if _keys_collide(result):
+            if keys_collide(result):
                 raise ValueError("two keys of one dict are the same JSON text")
             if "\\u0000" in encoded or not is_utf8(encoded):
                 encoded = _storable_json(encoded)
@@ -236,35 +236,6 @@ def _map_strings(value: Any) -> Any:
             raise ValueError("two keys of one dict are the same text once made storable")
         return mapped
     return value
-
-
-_CONTAINERS = (dict, list, tuple)
-_SCALARS = frozenset((str, int, float, bool, type(None)))
-
-
-def _keys_collide(value: Any) -> bool:
-    """Whether some dict in ``value`` (already encoded by :func:`_json`) has two keys that JSON writes
-    as the same text: ``json.dumps`` turns ``1``, ``True``, ``None`` and ``1.5`` into strings, so
-    ``{1: "a", "1": "b"}`` becomes ``{"1": "b"}`` and one value is silently lost.
-
-    Cheap where it can be, as it runs on every kept result: a dict's keys are compared only when one of
-    them is not a string, and a list of scalars is passed over in C."""
-    if isinstance(value, dict):
-        for key in value:
-            if type(key) is not str:
-                # A non-str key is written as json.dumps writes it as a value ("true", "null", "1.5"), a
-                # str subclass's as its text (compared as a plain str: its own __eq__/__hash__ may hide twins).
-                if len({str.__str__(k) if isinstance(k, str) else _json(k) for k in value}) != len(value):
-                    return True
-                break
-        items: Any = value.values()
-    elif isinstance(value, (list, tuple)):
-        if _SCALARS.issuperset(map(type, value)):
-            return False
-        items = value
-    else:
-        return False
-    return any(_keys_collide(item) for item in items if isinstance(item, _CONTAINERS))
 
 
 def _safe_str(value: object) -> str:

@@ -23,7 +23,8 @@ from hypothesis import strategies as st
 from tests.conftest import driver_connection
 
 from conveyor import App, BackendUnavailable, JobContext, Retry, Worker
-from conveyor._outcomes import MAX_ERROR_CHARS, _keys_collide
+from conveyor._message import keys_collide
+from conveyor._outcomes import MAX_ERROR_CHARS
 from conveyor.backends.base import JobsListParams, JobsRescueParams
 from conveyor.worker._stall import StallWatch
 
@@ -134,7 +135,7 @@ _RESULTS = st.recursive(
 
 
 def _collides(value: Any) -> bool:
-    """The plain rule _keys_collide has to keep: some dict has two keys json.dumps writes as one text."""
+    """The plain rule keys_collide has to keep: some dict has two keys json.dumps writes as one text."""
     if isinstance(value, dict):
         texts = {str.__str__(k) if isinstance(k, str) else json.dumps(k) for k in value}
         return len(texts) != len(value) or any(_collides(v) for v in value.values())
@@ -144,7 +145,7 @@ def _collides(value: Any) -> bool:
 @settings(max_examples=300)
 @given(_RESULTS)
 def test_the_collision_check_finds_every_dict_whose_keys_collide_as_json(result: Any) -> None:
-    assert _keys_collide(result) == _collides(result)
+    assert keys_collide(result) == _collides(result)
 
 
 def _refuse_archiving(app: App, database_url: str, when: str) -> None:
