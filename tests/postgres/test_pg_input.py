@@ -119,3 +119,26 @@ def test_a_wrong_password_is_reported_without_it(postgres_server_url: str, caplo
 )
 def test_redact_url(url: str, shown: str) -> None:
     assert redact_url(url) == shown
+
+
+def test_a_token_stored_with_an_expiry_past_the_year_9999_still_reads(pg: PostgresBackend) -> None:
+    """create_token took 9999-12-31T23:59:59.999999-14:00 before session 45, which PostgreSQL stores in the year
+    10000: after that every read of the token table failed ("timestamp too large"), every request of every
+    token and `conveyor tokens list` with it. Such a row reads as the last instant Python has."""
+    from datetime import timedelta, timezone
+
+    from conveyor._tokens import hash_secret, mint
+    from conveyor.backends.base import Token, TokenGetParams, TokensInsertParams
+
+    token_id, secret, _ = mint()
+    now = datetime.now(UTC)
+    assert pg.tokens_insert(TokensInsertParams(Token(token_id, "far", "operator", None, hash_secret(secret), now)))
+    with pg._connection("test") as conn:
+        conn.execute(
+            "UPDATE tokens SET expires_at = %s::timestamptz + interval '1 day' WHERE id = %s",
+            (datetime.max.replace(tzinfo=timezone(-timedelta(hours=14))), token_id),
+        )
+    last = datetime.max.replace(tzinfo=UTC)
+    assert [(t.name, t.expires_at) for t in pg.tokens_list()] == [("far", last)]
+    got = pg.token_get(TokenGetParams(token_id))
+    assert got is not None and got.expires_at == last

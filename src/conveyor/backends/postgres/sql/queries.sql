@@ -985,13 +985,18 @@ ON CONFLICT DO NOTHING
 RETURNING id
 
 -- name: token_get
--- One primary-key probe per request that the service's token cache has not seen lately.
-SELECT id, name, role, queues, secret_hash, created_at, expires_at, revoked_at
+-- One primary-key probe per request that the service's token cache has not seen lately. An expiry past Python's
+-- last datetime (the year 10000: a token made before create_token refused it) reads as that last instant, not as
+-- a failure of every read of the table.
+SELECT id, name, role, queues, secret_hash, created_at,
+       LEAST(expires_at, '9999-12-31 23:59:59.999999+00'::timestamptz), revoked_at
 FROM tokens
 WHERE id = %(id)s
 
 -- name: tokens_list
-SELECT id, name, role, queues, secret_hash, created_at, expires_at, revoked_at
+-- The expiry as token_get reads it.
+SELECT id, name, role, queues, secret_hash, created_at,
+       LEAST(expires_at, '9999-12-31 23:59:59.999999+00'::timestamptz), revoked_at
 FROM tokens
 ORDER BY name
 
