@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import psycopg
+import pytest
 from _pg import T0, acquire, live_ids, make_job
 
+from conveyor._errors import BackendError, BackendUnavailable
 from conveyor.backends.base import JobsInsertParams
 from conveyor.backends.postgres import PostgresBackend
 
@@ -54,3 +56,27 @@ def test_the_business_write_and_the_job_commit_together(pg: PostgresBackend, pos
         row = conn.execute("SELECT count(*) FROM orders").fetchone()
         assert row == (1,)
     assert len(live_ids(pg, "outbox")) == 1
+
+
+def test_a_send_on_a_failed_transaction_is_one_clear_error_and_no_noise(
+    pg: PostgresBackend, postgres_database: str, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A caller's transaction that already failed: every send fails, and a batch big enough for the COPY also left
+    psycopg's "error ignored in rollback ... savepoint does not exist" on stderr beside the error (a helper's sweep).
+    Now one BackendError says what to do, whatever the batch's size."""
+    for n in (1, 200):
+        with psycopg.connect(postgres_database) as conn:
+            with pytest.raises(psycopg.errors.DivisionByZero):
+                conn.execute("SELECT 1 / 0")
+            jobs = [make_job("outbox") for _ in range(n)]
+            with pytest.raises(BackendError, match=r"has failed .* roll it back") as caught:
+                pg.jobs_insert_many(JobsInsertParams(jobs=jobs, now=T0, conn=conn))
+            assert not isinstance(caught.value, BackendUnavailable)  # not waited out as an outage
+            conn.rollback()
+            pg.jobs_insert_many(JobsInsertParams(jobs=jobs, now=T0, conn=conn))  # the next transaction works
+            conn.commit()
+        assert len(live_ids(pg, "outbox")) == n
+        with pg._connection("test") as c:
+            c.execute("DELETE FROM jobs")
+    err = capfd.readouterr().err
+    assert "error ignored" not in err, err

@@ -480,6 +480,13 @@ class PostgresBackend:
         now = params.now
         with self._errors("jobs_insert_many"):
             if conn is not None:
+                if conn.info.transaction_status == TransactionStatus.INERROR:
+                    # Any statement would fail the same way; the COPY's savepoint also left psycopg printing
+                    # "error ignored in rollback" on stderr beside the error.
+                    raise BackendError(
+                        "the transaction of the conn= connection has failed (an earlier statement raised): "
+                        "roll it back, then send in a new one; nothing was written"
+                    )
                 if by_copy and not conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE:
                     # Outside a transaction, conn.transaction() in _copy would begin *and commit*
                     # one; start the caller's transaction first so that it becomes a savepoint.
