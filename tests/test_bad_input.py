@@ -608,6 +608,9 @@ def test_bad_dead_letter_arguments_are_one_typed_error_alike_on_every_engine(app
         # Before: the database refused it (UnstorableText) or, when nothing was selected, nothing wrote it.
         (lambda: app.admin.replay(dead[:1], reason="r\udcff", actor="t"), "valid Unicode"),
         (lambda: app.admin.purge(queue="nowhere", reason="r\udcff", actor="t"), "valid Unicode"),
+        # NaN slipped past the pacing's comparison: no limit at all.
+        (lambda: app.admin.replay(dead, reason="r", actor="t", rate=0.01, max_seconds=NAN), "max_seconds must be"),
+        (lambda: app.admin.replay(dead, reason="r", actor="t", rate=0.01, max_seconds="5"), "max_seconds must be"),
     ]
     for call, message in refused:
         with pytest.raises(ConfigurationError, match=message):

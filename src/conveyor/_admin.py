@@ -23,7 +23,7 @@ from conveyor._cron import Cron
 from conveyor._errors import BackendUnavailable, ConfigurationError, JobNotFoundError, NotFoundError
 from conveyor._ids import uuid7
 from conveyor._job import JobStatus
-from conveyor._limits import check_int, check_name, is_utf8, preview
+from conveyor._limits import check_int, check_name, check_seconds, is_utf8, preview
 from conveyor._message import LATEST
 from conveyor._scaling import ScalingDecision, ScalingPolicy, sum_load
 from conveyor.backends import open_backend
@@ -337,6 +337,9 @@ class Admin:
         _check_reason(reason, actor)
         if rate is not None:
             _check_rate(rate)
+        if max_seconds is not None:
+            # NaN slipped past the comparison below and switched the limit off.
+            max_seconds = check_seconds(max_seconds, "max_seconds", ConfigurationError)
         selected = self.select(ids, queue=queue, task=task, error_type=error_type)
         chunk = max(1, int(rate)) if rate else REPLAY_CHUNK
         if rate and max_seconds is not None:
