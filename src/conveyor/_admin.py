@@ -628,11 +628,11 @@ def _check_rate(rate: float) -> None:
 def _check_reason(reason: str, actor: str) -> None:
     check_name(actor, "actor", ConfigurationError)
     if not isinstance(reason, str) or not reason.strip():
-        raise ConfigurationError("an action on dead letters needs a reason (it is kept in the audit log)")
+        raise ConfigurationError("reason is required for an action on dead letters (it is kept in the audit log)")
     # A lone surrogate too: it was refused by the database in the first chunk's transaction (UnstorableText), and
     # a purge or replay that selected nothing wrote no audit row and so took it.
     if len(reason) > 2000 or "\x00" in reason or not is_utf8(reason):
-        raise ConfigurationError("the reason must be at most 2000 characters of valid Unicode, without NUL")
+        raise ConfigurationError("reason must be at most 2000 characters of valid Unicode, without NUL")
 
 
 def _schedule_name(name: object) -> str:

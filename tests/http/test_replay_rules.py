@@ -87,6 +87,19 @@ def test_http_refuses_a_rate_out_of_range_or_whose_pacing_would_hold_the_request
         assert sorted(p["dead_id"] for p in done.json()["replayed"]) == sorted(dead)
 
 
+def test_a_bad_reason_is_a_400_that_names_the_field(served: Server) -> None:
+    # Before: the 400 had no "field" (every other refused field of these requests names itself).
+    dead = make_dead_letters(served.db, 1)
+    with served.client("admin") as admin:
+        for path in ("/v1/dead-letters:replay", "/v1/dead-letters:purge"):
+            for reason in (" ", "r" * 2001, "a\u0000b"):
+                answer = admin.post(path, json={"ids": dead, "reason": reason})
+                assert answer.status_code == 400, answer.text
+                error = answer.json()["error"]
+                assert error["field"] == "reason" and error["message"].startswith("reason "), error
+    assert unreplayed(served.db, "doomed") == set(dead)
+
+
 def test_a_token_limited_to_queues_learns_nothing_from_replaying_another_queues_ids(served: Server) -> None:
     # Replaying a dead letter of another queue by id answered 403 naming that queue, while GET of the
     # same id answered 404: the token learnt that the id exists and where.

@@ -196,6 +196,8 @@ def _time(value: Any, field: str) -> datetime:
 def field_of(message: str, prefix: str = "") -> str | None:
     """The field an error message of ``conveyor._limits`` is about: they start with its name."""
     first = message.split(" ", 1)[0]
+    if first == "reason":  # an operator action's (the operator API's messages start with it too)
+        return first
     return f"{prefix}{first}" if first in JOB_FIELDS or first == "queue" else None
 
 
