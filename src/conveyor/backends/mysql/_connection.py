@@ -128,6 +128,12 @@ _GONE = {1040, 1053, 1927, 2002, 2003, 2006, 2013, 2055, 1290, 1836}
 _LOGIN = {1044, 1045, 1049, 1698}
 _DENIED = {1044, 1142, 1143, 1227, 1370}
 _DUPLICATE = 1062
+# The server out of a resource: a full disk or tablespace (1114 "The table is full", 1021, 3 "Error writing file",
+# 1030 a storage engine's error such as errno 28), memory (1037, 1038, 1041), threads (1135). As PostgreSQL's class 53
+# and SQLite's "database or disk is full": waited out, never the items' fault. Read as a refusal of the statement's
+# items, a worker split its batch of outcomes and dead-lettered jobs whose results were refused while a small
+# dead-letter row still fitted.
+_RESOURCES = {3, 1021, 1030, 1037, 1038, 1041, 1114, 1135}
 # A statement the server interrupted: an operator's KILL QUERY, MariaDB's max_statement_time, MySQL's
 # max_execution_time. Nothing is wrong with the statement's items nor with the server.
 _CANCELLED = {1317, 1969, 3024}
@@ -164,6 +170,8 @@ def translate(exc: BaseException, action: str, callers: bool = False) -> Backend
         )
     if code == _DEADLOCK or code in _GONE or code in _LOGIN or isinstance(exc, pymysql.err.InterfaceError):
         return BackendUnavailable(f"MySQL unavailable ({action}): {line}")
+    if code in _RESOURCES:
+        return BackendUnavailable(f"MySQL unavailable ({action}): out of a resource (disk, memory): {line}")
     if code in _DENIED:
         return BackendRefused(f"MySQL refused a privilege ({action}): {line} (a GRANT missing or revoked)")
     if code == 1146:
