@@ -906,16 +906,33 @@ class SeamMachine(RuleBasedStateMachine):
         assert self.same("schedules_delete", lambda b, _: b.schedules_delete(SchedulesDeleteParams(name))) == exists
         self.settle(changed=set())
 
+    def _read(self, data: st.DataObject, name: str, due: datetime) -> tuple[Callable[[Backend], Schedule], bool]:
+        """How a scheduler read ``name`` on an engine, with ``due`` as its next tick and maybe a cron
+        that is not the stored one (read before an operator changed it), and whether it is stale."""
+        stale = data.draw(st.booleans(), label="stale definition")
+
+        def read(backend: Backend) -> Schedule:
+            stored = next((x for x in backend.schedules_list() if x.name == name), None)
+            if stored is None:
+                return Schedule(name, "* * * * *", "t1", "q1", "{}", due)
+            return replace(stored, next_run_at=due, cron=f"{stored.cron} " if stale else stored.cron)
+
+        return read, stale
+
     def schedule_fire(self, data: st.DataObject) -> None:
         """Fire a schedule's tick (due or another one). The scheduler's job has no idempotency key."""
         schedules = {s["name"]: s for s in self.snap.schedules}
         name = data.draw(st.sampled_from(sorted({*schedules, "s3"})), label="schedule")
         s = schedules.get(name)
         due = s["next_run_at"] if s is not None and data.draw(st.booleans(), label="due tick") else self.now
+        read, stale = self._read(data, name, due)
         job = replace(self.new_job(data, s["queue"] if s else "q1"), idempotency_key=None, dedup_until=None)
-        fires = s is not None and not s["paused"] and s["next_run_at"] == due
-        params = ScheduleFireParams(name, due, due + _s(60), job, self.now)
-        assert self.same("schedule_fire", lambda b, _: b.schedule_fire(params)) == fires
+        fires = s is not None and not s["paused"] and s["next_run_at"] == due and not stale
+        answer = self.same(
+            "schedule_fire",
+            lambda b, _: b.schedule_fire(ScheduleFireParams(read(b), due + _s(60), job, self.now)),
+        )
+        assert answer == fires
         if fires:
             self.sent[job.id] = job
         after = self.settle(changed={job.id} if fires else set())
@@ -930,13 +947,14 @@ class SeamMachine(RuleBasedStateMachine):
         name = data.draw(st.sampled_from(sorted({*schedules, "s3"})), label="schedule")
         s = schedules.get(name)
         due = s["next_run_at"] if s is not None and data.draw(st.booleans(), label="stored tick") else self.now
-        moves = s is not None and not s["paused"] and s["next_run_at"] == due
-        params = ScheduleMoveParams(name, due, self.now - _s(60))
-        assert self.same("schedule_move", lambda b, _: b.schedule_move(params)) == moves
+        read, stale = self._read(data, name, due)
+        moves = s is not None and not s["paused"] and s["next_run_at"] == due and not stale
+        to = self.now - _s(60)
+        assert self.same("schedule_move", lambda b, _: b.schedule_move(ScheduleMoveParams(read(b), to))) == moves
         after = self.settle(changed=set())
         if moves:
             moved = next(x for x in after.schedules if x["name"] == name)
-            assert moved["next_run_at"] == params.next_run_at
+            assert moved["next_run_at"] == to
             assert moved["last_run_at"] == s["last_run_at"]
 
     # -------------------------------------------------------------------------- subscriptions

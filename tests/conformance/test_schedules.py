@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 
 from _factory import acquire, at, ids, new_job
 
+from conveyor._cron import Cron
 from conveyor.backends.base import (
     Backend,
     Schedule,
@@ -18,19 +20,18 @@ from conveyor.backends.base import (
 
 
 def _schedule(name: str = "nightly", cron: str = "0 3 * * *", next_s: float = 60, **kw: object) -> Schedule:
-    return Schedule(
-        name=name,
-        cron=cron,
-        task="reports.build",
-        queue="cron",
-        payload='{"kind": "daily"}',
-        next_run_at=at(next_s),
-        **kw,  # type: ignore[arg-type]
-    )
+    defined: dict[str, object] = {"task": "reports.build", "queue": "cron", "payload": '{"kind": "daily"}', **kw}
+    return Schedule(name=name, cron=cron, next_run_at=at(next_s), **defined)  # type: ignore[arg-type]
 
 
 def _by_name(backend: Backend) -> dict[str, Schedule]:
     return {s.name: s for s in backend.schedules_list()}
+
+
+def _read(backend: Backend, name: str, due_s: float) -> Schedule:
+    """``name`` as a scheduler reads it, with ``due_s`` as its next tick (a missing one as declared)."""
+    stored = _by_name(backend).get(name)
+    return _schedule(name) if stored is None else replace(stored, next_run_at=at(due_s))
 
 
 def _fire(
@@ -38,12 +39,15 @@ def _fire(
 ) -> tuple[bool, object]:
     job = new_job("cron", task="reports.build", run_at=at(due_s))
     fired_at = None if fired_s is None else at(fired_s)
+    read = _read(backend, name, due_s)
     fired = backend.schedule_fire(
-        ScheduleFireParams(
-            name=name, due_at=at(due_s), next_run_at_after=at(after_s), job=job, now=at(due_s), fired_at=fired_at
-        )
+        ScheduleFireParams(schedule=read, next_run_at_after=at(after_s), job=job, now=at(due_s), fired_at=fired_at)
     )
     return fired, job.id
+
+
+def _move(backend: Backend, name: str, due_s: float, to_s: float) -> bool:
+    return backend.schedule_move(ScheduleMoveParams(_read(backend, name, due_s), at(to_s)))
 
 
 def test_upsert_creates_and_list_returns_schedules_by_name(backend: Backend) -> None:
@@ -162,10 +166,10 @@ def test_a_move_sets_the_next_tick_back_on_the_same_compare_and_set_as_a_fire(ba
     )
     backend.schedules_update(SchedulesUpdateParams(name="paused", paused=True))
 
-    assert backend.schedule_move(ScheduleMoveParams("s", at(86_400), at(120))) is True
-    assert backend.schedule_move(ScheduleMoveParams("s", at(86_400), at(60))) is False  # that tick is gone
-    assert backend.schedule_move(ScheduleMoveParams("paused", at(86_400), at(120))) is False
-    assert backend.schedule_move(ScheduleMoveParams("missing", at(86_400), at(120))) is False
+    assert _move(backend, "s", 86_400, 120) is True
+    assert _move(backend, "s", 86_400, 60) is False  # that tick is gone
+    assert _move(backend, "paused", 86_400, 120) is False
+    assert _move(backend, "missing", 86_400, 120) is False
 
     stored = _by_name(backend)
     assert (stored["s"].next_run_at, stored["s"].last_run_at) == (at(120), None)  # moved, nothing fired
@@ -188,7 +192,7 @@ def test_concurrent_moves_and_fires_of_one_tick_change_it_once(backend: Backend)
         if i % 2:
             done = ("fire", _fire(backend, "s", due_s=60, after_s=120)[0])
         else:
-            done = ("move", backend.schedule_move(ScheduleMoveParams("s", at(60), at(30))))
+            done = ("move", _move(backend, "s", 60, 30))
         with lock:
             results.append(done)
 
@@ -206,3 +210,51 @@ def test_concurrent_moves_and_fires_of_one_tick_change_it_once(backend: Backend)
         assert (stored.next_run_at, len(jobs)) == (at(120), 1)
     else:
         assert (stored.next_run_at, stored.last_run_at, jobs) == (at(30), None, [])
+
+
+def test_a_fire_or_move_worked_out_from_a_definition_changed_since_its_read_matches_nothing(backend: Backend) -> None:
+    """Before, the compare-and-set was on next_run_at alone (found by a sweep): `* * * * *` due 12:01,
+    changed to `1 * * * *` (whose next tick is 12:01 too) between a scheduler's read and its fire, fired
+    the old definition's job and stored 12:02, the old cron's next tick, so 12:02 fired as well. A new
+    task, queue, payload or priority re-declared with the same cron (its next tick kept) alike."""
+    every_minute = "* * * * *"
+    changed = ("cron", "task", "queue", "payload", "priority", "moved")
+    backend.schedules_upsert(SchedulesUpsertParams([_schedule(name, cron=every_minute) for name in (*changed, "same")]))
+    read = _by_name(backend)
+    # The operator's changes, between the scheduler's read and its fire or move.
+    for name in ("cron", "moved"):
+        assert backend.schedules_update(SchedulesUpdateParams(name, cron="1 * * * *", next_run_at=at(60)))
+    backend.schedules_upsert(
+        SchedulesUpsertParams(
+            [
+                _schedule("task", cron=every_minute, next_s=999, task="reports.other"),
+                _schedule("queue", cron=every_minute, next_s=999, queue="cron-2"),
+                _schedule("payload", cron=every_minute, next_s=999, payload='{"kind": "weekly"}'),
+                _schedule("priority", cron=every_minute, next_s=999, priority=3),
+                _schedule("same", cron=every_minute, next_s=999),  # re-declared as it was: no change
+            ]
+        )
+    )
+
+    def fire(schedule: Schedule) -> bool:
+        job = new_job(schedule.queue, task=schedule.task, run_at=at(60))
+        following = Cron.parse(schedule.cron).next_after(at(60))
+        return backend.schedule_fire(ScheduleFireParams(schedule, following, job, now=at(60)))
+
+    assert {name: fire(read[name]) for name in changed if name != "moved"} == dict.fromkeys(changed[:-1], False)
+    assert backend.schedule_move(ScheduleMoveParams(read["moved"], at(30))) is False
+    assert fire(read["same"]) is True
+
+    stored = _by_name(backend)
+    for name in changed:
+        # Nothing fired, and the next tick is still the one the new definition was stored with.
+        assert (stored[name].next_run_at, stored[name].last_run_at) == (at(60), None), name
+    assert Cron.parse(stored["cron"].cron).next_after(at(0)) == stored["cron"].next_run_at
+    assert len(acquire(backend, queue="cron", now=at(60))) == 1  # the unchanged schedule's job
+    assert acquire(backend, queue="cron-2", now=at(60)) == []
+    # Read again, the tick fires as the schedule now is: its next tick is the new expression's.
+    assert fire(stored["cron"]) is True
+    assert fire(stored["queue"]) is True
+    after = _by_name(backend)
+    assert (after["cron"].next_run_at, after["cron"].last_run_at) == (at(3660), at(60))
+    assert [j.task for j in acquire(backend, queue="cron-2", now=at(60))] == ["reports.build"]

@@ -624,7 +624,7 @@ class Schedule:
     """A periodic job: every tick of ``cron`` (5 fields, UTC) enqueues ``task`` on ``queue``.
 
     ``next_run_at`` is the next tick due. Firing is compare-and-set on it, so that however many
-    schedulers run, each tick fires once."""
+    schedulers run, each tick fires once, and on the definition read (see ``ScheduleFireParams``)."""
 
     name: str
     cron: str
@@ -665,19 +665,32 @@ class SchedulesDeleteParams:
 
 @dataclass(frozen=True, slots=True)
 class ScheduleFireParams:
-    """Fire one tick: in one transaction, if the schedule is not paused and its ``next_run_at``
-    still equals ``due_at`` (the compare-and-set), set ``next_run_at = next_run_at_after`` and
-    ``last_run_at = fired_at`` and insert ``job``. ``fired_at`` is the tick the job is for: after
-    downtime the latest missed one, not the stored ``due_at`` (None: ``due_at``). Returns True if
-    this call fired the tick, False if another scheduler did (or the schedule was paused, changed or
-    deleted meanwhile)."""
+    """Fire one tick of ``schedule`` as the scheduler read it: in one transaction, if the schedule is
+    not paused, its ``next_run_at`` still equals the one read (the compare-and-set) and its definition
+    (cron, task, queue, payload, priority) is still the one read, set ``next_run_at =
+    next_run_at_after`` and ``last_run_at = fired_at`` and insert ``job``. ``fired_at`` is the tick the
+    job is for: after downtime the latest missed one, not the stored ``due_at`` (None: ``due_at``).
+    Returns True if this call fired the tick, False if another scheduler did (or the schedule was
+    paused, redefined or deleted meanwhile: a job and a next tick worked out from a definition that
+    changed since it was read are stale, and the scheduler reads the schedule again).
 
-    name: str
-    due_at: datetime
+    ``schedule`` is compared as ``schedules_list`` returned it (the payload by the engine's own
+    equality of stored payloads)."""
+
+    schedule: Schedule
     next_run_at_after: datetime
     job: NewJob
     now: datetime
     fired_at: datetime | None = None
+
+    @property
+    def name(self) -> str:
+        return self.schedule.name
+
+    @property
+    def due_at(self) -> datetime:
+        """The next tick read, which the compare-and-set compares."""
+        return self.schedule.next_run_at
 
     @property
     def last_run_at(self) -> datetime:
@@ -685,16 +698,37 @@ class ScheduleFireParams:
         return self.due_at if self.fired_at is None else self.fired_at
 
 
+def schedule_read_args(schedule: Schedule) -> dict[str, Any]:
+    """The definition a fire or move compares with the stored one, as its statement's ``read_*``
+    parameters (the job's own task, queue, payload and priority are other parameters of a fire)."""
+    return {
+        "read_cron": schedule.cron,
+        "read_task": schedule.task,
+        "read_queue": schedule.queue,
+        "read_payload": schedule.payload,
+        "read_priority": schedule.priority,
+    }
+
+
 @dataclass(frozen=True, slots=True)
 class ScheduleMoveParams:
     """Move a schedule's next tick (back, or on past a tick already fired) without firing: if the
-    schedule is not paused and its ``next_run_at`` still equals ``due_at`` (the same compare-and-set
-    as a fire), set it to ``next_run_at``. Returns True if this call moved it, False if a scheduler fired or moved that
-    tick first (or the schedule was paused, changed or deleted meanwhile)."""
+    schedule is not paused and its ``next_run_at`` and definition are still those of ``schedule`` as
+    read (the same compare-and-set as a fire), set it to ``next_run_at``. Returns True if this call
+    moved it, False if a scheduler fired or moved that tick first (or the schedule was paused,
+    redefined or deleted meanwhile)."""
 
-    name: str
-    due_at: datetime
+    schedule: Schedule
     next_run_at: datetime
+
+    @property
+    def name(self) -> str:
+        return self.schedule.name
+
+    @property
+    def due_at(self) -> datetime:
+        """The next tick read, which the compare-and-set compares."""
+        return self.schedule.next_run_at
 
 
 @dataclass(frozen=True, slots=True)

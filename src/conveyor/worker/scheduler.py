@@ -32,10 +32,13 @@ class Scheduler(Service):
 
     Correctness lives in the database, not in leadership: firing is a compare-and-set on the
     schedule's ``next_run_at`` in the same transaction as the job insert, so two schedulers that
-    see the same due tick fire it once. After downtime only the latest missed tick fires (once, its
-    job's ``tick`` header and the schedule's ``last_run_at`` that tick), and the next tick is
-    computed from now, so a backlog of missed ticks is never replayed. The producer builds each
-    tick's job exactly as a send would (task defaults, limits).
+    see the same due tick fire it once. The set also compares the definition read (cron, task,
+    queue, payload, priority): a fire worked out from a schedule an operator changed since it was
+    read matches nothing, and the next pass reads the schedule again and fires it as changed. After
+    downtime only the latest missed tick fires (once, its job's ``tick`` header and the schedule's
+    ``last_run_at`` that tick), and the next tick is computed from now, so a backlog of missed ticks
+    is never replayed. The producer builds each tick's job exactly as a send would (task defaults,
+    limits).
 
     One clock judges for every scheduler: with ``database_time`` (a worker that keeps the database's
     time), the database's, read at each pass; else ``clock``. A stored next tick later than the first
@@ -153,7 +156,7 @@ class Scheduler(Service):
         if stored <= expected:
             self._checked[schedule.name] = (stored, schedule.last_run_at, now)
             return
-        params = ScheduleMoveParams(schedule.name, stored, expected)
+        params = ScheduleMoveParams(schedule, expected)
         if await self.calls.call(self.calls.backend.schedule_move, params, what="schedule move"):
             log.warning(
                 "schedule %s: its next tick %s was stored by a clock ahead of this one (%s); moved back to %s",
@@ -177,7 +180,7 @@ class Scheduler(Service):
             # A next tick stored by a clock behind the one that fired last (an operator's resume or cron
             # change from a host whose clock is behind): that tick fired already, so it is not fired
             # again; the next tick is moved on past it by the same compare-and-set.
-            params_move = ScheduleMoveParams(schedule.name, due, cron.next_after(max(now, last)))
+            params_move = ScheduleMoveParams(schedule, cron.next_after(max(now, last)))
             await self.calls.call(self.calls.backend.schedule_move, params_move, what="schedule move")
             return 0
         message = Message(
@@ -189,7 +192,7 @@ class Scheduler(Service):
         )
         job = self.producer.new_job(message, now)
         following = cron.next_after(now)
-        params = ScheduleFireParams(schedule.name, due, following, job, now, fired_at=tick)
+        params = ScheduleFireParams(schedule, following, job, now, fired_at=tick)
         if await self.calls.call(self.calls.backend.schedule_fire, params, what="schedule fire"):
             log.info("schedule %s fired tick %s as job %s", schedule.name, tick.isoformat(), job.id)
             self._checked[schedule.name] = (following, tick, now)

@@ -92,6 +92,7 @@ from conveyor.backends.base import (
     WorkersPruneParams,
     WorkersRemoveParams,
     one_outcome_per_job,
+    schedule_read_args,
 )
 from conveyor.backends.postgres._args import acquire_args, finish_args, promote_args, receipt_of
 from conveyor.backends.postgres._copy import TEXT_MAX, NotCopyable, copyable, write_binary, write_text
@@ -951,6 +952,7 @@ class PostgresBackend:
                 "ordering_key": job.ordering_key,
                 "replay_of": job.replay_of,
                 "now": params.now,
+                **schedule_read_args(params.schedule),
             },
         )
         return bool(row and row[0])
@@ -958,7 +960,12 @@ class PostgresBackend:
     def schedule_move(self, params: ScheduleMoveParams) -> bool:
         """Move a stored next tick back, firing nothing (see ScheduleMoveParams)."""
         with self._connection("schedule_move") as conn:
-            args = {"name": params.name, "due_at": params.due_at, "next_run_at": params.next_run_at}
+            args = {
+                "name": params.name,
+                "due_at": params.due_at,
+                "next_run_at": params.next_run_at,
+                **schedule_read_args(params.schedule),
+            }
             return conn.execute(self._q["schedule_move"], args, prepare=True).rowcount == 1
 
     def subscriptions_upsert(self, params: SubscriptionsUpsertParams) -> None:

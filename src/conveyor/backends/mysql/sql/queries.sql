@@ -499,15 +499,23 @@ DELETE FROM schedules WHERE name = %(name)s
 -- name: schedule_fire
 -- Compare-and-set on next_run_at: of several schedulers that read the same due tick, exactly one
 -- update matches (the row lock serialises them), and only that caller inserts the tick's job, in
--- the same transaction.
+-- the same transaction. The update also compares the definition the scheduler read (read_*): an
+-- operator's change between its read and this fire that kept the next tick (a new cron with the same
+-- next tick, a new task or payload) would otherwise fire a job of the old definition and store a next
+-- tick of the old cron. The table's collation is binary, so a change of case is a change.
 UPDATE schedules
 SET next_run_at = %(next_run_at_after)s, last_run_at = %(last_run_at)s
 WHERE name = %(name)s AND paused = 0 AND next_run_at = %(due_at)s
+  AND cron = %(read_cron)s AND task = %(read_task)s AND queue = %(read_queue)s
+  AND payload = %(read_payload)s AND priority = %(read_priority)s
 
 -- name: schedule_move
+-- The same compare-and-set as schedule_fire (next tick and definition read), firing nothing.
 UPDATE schedules
 SET next_run_at = %(next_run_at)s
 WHERE name = %(name)s AND paused = 0 AND next_run_at = %(due_at)s
+  AND cron = %(read_cron)s AND task = %(read_task)s AND queue = %(read_queue)s
+  AND payload = %(read_payload)s AND priority = %(read_priority)s
 
 -- name: subscriptions_upsert
 INSERT INTO subscriptions (topic, queue, task, filter)

@@ -214,9 +214,15 @@ DELETE FROM schedules WHERE name = %(name)s
 -- match nothing, so their INSERT has no row to copy. The job is inserted in the same statement,
 -- so a tick is never marked fired without its job (nor the reverse). last_run_at is the tick the
 -- job is for (after downtime the latest missed one), not the stored due_at the set compared.
+-- The set also compares the definition the scheduler read (read_*): an operator's change between
+-- its read and this fire that kept the next tick (a new cron with the same next tick, a new task or
+-- payload) would otherwise fire a job of the old definition and store a next tick of the old cron.
+-- The payload is compared as jsonb, as the scheduler read it back (payload::text).
 WITH fired AS (
     UPDATE schedules SET next_run_at = %(next_run_at)s, last_run_at = %(last_run_at)s
     WHERE name = %(name)s AND NOT paused AND next_run_at = %(due_at)s
+      AND cron = %(read_cron)s AND task = %(read_task)s AND queue = %(read_queue)s
+      AND payload = %(read_payload)s::jsonb AND priority = %(read_priority)s
     RETURNING name
 ),
 inserted AS (
@@ -241,9 +247,12 @@ SELECT (SELECT count(*) FROM fired), (SELECT count(*) FROM notified)
 -- The same compare-and-set on next_run_at, firing nothing: a next tick stored by a clock that was
 -- ahead of the scheduler's referee (see worker/scheduler.py) is moved back. It races the fires and
 -- moves of the same stored tick on the row lock as schedule_fire does, so of them all exactly one
--- changes it: a tick is never both moved and fired, nor moved twice.
+-- changes it: a tick is never both moved and fired, nor moved twice. The tick it moves to was worked
+-- out from the cron read, so the definition read is compared as schedule_fire compares it.
 UPDATE schedules SET next_run_at = %(next_run_at)s
 WHERE name = %(name)s AND NOT paused AND next_run_at = %(due_at)s
+  AND cron = %(read_cron)s AND task = %(read_task)s AND queue = %(read_queue)s
+  AND payload = %(read_payload)s::jsonb AND priority = %(read_priority)s
 
 -- name: subscriptions_upsert
 INSERT INTO subscriptions AS s (topic, queue, task, filter)

@@ -495,18 +495,26 @@ DELETE FROM schedules WHERE name = :name
 -- Compare-and-set on next_run_at: of several schedulers that read the same due tick, exactly one
 -- update matches (writes are serialised), and only that caller inserts the tick's job, in the
 -- same transaction. last_run_at is the tick the job is for (after downtime the latest missed
--- one), not the stored due_at the set compared.
+-- one), not the stored due_at the set compared. The set also compares the definition the scheduler
+-- read (read_*): an operator's change between its read and this fire that kept the next tick (a new
+-- cron with the same next tick, a new task or payload) would otherwise fire a job of the old
+-- definition and store a next tick of the old cron.
 UPDATE schedules
 SET next_run_at = :next_run_at_after, last_run_at = :last_run_at
 WHERE name = :name AND paused = 0 AND next_run_at = :due_at
+  AND cron = :read_cron AND task = :read_task AND queue = :read_queue
+  AND payload = :read_payload AND priority = :read_priority
 
 -- name: schedule_move
 -- The same compare-and-set on next_run_at, firing nothing: a next tick stored by a clock that was
 -- ahead is moved back. Writes are serialised, so of the fires and moves of one stored tick exactly
--- one matches: a tick is never both moved and fired, nor moved twice.
+-- one matches: a tick is never both moved and fired, nor moved twice. The tick it moves to was worked
+-- out from the cron read, so the definition read is compared as schedule_fire compares it.
 UPDATE schedules
 SET next_run_at = :next_run_at
 WHERE name = :name AND paused = 0 AND next_run_at = :due_at
+  AND cron = :read_cron AND task = :read_task AND queue = :read_queue
+  AND payload = :read_payload AND priority = :read_priority
 
 -- name: subscriptions_upsert
 INSERT INTO subscriptions (topic, queue, task, filter)
