@@ -58,13 +58,20 @@ def to_db_time_or_none(at: datetime | None) -> float | None:
 def from_db_time(value: float) -> datetime:
     """Unix seconds as an aware UTC datetime, rounded to the microsecond; a time past the last one a
     datetime holds (the year 10000, which an older release could store: see ``_message.LATEST``) as the
-    last one, so that one such row cannot stop every read of its queue."""
+    last one, and a time before the first (a year before 1, ``-inf``: raw SQL) as the first, so that one
+    such row cannot stop every read of its queue (as PostgreSQL's are read: see ``postgres._times``)."""
     try:
         return datetime.fromtimestamp(value, UTC)
     except (ValueError, OverflowError, OSError):
         if value > 0:
             return datetime.max.replace(tzinfo=UTC)
+        if value < 0:
+            return datetime.min.replace(tzinfo=UTC)
         raise
+
+
+#: The first time a datetime holds, in unix seconds: the earliest time a row is read as.
+_FIRST_SECONDS = to_db_time(datetime.min.replace(tzinfo=UTC))
 
 
 def from_db_time_or_none(value: float | None) -> datetime | None:
@@ -251,7 +258,8 @@ def queue_stats(live: Iterable[Row], totals: Iterable[Row], dlq: Iterable[Row], 
         for name in ("pending", "scheduled", "processing"):
             e[name] = int(row[name])
         if row["oldest_ready_at"] is not None:
-            e["oldest_pending_age"] = max(0.0, now - row["oldest_ready_at"])
+            # A time before the year 1 (raw SQL; -inf on SQLite) is read as the year 1, as the row is.
+            e["oldest_pending_age"] = max(0.0, now - max(row["oldest_ready_at"], _FIRST_SECONDS))
     for row in totals:
         e = entry(row["queue"])
         for name in ("completed", "dead_total", "expired", "cancelled"):

@@ -99,8 +99,12 @@ from conveyor.backends.postgres._copy import TEXT_MAX, NotCopyable, copyable, wr
 from conveyor.backends.postgres._listener import PostgresListener
 from conveyor.backends.postgres._loop import PostgresLoopStatements, has_input
 from conveyor.backends.postgres._rows import record_row
+from conveyor.backends.postgres._times import adapters
 
 _PACKAGE = "conveyor.backends.postgres"
+
+# The adapters every connection reads with (see _times).
+_TIMES = adapters()
 
 # Before a pooled connection is handed out it is checked (one empty round trip) if it was idle
 # for longer than this, or if its socket is readable although no query is running: that is how
@@ -269,6 +273,8 @@ class PostgresBackend:
             "autocommit": True,
             # libpq wants whole seconds and at least 2.
             "connect_timeout": max(2, int(self._connect_timeout)),
+            # A time no datetime holds (infinity, a year before 1) is read as the first or last one.
+            "context": _TIMES,
         }
 
     def _setup(self, synchronous_commit: bool) -> list[str]:

@@ -830,13 +830,16 @@ LIMIT %(limit)s
 -- index holds the row: a scheduled job that came due is ready even before jobs_promote moves it);
 -- terminal totals from queue_counters (a few rows per queue, whatever the archive holds); the DLQ
 -- depth from archive_dlq_queue_idx, which holds unreplayed dead letters only. Nothing here reads the
--- rest of the archive, so the cost does not grow with it.
+-- rest of the archive, so the cost does not grow with it. The oldest ready time is taken as at least
+-- the year 1, as the rows are read (postgres/_times.py): a run_at of -infinity (raw SQL) failed the whole
+-- statement ("cannot subtract infinite timestamps").
 WITH live AS (
     SELECT queue,
            count(*) FILTER (WHERE state <> 'processing' AND run_at <= %(now)s) AS pending,
            count(*) FILTER (WHERE state <> 'processing' AND run_at > %(now)s) AS scheduled,
            count(*) FILTER (WHERE state = 'processing') AS processing,
-           min(run_at) FILTER (WHERE state <> 'processing' AND run_at <= %(now)s) AS oldest_ready
+           min(greatest(run_at, '0001-01-01 00:00:00+00')) FILTER (WHERE state <> 'processing' AND run_at <= %(now)s)
+               AS oldest_ready
     FROM jobs
     GROUP BY queue
 ),

@@ -1,0 +1,79 @@
+"""Job rows the worker did not expect (raw SQL: an operator's hand edit, another writer, an older release): the one
+hostile row gets an outcome an operator can read, or runs, and the rest of its batch runs as usual."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+from uuid import UUID
+
+import pytest
+from tests.conftest import driver_connection
+
+from conveyor import App, Worker
+
+
+@pytest.fixture
+def app(database_url: str) -> Iterator[App]:
+    a = App(database_url, migrate=True)
+    yield a
+    a.close()
+
+
+def run(app: App, timeout: float = 60) -> Worker:
+    """Run a burst worker until its queues are empty; fail the test if it takes longer than ``timeout``."""
+    worker = Worker(app, burst=True, poll_interval=0.02)
+    asyncio.run(asyncio.wait_for(worker.run(), timeout=timeout))
+    return worker
+
+
+def set_columns(url: str, job: UUID, assignments: str) -> None:
+    """``UPDATE jobs SET <assignments>`` on one job, with the engine's own driver, as an operator would."""
+    with driver_connection(url, autocommit=True) as conn:
+        statement = f"UPDATE jobs SET {assignments} WHERE id = '{job}'"
+        if url.startswith("mysql://"):
+            with conn.cursor() as cur:
+                cur.execute(statement)
+        else:
+            conn.execute(statement)
+
+
+def test_a_time_no_datetime_holds_stops_no_acquire_and_no_view(app: App, database_url: str) -> None:
+    # Before: a run_at or expires_at before the year 1 (PostgreSQL's -infinity or a BC date, a negative number of
+    # seconds on SQLite and MySQL) failed every acquire of its queue after the leases were taken (psycopg's
+    # DataError, Python's ValueError), so none of its jobs ran; job show failed on it, on PostgreSQL on +infinity too.
+    ran: list[str] = []
+
+    @app.task(name="work", queue="q")
+    def work(name: str) -> None:
+        ran.append(name)
+
+    names = ["good-1", "early", "expired", "never-expires", "enqueued-early", "enqueued-late", "good-2"]
+    jobs = {name: app.send("work", {"name": name}).id for name in names}
+    if database_url.startswith("postgresql"):
+        before, after = "'-infinity'", "'infinity'"
+        set_columns(database_url, jobs["early"], "run_at = '4000-01-01 BC'")
+    else:
+        # SQLite and MySQL keep unix seconds; -1e12 is the year -29719. MySQL's DOUBLE holds no infinity.
+        before, after = "-1e12", "1e300"
+        set_columns(database_url, jobs["early"], f"run_at = {before}")
+    set_columns(database_url, jobs["expired"], f"expires_at = {before}")
+    set_columns(database_url, jobs["never-expires"], f"expires_at = {after}")
+    set_columns(database_url, jobs["enqueued-early"], f"enqueued_at = {before}")
+    set_columns(database_url, jobs["enqueued-late"], f"enqueued_at = {after}")
+
+    # The oldest ready job is read as due since the year 1 (before: "cannot subtract infinite timestamps").
+    (waiting,) = app.admin.queues()
+    assert 2000 * 365 * 86400 < waiting.oldest_pending_age < 2100 * 365 * 86400  # type: ignore[operator]
+
+    run(app)
+
+    assert sorted(ran) == sorted(set(names) - {"expired"})
+    states = {name: app.admin.job(job).state for name, job in jobs.items()}
+    assert states == {name: "expired" if name == "expired" else "completed" for name in names}
+    # Read as the first and the last time a datetime holds.
+    assert app.admin.job(jobs["enqueued-early"]).to_json()["enqueued_at"].startswith("0001-01-01T00:00:00")
+    assert app.admin.job(jobs["enqueued-late"]).to_json()["enqueued_at"].startswith("9999-12-31T23:59:59")
+    stats: Any = {q.queue: q for q in app.admin.queues()}
+    assert (stats["q"].completed, stats["q"].expired) == (len(names) - 1, 1)
