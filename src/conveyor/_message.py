@@ -159,6 +159,31 @@ def encode_json_object(value: Mapping[str, Any], what: str, limit: int | None = 
     return text
 
 
+def decode_payload(text: str) -> dict[str, Any]:
+    """A stored payload as the handler's keyword arguments. Raises PayloadError (the job is dead at
+    once, whatever its task's ``dead_on``) for one the producer would have refused and only raw SQL or
+    another writer stores: text that is not JSON Python can read (an integer of 4,300+ digits, nesting
+    past the recursion limit, which was retried to max_attempts), or JSON that is not an object."""
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError) as exc:  # ValueError: not JSON, or an integer of 4,300+ digits
+        raise PayloadError(f"the stored payload is not JSON Python can read ({str(exc)[:200]})") from None
+    if type(value) is not dict:
+        raise PayloadError(
+            f"the stored payload is not a JSON object but {_json_kind(value)}: "
+            "a handler takes its payload's keys as keyword arguments"
+        )
+    return value
+
+
+def _json_kind(value: Any) -> str:
+    """What a decoded JSON value is, as JSON names it."""
+    if value is None:
+        return "null"
+    kinds = {list: "an array", str: "a string", bool: "a boolean", int: "a number", float: "a number"}
+    return kinds.get(type(value), type(value).__name__)
+
+
 _CONTAINERS = (dict, list, tuple)
 _SCALARS = frozenset((str, int, float, bool, type(None)))
 

@@ -77,3 +77,45 @@ def test_a_time_no_datetime_holds_stops_no_acquire_and_no_view(app: App, databas
     assert app.admin.job(jobs["enqueued-late"]).to_json()["enqueued_at"].startswith("9999-12-31T23:59:59")
     stats: Any = {q.queue: q for q in app.admin.queues()}
     assert (stats["q"].completed, stats["q"].expired) == (len(names) - 1, 1)
+
+
+def _deep_json(url: str, levels: int) -> str:
+    """SQL for a JSON object holding arrays nested ``levels`` deep (past Python's recursion limit)."""
+    if url.startswith("postgresql"):
+        return f"""('{{"n": ' || repeat('[', {levels}) || repeat(']', {levels}) || '}}')::jsonb"""
+    if url.startswith("mysql://"):
+        return f"""CONCAT('{{"n": ', REPEAT('[', {levels}), REPEAT(']', {levels}), '}}')"""
+    return f"""'{{"n": ' || printf('%.*c', {levels}, '[') || printf('%.*c', {levels}, ']') || '}}'"""
+
+
+def test_a_stored_payload_that_is_not_a_json_object_is_dead_at_once_saying_so(app: App, database_url: str) -> None:
+    # Before: an array, a string or null reached the handler as **kwargs ("argument after ** must be a mapping,
+    # not list", a TypeError: retried by a task whose dead_on leaves TypeError out), and JSON nested past the
+    # recursion limit was a RecursionError, retried to max_attempts, on every engine.
+    ran: list[int] = []
+
+    @app.task(name="work", queue="q", max_attempts=3)
+    def work(n: int) -> None:
+        ran.append(n)
+
+    jobs = [app.send("work", {"n": n}).id for n in range(6)]
+    stored = {jobs[1]: "'[1, 2]'", jobs[2]: "'\"text\"'", jobs[3]: "'null'", jobs[4]: _deep_json(database_url, 3000)}
+    for job, payload in stored.items():
+        set_columns(database_url, job, f"payload = {payload}")
+
+    run(app)
+
+    assert sorted(ran) == [0, 5]
+    kwargs = "a handler takes its payload's keys as keyword arguments"
+    said = {
+        jobs[1]: f"the stored payload is not a JSON object but an array: {kwargs}",
+        jobs[2]: f"the stored payload is not a JSON object but a string: {kwargs}",
+        jobs[3]: f"the stored payload is not a JSON object but null: {kwargs}",
+        jobs[4]: "the stored payload is not JSON Python can read (maximum recursion depth exceeded while decoding",
+    }
+    for job, message in said.items():
+        status = app.admin.job(job)
+        assert (status.state, status.reason, status.attempts) == ("dead", "permanent_error", 1), status
+        assert status.error is not None and status.error.type == "PayloadError"
+        assert status.error.message.startswith(message)
+    assert sorted(d.id for d in app.admin.dead_letters()) == sorted(said)

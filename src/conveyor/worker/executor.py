@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-import json
 import logging
 import os
 import sys
@@ -31,6 +30,7 @@ from typing import Any
 from conveyor._catalogue import Catalogue
 from conveyor._context import JobContext
 from conveyor._errors import HandlerTimeout
+from conveyor._message import decode_payload
 from conveyor._outcomes import Outcome, before_run, on_failure, on_manual, on_success
 from conveyor._task import Task
 from conveyor.backends.base import Delivery, JobsStartParams, LeaseRef, LeasesExtendParams
@@ -405,9 +405,10 @@ class Executor(Service):
         return self._cancelling or (self._runner is not None and self._runner.cancelling() > 0)
 
     def _arguments(self, task: Task[Any, Any], delivery: Delivery) -> tuple[JobContext, dict[str, Any]]:
-        """The job's context and the handler's keyword arguments (raises on a payload that is not JSON)."""
+        """The job's context and the handler's keyword arguments (PayloadError for a stored payload that is
+        not a JSON object Python can read)."""
         ctx = JobContext(delivery, keeper=self, backend=self.backend)
-        kwargs: dict[str, Any] = json.loads(delivery.payload)
+        kwargs = decode_payload(delivery.payload)
         if task.wants_context:
             kwargs["ctx"] = ctx
         return ctx, kwargs
