@@ -53,13 +53,9 @@ def before_run(
         error = ErrorInfo("UnknownTaskError", f"no task registered as {delivery.task!r}")
         return Finish(delivery.id, delivery.receipt, "dead", reason=UNKNOWN_TASK, error=error, ran=False)
     version = _schema_version(delivery.headers)
-    if version is None or version > options.version:
-        error = ErrorInfo(
-            "UnsupportedVersion",
-            ("the job's schema_version is not an integer" if version is None else f"job schema_version {version}")
-            + f" is not supported by task {delivery.task!r} "
-            f"(handles up to {options.version})",
-        )
+    if isinstance(version, str) or version > options.version:
+        why = version if isinstance(version, str) else f"job schema_version {version} is not supported"
+        error = ErrorInfo("UnsupportedVersion", f"{why} by task {delivery.task!r} (handles up to {options.version})")
         return Finish(delivery.id, delivery.receipt, "dead", reason=UNSUPPORTED_VERSION, error=error, ran=False)
     return None
 
@@ -70,7 +66,10 @@ _VERSION_KEY = f'"{SCHEMA_VERSION}"'
 _FIRST_VERSION = (":1,", ":1}", ": 1,", ": 1}")
 
 
-def _schema_version(headers: str) -> int | None:
+def _schema_version(headers: str) -> int | str:
+    """The job's schema version; else why it has none a handler could take, as the producer would
+    have refused it (raw SQL, another writer): headers that are not a JSON object, or a version that
+    is not an integer of at least 1."""
     if "\\" not in headers and headers[:1] == "{" and headers[-1:] == "}":
         # The common case, a job of the first version (every producer names it): no need to decode
         # its headers, which the producer's encoder or the database wrote as a JSON object. With no
@@ -83,10 +82,17 @@ def _schema_version(headers: str) -> int | None:
         if headers.startswith(_FIRST_VERSION, at) and headers.find(_VERSION_KEY, at) < 0:
             return 1
     try:
-        value = json.loads(headers).get(SCHEMA_VERSION, 1)
-    except (ValueError, AttributeError):
-        return None
-    return value if isinstance(value, int) else None
+        decoded = json.loads(headers)
+    except (ValueError, RecursionError):
+        decoded = None
+    if not isinstance(decoded, dict):
+        return "the job's headers are not a JSON object Python can read, not supported"
+    value = decoded.get(SCHEMA_VERSION, 1)
+    if type(value) is not int or value < 1:
+        text = json.dumps(value)
+        shown = text if len(text) <= 40 else text[:40] + "..."
+        return f"the job's schema_version {shown} is not an integer of at least 1, not supported"
+    return value
 
 
 def on_success(delivery: Delivery, options: TaskOptions, result: Any) -> Finish:

@@ -12,6 +12,7 @@ import pytest
 from tests.conftest import driver_connection
 
 from conveyor import App, Worker
+from conveyor._job import JobError
 
 
 @pytest.fixture
@@ -119,3 +120,33 @@ def test_a_stored_payload_that_is_not_a_json_object_is_dead_at_once_saying_so(ap
         assert status.error is not None and status.error.type == "PayloadError"
         assert status.error.message.startswith(message)
     assert sorted(d.id for d in app.admin.dead_letters()) == sorted(said)
+
+
+def test_headers_the_producer_would_refuse_are_dead_letters_that_say_why(app: App, database_url: str) -> None:
+    # Before: a schema_version of 0, -1 or true ran the handler (the producer refuses each), and headers that are
+    # not an object were dead as "the job's schema_version is not an integer is not supported".
+    ran: list[int] = []
+
+    @app.task(name="work", queue="q")
+    def work(n: int) -> None:
+        ran.append(n)
+
+    jobs = [app.send("work", {"n": n}).id for n in range(6)]
+    stored = {
+        jobs[1]: ("'[1]'", "the job's headers are not a JSON object Python can read"),
+        jobs[2]: ("""'{"schema_version": 0}'""", "the job's schema_version 0 is not an integer of at least 1"),
+        jobs[3]: ("""'{"schema_version": -1}'""", "the job's schema_version -1 is not an integer of at least 1"),
+        jobs[4]: ("""'{"schema_version": true}'""", "the job's schema_version true is not an integer of at least 1"),
+    }
+    for job, (headers, _) in stored.items():
+        set_columns(database_url, job, f"headers = {headers}")
+
+    run(app)
+
+    assert sorted(ran) == [0, 5]
+    for job, (_, why) in stored.items():
+        status = app.admin.job(job)
+        assert (status.state, status.reason, status.attempts) == ("dead", "unsupported_version", 0), status
+        assert status.error == JobError(
+            "UnsupportedVersion", f"{why}, not supported by task 'work' (handles up to 1)", ""
+        )
