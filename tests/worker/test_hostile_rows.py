@@ -29,6 +29,22 @@ def run(app: App, timeout: float = 60) -> Worker:
     return worker
 
 
+def run_until(app: App, jobs: list[UUID], timeout: float = 60) -> None:
+    """Run a worker until ``jobs`` are done or it stops (a burst worker waits for scheduled jobs too)."""
+
+    async def main() -> None:
+        worker = Worker(app, poll_interval=0.02)
+        running = asyncio.create_task(worker.run())
+        try:
+            while not running.done() and not all(app.admin.job(job).done for job in jobs):
+                await asyncio.sleep(0.02)
+        finally:
+            worker.stop()
+            await running
+
+    asyncio.run(asyncio.wait_for(main(), timeout=timeout))
+
+
 def set_columns(url: str, job: UUID, assignments: str) -> None:
     """``UPDATE jobs SET <assignments>`` on one job, with the engine's own driver, as an operator would."""
     with driver_connection(url, autocommit=True) as conn:
@@ -150,3 +166,29 @@ def test_headers_the_producer_would_refuse_are_dead_letters_that_say_why(app: Ap
         assert status.error == JobError(
             "UnsupportedVersion", f"{why}, not supported by task 'work' (handles up to 1)", ""
         )
+
+
+def test_a_time_sqlite_keeps_as_text_is_read_as_later_than_any(sqlite_url: str) -> None:
+    # Before: expires_at = 'tomorrow' (SQLite keeps text that is not a number as it is, in any column) failed the
+    # acquire of its batch with a TypeError, and the worker stopped; run_at = '2024-01-01' made job show and every
+    # listing of the job fail with a traceback. SQLite orders text after every number (never due, never expired):
+    # such a time is read so, as the last time a datetime holds.
+    with App(sqlite_url, migrate=True) as app:
+        ran: list[int] = []
+
+        @app.task(name="work", queue="q")
+        def work(n: int) -> None:
+            ran.append(n)
+
+        jobs = [app.send("work", {"n": n}).id for n in range(4)]
+        set_columns(sqlite_url, jobs[1], "run_at = '2024-01-01'")
+        set_columns(sqlite_url, jobs[2], "expires_at = 'tomorrow'")
+
+        run_until(app, [jobs[0], jobs[2], jobs[3]])
+
+        assert sorted(ran) == [0, 2, 3]
+        waiting = app.admin.job(jobs[1])
+        assert (waiting.state, waiting.run_at.year) == ("pending", 9999)
+        assert app.admin.job(jobs[2]).state == "completed"
+        (stats,) = app.admin.queues()
+        assert (stats.scheduled, stats.completed) == (1, 3)

@@ -59,9 +59,17 @@ def from_db_time(value: float) -> datetime:
     """Unix seconds as an aware UTC datetime, rounded to the microsecond; a time past the last one a
     datetime holds (the year 10000, which an older release could store: see ``_message.LATEST``) as the
     last one, and a time before the first (a year before 1, ``-inf``: raw SQL) as the first, so that one
-    such row cannot stop every read of its queue (as PostgreSQL's are read: see ``postgres._times``)."""
+    such row cannot stop every read of its queue (as PostgreSQL's are read: see ``postgres._times``).
+
+    Text or bytes (SQLite keeps what a hand edit writes, ``run_at = '2024-01-01'``, as it is: only text
+    that reads as a number becomes one) is the last time too: SQLite orders them after every number, so
+    its statements already take such a time as later than any, never due and never expired."""
     try:
         return datetime.fromtimestamp(value, UTC)
+    except TypeError:
+        if isinstance(value, str | bytes):
+            return datetime.max.replace(tzinfo=UTC)
+        raise
     except (ValueError, OverflowError, OSError):
         if value > 0:
             return datetime.max.replace(tzinfo=UTC)
