@@ -59,3 +59,21 @@ def test_run_job_applies_the_real_policy(app: App) -> None:
 
     status = run_job(app, always_fails)
     assert (status.state, status.attempts, status.reason) == ("dead", 3, "max_attempts_exceeded")
+
+
+def test_drain_leaves_a_job_parked_at_the_latest_time_pending(app: App) -> None:
+    # Before: drain moved its clock to the parked job's run_at, 9999-12-31, and its next acquire failed
+    # ("BackendError: not a visibility timeout: 30.0 seconds", or an OverflowError): a lease there ends past the
+    # last datetime. A job a producer accepts must not fail the kit.
+    from conveyor._message import LATEST
+
+    @app.task(queue="q")
+    def work() -> None:
+        pass
+
+    parked = app.send(work, run_at=LATEST)
+    done = work.delay()
+    result = drain(app)
+    assert (result.started, result.completed) == (1, 1)
+    assert (done.status().state, parked.status().state) == ("completed", "pending")
+    assert [job.id for job in enqueued(app)] == [parked.id]

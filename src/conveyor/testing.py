@@ -18,12 +18,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from conveyor._app import App
 from conveyor._clock import host_now
 from conveyor._job import JobStatus
+from conveyor._limits import MAX_SECONDS
 from conveyor._task import Task
 from conveyor.backends.base import JobRecord, JobsListParams
 from conveyor.backends.sqlite import MemoryBackend
@@ -88,8 +89,9 @@ def _contains(payload: Mapping[str, Any], expected: Mapping[str, Any]) -> bool:
 def drain(app: App, queues: Sequence[str] | None = None, *, max_jobs: int = 100_000) -> DrainResult:
     """Run every job of ``queues`` (default: all declared) inline until none is left, retries included.
 
-    Time jumps forward to each scheduled job instead of sleeping. Raises RuntimeError past ``max_jobs``
-    starts (a job that retries forever)."""
+    Time jumps forward to each scheduled job instead of sleeping; a job due in the last century a datetime
+    holds (parked for good: ``run_at`` near the latest time a job may carry) is left pending. Raises
+    RuntimeError past ``max_jobs`` starts (a job that retries forever)."""
     return asyncio.run(_drain(app, queues, max_jobs, None))
 
 
@@ -101,6 +103,12 @@ def run_job(
     queue = job.status().queue
     asyncio.run(_drain(app, [queue], 10_000, job.id))
     return job.status()
+
+
+#: ``drain`` leaves pending the jobs due after this time: its clock cannot move there and still lease a job (a
+#: lease may last ``MAX_SECONDS``). A job due then is parked for good (``run_at=_message.LATEST``, say); moving the
+#: clock to it failed the drain ("not a visibility timeout").
+_HORIZON = datetime.max.replace(tzinfo=UTC) - timedelta(seconds=MAX_SECONDS, days=1)
 
 
 class _Clock:
@@ -132,7 +140,9 @@ async def _drain(app: App, queues: Sequence[str] | None, max_jobs: int, until: A
             await loops.completer.run_once()
             if ran:
                 continue
-            upcoming = [r.run_at for q in lanes for r in enqueued(app, queue=q) if r.state == "pending"]
+            upcoming = [
+                r.run_at for q in lanes for r in enqueued(app, queue=q) if r.state == "pending" and r.run_at <= _HORIZON
+            ]
             if not upcoming:
                 break
             # Nothing is ready: move the clock to the next scheduled job rather than sleep.
