@@ -29,11 +29,11 @@ def run(app: App, timeout: float = 60) -> Worker:
     return worker
 
 
-def run_until(app: App, jobs: list[UUID], timeout: float = 60) -> None:
+def run_until(app: App, jobs: list[UUID], timeout: float = 60, **options: Any) -> None:
     """Run a worker until ``jobs`` are done or it stops (a burst worker waits for scheduled jobs too)."""
 
     async def main() -> None:
-        worker = Worker(app, poll_interval=0.02)
+        worker = Worker(app, poll_interval=0.02, **options)
         running = asyncio.create_task(worker.run())
         try:
             while not running.done() and not all(app.admin.job(job).done for job in jobs):
@@ -192,3 +192,23 @@ def test_a_time_sqlite_keeps_as_text_is_read_as_later_than_any(sqlite_url: str) 
         assert app.admin.job(jobs[2]).state == "completed"
         (stats,) = app.admin.queues()
         assert (stats.scheduled, stats.completed) == (1, 3)
+
+
+def test_a_leased_row_without_a_lease_end_is_rescued(app: App, database_url: str) -> None:
+    # Before: a row an operator set to processing by hand (to hold it, or copying another row), its lease_expires_at
+    # NULL, was never rescued (NULL < now is not true) and never leased: processing for ever, on every engine.
+    ran: list[int] = []
+
+    @app.task(name="work", queue="q")
+    def work(n: int) -> None:
+        ran.append(n)
+
+    jobs = [app.send("work", {"n": n}).id for n in range(3)]
+    receipt = "gen_random_uuid()" if database_url.startswith("postgresql") else "'by-hand'"
+    set_columns(database_url, jobs[1], f"state = 'processing', lease_expires_at = NULL, receipt = {receipt}")
+
+    run_until(app, jobs, rescue_interval=0.05)
+
+    assert sorted(ran) == [0, 1, 2]
+    rescued = app.admin.job(jobs[1])
+    assert (rescued.state, rescued.rescues) == ("completed", 1)

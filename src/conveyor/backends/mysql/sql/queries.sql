@@ -271,9 +271,11 @@ WHERE j.id IN %(ids)s AND j.state = 'processing'
 -- Expired leases, oldest first, through jobs_lease, locked for jobs_rescue_expired. SKIP LOCKED, as on
 -- PostgreSQL: one UPDATE ... ORDER BY ... LIMIT waited for every expired lease it read, so one another
 -- transaction held (a worker finishing it late, an operator's session) stalled every rescue for the lock
--- wait timeout; a skipped row is rescued by a later call.
+-- wait timeout; a skipped row is rescued by a later call. A leased row without a lease end (only raw SQL
+-- makes one) has no lease to wait for: it is rescued too (NULL sorts first: the condition is one range of
+-- jobs_lease, from its start to now), else it stayed processing for ever.
 SELECT id FROM jobs FORCE INDEX (jobs_lease)
-WHERE state = 'processing' AND lease_expires_at < %(now)s
+WHERE state = 'processing' AND (lease_expires_at < %(now)s OR lease_expires_at IS NULL)
 ORDER BY lease_expires_at
 LIMIT %(limit)s
 FOR UPDATE SKIP LOCKED
@@ -284,7 +286,7 @@ FOR UPDATE SKIP LOCKED
 -- lease.
 UPDATE jobs
 SET state = 'pending', receipt = NULL, lease_expires_at = NULL, rescues = rescues + 1
-WHERE id IN %(ids)s AND state = 'processing' AND lease_expires_at < %(now)s
+WHERE id IN %(ids)s AND state = 'processing' AND (lease_expires_at < %(now)s OR lease_expires_at IS NULL)
 
 -- name: job_get_live
 -- A scheduled row is a pending job (the state only says which range holds it).

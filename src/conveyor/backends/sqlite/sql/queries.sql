@@ -264,14 +264,25 @@ RETURNING jobs.id AS id, jobs.receipt AS receipt
 -- name: jobs_rescue_expired
 -- Expired leases go back to pending, oldest lease first, through the jobs_lease partial index.
 -- deliveries is kept (a lease is not a delivery); rescues + 1 makes the job a suspect, whose starts
--- are counted before they run. Clearing the receipt fences the worker that lost the lease.
+-- are counted before they run. Clearing the receipt fences the worker that lost the lease. A leased
+-- row without a lease end (only raw SQL makes one) has no lease to wait for, and stayed processing for
+-- ever: the second select rescues it too. It is a select of its own because an OR of the two conditions
+-- made the walk of jobs_lease a scan of every leased row instead of a search of the expired ones.
 UPDATE jobs
 SET state = 'pending', receipt = NULL, lease_expires_at = NULL, rescues = rescues + 1
 WHERE id IN (
-    SELECT id FROM jobs
-    WHERE state = 'processing' AND lease_expires_at < :now
-    ORDER BY lease_expires_at
-    LIMIT :limit
+    SELECT id FROM (
+        SELECT id FROM jobs
+        WHERE state = 'processing' AND lease_expires_at < :now
+        ORDER BY lease_expires_at
+        LIMIT :limit
+    )
+    UNION ALL
+    SELECT id FROM (
+        SELECT id FROM jobs
+        WHERE state = 'processing' AND lease_expires_at IS NULL
+        LIMIT :limit
+    )
 )
 
 -- name: job_get_live
