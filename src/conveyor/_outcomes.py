@@ -52,6 +52,15 @@ def before_run(
     if options is None:
         error = ErrorInfo("UnknownTaskError", f"no task registered as {delivery.task!r}")
         return Finish(delivery.id, delivery.receipt, "dead", reason=UNKNOWN_TASK, error=error, ran=False)
+    if delivery.attempts >= delivery.max_attempts:
+        # A retry always leaves an attempt and a replay starts again at 0: only raw SQL (or an older
+        # writer) stores such a row. Running it would be an attempt past its budget, and at the integer
+        # limit the database refused to count it (the job ran again at each lease's end).
+        error = ErrorInfo(
+            "AttemptsExhausted",
+            f"attempts {delivery.attempts} already reach max_attempts {delivery.max_attempts}: not run",
+        )
+        return Finish(delivery.id, delivery.receipt, "dead", reason=MAX_ATTEMPTS_EXCEEDED, error=error, ran=False)
     version = _schema_version(delivery.headers)
     if isinstance(version, str) or version > options.version:
         why = version if isinstance(version, str) else f"job schema_version {version} is not supported"

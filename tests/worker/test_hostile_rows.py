@@ -212,3 +212,32 @@ def test_a_leased_row_without_a_lease_end_is_rescued(app: App, database_url: str
     assert sorted(ran) == [0, 1, 2]
     rescued = app.admin.job(jobs[1])
     assert (rescued.state, rescued.rescues) == ("completed", 1)
+
+
+def test_a_row_whose_attempts_reach_its_max_is_dead_unrun(app: App, database_url: str) -> None:
+    # Before: such a row ran (an attempt past its budget), and with attempts at the integer limit PostgreSQL and
+    # MySQL refused to count its outcome ("integer out of range"): completed or dead, neither was stored, and the job
+    # ran again at each lease's end until its delivery limit.
+    ran: list[int] = []
+
+    @app.task(name="work", queue="q")
+    def work(n: int) -> None:
+        ran.append(n)
+
+    jobs = [app.send("work", {"n": n}).id for n in range(5)]
+    set_columns(database_url, jobs[1], "attempts = 2147483647")
+    set_columns(database_url, jobs[2], "attempts = 7, max_attempts = 3")
+    set_columns(database_url, jobs[3], "max_attempts = 0")
+
+    run(app)
+
+    assert sorted(ran) == [0, 4]
+    said = {
+        jobs[1]: "attempts 2147483647 already reach max_attempts 5: not run",
+        jobs[2]: "attempts 7 already reach max_attempts 3: not run",
+        jobs[3]: "attempts 0 already reach max_attempts 0: not run",
+    }
+    for job, message in said.items():
+        status = app.admin.job(job)
+        assert (status.state, status.reason) == ("dead", "max_attempts_exceeded"), status
+        assert status.error == JobError("AttemptsExhausted", message, "")
