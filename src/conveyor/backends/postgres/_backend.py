@@ -851,9 +851,12 @@ class PostgresBackend:
 
     def loop_statements(self) -> PostgresLoopStatements:
         """Acquire and finish as coroutines for one worker run (see :class:`PostgresLoopStatements`)."""
+        # With psycopg's own loaders: the clamping one of _times costs ~0.6 µs a time in Python, four a job on the
+        # drain's path; the acquire clamps its times in the statement instead.
+        plain = {k: v for k, v in self._connect_kwargs().items() if k != "context"}
         return PostgresLoopStatements(
             self._url,
-            self._connect_kwargs(),
+            plain,
             self._setup(synchronous_commit=self._durable_acks),
             self._q,
             self._errors,

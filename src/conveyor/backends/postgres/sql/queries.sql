@@ -562,7 +562,17 @@ leased AS (
               j.max_attempts, j.max_deliveries, j.idempotency_key, j.ordering_key,
               j.receipt::text AS receipt, j.lease_expires_at, j.rescues
 )
-SELECT * FROM leased ORDER BY priority DESC, run_at, id
+-- A time no datetime holds (infinity, a year before 1 or after 9999: raw SQL wrote it) is handed out as the first or
+-- last one here, in the statement: the worker's own connections read times with psycopg's C loader (the clamping
+-- loader of _times costs ~0.6 us a time in Python, four times a job), and psycopg refused to read it, after the
+-- leases were taken. The session's time zone is UTC (session_setup).
+SELECT id, queue, task, payload, headers, priority,
+       GREATEST(LEAST(run_at, '9999-12-31 23:59:59.999999+00'), '0001-01-01 00:00:00+00') AS run_at,
+       GREATEST(LEAST(enqueued_at, '9999-12-31 23:59:59.999999+00'), '0001-01-01 00:00:00+00') AS enqueued_at,
+       GREATEST(LEAST(expires_at, '9999-12-31 23:59:59.999999+00'), '0001-01-01 00:00:00+00') AS expires_at,
+       attempts, deliveries, max_attempts, max_deliveries, idempotency_key, ordering_key, receipt,
+       lease_expires_at, rescues
+FROM leased ORDER BY priority DESC, leased.run_at, id
 
 -- name: jobs_start_many
 -- Counts deliveries as started before their outcome: for a suspect job just before its handler runs
