@@ -49,3 +49,15 @@ def test_a_purge_counts_an_id_named_twice_once(served: Server) -> None:
         purged = c.post("/v1/dead-letters:purge", json={"ids": [dead, dead], "reason": "r"})
         assert purged.status_code == 200, purged.text
         assert purged.json() == {"purged": 1, "selected": 1}  # before: selected 2
+
+
+def test_a_method_a_single_job_send_does_not_take_is_405_with_allow(served: Server) -> None:
+    with served.client("producer") as c:
+        # Before: 404 not_found, as if no such path existed (the send path is answered before Starlette's routes).
+        for method in ("GET", "PUT", "DELETE", "PATCH", "OPTIONS"):
+            wrong = c.request(method, "/v1/queues/emails/jobs")
+            assert wrong.status_code == 405, (method, wrong.text)
+            assert wrong.json()["error"]["code"] == "method_not_allowed", wrong.text
+            assert wrong.headers["allow"] == "POST"
+        assert c.head("/v1/queues/emails/jobs").status_code == 405
+        assert c.post("/v1/queues/emails/jobs", json={"task": "t"}).status_code == 202

@@ -793,6 +793,16 @@ def _bad_id(n: int) -> UUID:
 Endpoint = Callable[[Request], Awaitable[Response]]
 
 
+class _Asgi:
+    """A plain ASGI handler as a route's endpoint (Starlette calls a function or method with a Request)."""
+
+    def __init__(self, handler: ASGIApp) -> None:
+        self.handler = handler
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.handler(scope, receive, send)
+
+
 def _answering(endpoint: Endpoint) -> Endpoint:
     """Wrap an endpoint so that every error the Python API raises becomes its status code."""
 
@@ -827,6 +837,9 @@ def routes(service: Service) -> list[Route]:
         # The dashboard's names for the same two reads.
         r("/api/workers", s.workers, ["GET"]),
         r("/api/alerts", s.alerts, ["GET"]),
+        # Single-job sends are answered before Starlette (create_app); this route is what answers a
+        # method they do not take with 405 and ``Allow``, as every other route does (it was a 404).
+        Route("/v1/queues/{queue}/jobs", _Asgi(s.send), methods=["POST"]),
         r("/v1/queues/{queue}/jobs:batch", s.send_batch, ["POST"]),
         r("/v1/jobs/{id}", s.job, ["GET"]),
         r("/v1/topics/{topic}/messages", s.publish, ["POST"]),
