@@ -70,9 +70,23 @@ def _finite(text: str) -> float:
     return value
 
 
+def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object whose names are unique; json.loads kept the last value of a name given twice, silently."""
+    made = dict(pairs)
+    if len(made) != len(pairs):
+        names = [name for name, _ in pairs]
+        twice = next(name for i, name in enumerate(names) if name in names[:i])
+        raise BadRequest(
+            f"the body names {twice!r:.60} twice in one object; a name may appear once in an object "
+            "(which of its values would count is not defined)"
+        )
+    return made
+
+
 def loads(body: bytes) -> Any:
-    """Decode a request body as strict JSON (UTF-8; no NaN or Infinity; finite numbers; at most
-    MAX_JSON_DEPTH levels, which the payload's own check repeats exactly); raise BadRequest."""
+    """Decode a request body as strict JSON (UTF-8; no NaN or Infinity; finite numbers; every name once in
+    its object; at most MAX_JSON_DEPTH levels, which the payload's own check repeats exactly); raise
+    BadRequest."""
     if not body.strip():
         raise BadRequest("the body is empty: send a JSON object")
     try:
@@ -80,7 +94,7 @@ def loads(body: bytes) -> Any:
     except UnicodeDecodeError as exc:
         raise BadRequest(f"the body is not UTF-8 (byte {exc.start})") from None
     try:
-        return json.loads(text, parse_constant=_no_constant, parse_float=_finite)
+        return json.loads(text, parse_constant=_no_constant, parse_float=_finite, object_pairs_hook=_unique)
     except RecursionError:
         raise BadRequest(f"the body is nested too deeply (at most {MAX_JSON_DEPTH} levels)") from None
     except json.JSONDecodeError as exc:
