@@ -210,6 +210,25 @@ def test_a_body_naming_a_member_twice_gets_400_and_writes_nothing(server: Server
         assert [t.name for t in app.admin.tokens() if t.name == "n"] == []
 
 
+def test_an_idempotency_key_header_is_read_as_utf8_like_the_body(server: Server) -> None:
+    # Before: the header was read as Latin-1, so the UTF-8 bytes of "clé-7" were the key "clÃ©-7": the same key in
+    # the header and the body "differ" (400), and a retry through the header did not find the job the body made.
+    utf8 = {"Idempotency-Key": "clé-7".encode()}
+    with server.client("producer") as c:
+        first = c.post("/v1/queues/emails/jobs", json={**JOB, "idempotency_key": "clé-7"}, headers=utf8)
+        assert first.status_code == 202, first.text
+        again = c.post("/v1/queues/emails/jobs", json=JOB, headers=utf8)
+        assert again.status_code == 202 and again.json() == {**first.json(), "duplicate": True}, again.text
+        published = c.post("/v1/topics/news/messages", json={"idempotency_key": "clé-7"}, headers=utf8)
+        assert published.status_code == 202, published.text
+        latin1 = {"Idempotency-Key": "clé-7".encode("latin-1")}
+        _error(c.post("/v1/queues/emails/jobs", json=JOB, headers=latin1), 400, "idempotency_key")
+        _error(c.post("/v1/topics/news/messages", json={}, headers=latin1), 400, "idempotency_key")
+    with App(server.db) as app:
+        assert app.job(first.json()["id"]).idempotency_key == "clé-7"
+        assert [q.enqueued for q in app.admin.queues()] == [1]
+
+
 def test_413_for_a_payload_or_a_body_over_the_limit(server: Server) -> None:
     with server.client("admin") as c:
         big = {"task": "t", "payload": {"blob": "x" * 300_000}}

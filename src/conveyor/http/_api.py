@@ -348,7 +348,7 @@ class Service:
         message = _parse.message(
             fields,
             queue=queue,
-            idempotency_key=key.decode("latin-1") if key is not None else None,
+            idempotency_key=_parse.header_text(key, "idempotency_key") if key is not None else None,
             headers=self._headers_of(fields, token),
         )
         with send_span(message.task, queue, 1, valid_traceparent(headers.get(b"traceparent"))) as traceparent:
@@ -437,7 +437,9 @@ class Service:
         # A topic's subscriptions span queues: a token limited to queues cannot publish.
         _tokens.require(token, "producer", None)
         fields = _parse.obj(await self.body(request))
-        key = request.headers.get("idempotency-key")
+        raw_key = request.headers.get("idempotency-key")
+        # Starlette decodes a header as Latin-1: its bytes back, then read as the client wrote them.
+        key = _parse.header_text(raw_key.encode("latin-1"), "idempotency_key") if raw_key is not None else None
         envelope = _parse.fields(
             fields, allowed=_parse.PUBLISH_FIELDS, idempotency_key=key, headers=self._headers_of(fields, token)
         )

@@ -177,6 +177,16 @@ def fields(
     return given
 
 
+def header_text(raw: bytes, field: str) -> str:
+    """A header's value as text: UTF-8, as a body's strings are, so that a key sent in the header and the same key
+    in the body (or from Python) are one key. Latin-1, HTTP's historical reading, made the UTF-8 bytes of ``ké``
+    the key ``kÃ©``. Raises BadRequest naming ``field`` for bytes that are not UTF-8."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadRequest(f"the {field} header is not UTF-8 (byte {exc.start})", field) from None
+
+
 def _time(value: Any, field: str) -> datetime:
     """An RFC 3339 date-time, in UTC (digits past microseconds are dropped), or BadRequest naming ``field``."""
     if not isinstance(value, str):
