@@ -504,10 +504,17 @@ class Admin:
 
     def revoke_token(self, name: str, *, actor: str) -> None:
         """Revoke a token for good. Raises NotFoundError if no unrevoked token has that name.
-        A service that caches tokens (``authenticate(max_age=...)``) refuses it within max_age."""
+        This Admin refuses it at once; another that caches tokens (``authenticate(max_age=...)``), such as
+        another process of a service, within max_age."""
         check_name(name, "token name", ConfigurationError)
-        if not self.app.backend.tokens_revoke(TokensRevokeParams(name, self.app.clock.now())):
+        now = self.app.clock.now()
+        if not self.app.backend.tokens_revoke(TokensRevokeParams(name, now)):
             raise NotFoundError(f"no unrevoked token named {name!r}")
+        # This process knows at once: its cached copy is marked revoked (not dropped, so that it stays the last
+        # verdict while the database is away). A service's other processes learn it within max_age.
+        for token_id, (seen, at) in list(self._tokens_seen.items()):
+            if seen is not None and seen.name == name:
+                self._tokens_seen[token_id] = (replace(seen, revoked_at=now), at)
         self._audit(actor, "token.revoke", {"token": name})
 
     def authenticate(

@@ -1,8 +1,10 @@
 """Small answers a hostile sweep found wrong: every error is JSON (unrouted paths and methods too),
-a query integer is ASCII digits only, and a purge counts an id named twice once, as a replay does."""
+a query integer is ASCII digits only, a purge counts an id named twice once, as a replay does, and a token revoked
+through a process is refused by it at once."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -61,3 +63,19 @@ def test_a_method_a_single_job_send_does_not_take_is_405_with_allow(served: Serv
             assert wrong.headers["allow"] == "POST"
         assert c.head("/v1/queues/emails/jobs").status_code == 405
         assert c.post("/v1/queues/emails/jobs", json={"task": "t"}).status_code == 202
+
+
+def test_a_token_revoked_through_a_process_is_refused_by_it_at_once(sqlite_url: str, tmp_path: Path) -> None:
+    tokens = make_tokens(sqlite_url)
+    running = start(sqlite_url, tmp_path, "--token-cache", "60")
+    running.tokens = tokens
+    try:
+        with running.client("producer") as shop, running.client("admin") as root:
+            assert shop.post("/v1/queues/emails/jobs", json={"task": "t"}).status_code == 202  # cached now
+            assert root.delete("/v1/tokens/shop").status_code == 204
+            # Before: 202 for the next 60 s, from the very process that had answered the revoke.
+            refused = shop.post("/v1/queues/emails/jobs", json={"task": "t"})
+            assert refused.status_code == 401 and "revoked" in refused.json()["error"]["message"], refused.text
+            assert shop.get(f"/v1/jobs/{uuid.uuid4()}").status_code == 401
+    finally:
+        stop(running)
