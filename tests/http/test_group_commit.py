@@ -4,7 +4,11 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import socket
+import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -151,3 +155,68 @@ def test_a_group_longer_than_the_statement_timeout_is_split_not_refused_whole(
     assert [r.status_code for r in responses] == [202] * N, {r.status_code: r.text for r in responses}
     with App(postgres_database) as app:
         assert sum(q.pending for q in app.admin.queues()) == N
+
+
+def _raw_send(server: Server, queue: str) -> socket.socket:
+    body = json.dumps({"task": "t", "payload": {}}).encode()
+    head = (
+        f"POST /v1/queues/{queue}/jobs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {server.tokens['producer']}\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    )
+    sock = socket.create_connection(("127.0.0.1", int(server.url.rsplit(":", 1)[1])))
+    sock.sendall(head.encode() + body)
+    return sock
+
+
+def _answer(sock: socket.socket) -> bytes:
+    sock.settimeout(60)
+    received = b""
+    with sock:
+        while chunk := sock.recv(65536):
+            received += chunk
+    return received
+
+
+def test_a_job_whose_request_was_cut_off_while_it_waited_for_a_group_is_not_inserted(
+    postgres_database: str, tmp_path: Path
+) -> None:
+    # One insert hangs on a lock; three requests wait for the next group; SIGTERM. At the end of the graceful wait
+    # all four are answered 503 stopping. Before: once the lock went, the three waiting jobs were inserted anyway,
+    # so a client retrying its 503 (no idempotency key) enqueued its job twice.
+    tokens = make_tokens(postgres_database)
+    server = start(postgres_database, tmp_path)
+    server.tokens = tokens
+    lock = psycopg.connect(postgres_database)
+    try:
+        lock.execute("LOCK TABLE jobs IN ACCESS EXCLUSIVE MODE")
+        under_way = _raw_send(server, "under-way")
+        deadline = time.monotonic() + 20
+        query = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%INSERT%'"
+        # Another session: pg_stat_activity is read once per transaction, and the lock's stays open.
+        with psycopg.connect(postgres_database, autocommit=True) as watch:
+            while watch.execute(query).fetchone() != (1,):
+                assert time.monotonic() < deadline, "the first insert never waited on the lock"
+                time.sleep(0.05)
+        waiting = [_raw_send(server, "waiting") for _ in range(3)]
+        time.sleep(1.0)  # read, authenticated and handed to the group commit, behind the hanging insert
+        server.proc.terminate()
+        answers = []
+        with ThreadPoolExecutor(4) as pool:
+            futures = [pool.submit(_answer, sock) for sock in [under_way, *waiting]]
+            deadline = time.monotonic() + 60
+            while not all(f.done() for f in futures):
+                assert time.monotonic() < deadline, "no answer"
+                time.sleep(0.1)
+            answers = [f.result() for f in futures]
+            lock.rollback()  # the hanging insert goes on, while the process ends
+        server.proc.wait(timeout=60)
+    finally:
+        lock.close()
+        stop(server)
+    for answer in answers:
+        assert answer.startswith(b"HTTP/1.1 503"), answer
+        assert json.loads(answer.partition(b"\r\n\r\n")[2])["error"]["code"] == "stopping", answer
+    with psycopg.connect(postgres_database) as conn:
+        counts = dict(conn.execute("SELECT queue, count(*) FROM jobs GROUP BY queue").fetchall())
+    assert counts.get("waiting", 0) == 0, counts  # before: 3
+    assert counts.get("under-way", 0) <= 1  # its insert was under way: it may or may not have taken effect

@@ -67,7 +67,13 @@ class GroupCommit(Generic[J]):
         return await future
 
     def _start(self) -> None:
-        group, self._waiting = self._waiting[: self._max_group], self._waiting[self._max_group :]
+        # A job whose request was cancelled while it waited for a group (the service stopping: the request was
+        # answered 503) never reached the database and is not sent to it now, so that a client retrying that
+        # answer without an idempotency key does not enqueue the job twice.
+        waiting = [entry for entry in self._waiting if not entry[1].done()]
+        group, self._waiting = waiting[: self._max_group], waiting[self._max_group :]
+        if not group:
+            return
         self._running += 1
         task = asyncio.get_running_loop().create_task(self._commit(group))
         self._tasks.add(task)
