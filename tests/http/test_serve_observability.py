@@ -222,6 +222,9 @@ def test_sigterm_ends_the_service_within_its_30_seconds(sqlite_url: str, tmp_pat
         head, _, body = answer.partition(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 503"), answer
         assert json.loads(body)["error"]["code"] == "stopping", answer
+        # Logged once by uvicorn; before, also as "Exception in ASGI application" with a traceback.
+        assert "Cancel 1 running task(s)" in running.stderr()
+        assert "Traceback" not in running.stderr() and "Exception in ASGI" not in running.stderr(), running.stderr()
     finally:
         stop(running)
         hanging.close()

@@ -933,9 +933,14 @@ def create_app(app: App, config: ServiceConfig | None = None) -> ASGIApp:
         except asyncio.CancelledError:
             # uvicorn cancels a request still running when a stop's graceful wait ends, and answers it
             # with a plain-text 500. Say what happened instead, in JSON as every error of this service.
-            if not started:
-                await _stopped(scope, receive, send)
-            raise
+            if started:
+                raise
+            await _stopped(scope, receive, send)
+            # Answered, so the request ends here: raised on, the cancellation was logged as "Exception in ASGI
+            # application" with a traceback, one per request cut, after uvicorn's own line saying it cut them.
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
 
     return asgi
 
