@@ -69,7 +69,7 @@ def test_scaling_answers_the_policy_for_the_queues(server: Server) -> None:
         ("max=2&target=2&steps=1:1", None, "not both"),
         ("max=2&steps=abc", None, "scale steps must be BACKLOG:ADD"),
         ("max=2&steps=10:1,10:2", None, "backlog 10 is given twice"),
-        ("max=2&steps=%FF:1", None, "scale steps must be BACKLOG:ADD"),
+        ("max=2&steps=%FF:1", None, "query of the URL is not UTF-8"),
         ("max=2&queues=a,,b", None, "queues must not be empty"),
         ("max=2&queues=" + "q" * 400, None, "queues"),
         ("max=2&queues=a%00b", None, "queues"),

@@ -12,6 +12,8 @@ import pytest
 from tests.conftest import make_dead_letters
 from tests.http.conftest import Server, make_tokens, start, stop
 
+from conveyor import App
+
 
 @pytest.fixture
 def served(sqlite_url: str, tmp_path: Path) -> Iterator[Server]:
@@ -79,3 +81,20 @@ def test_a_token_revoked_through_a_process_is_refused_by_it_at_once(sqlite_url: 
             assert shop.get(f"/v1/jobs/{uuid.uuid4()}").status_code == 401
     finally:
         stop(running)
+
+
+def test_a_url_that_is_not_utf8_once_percent_decoded_is_400(served: Server) -> None:
+    with served.client("admin") as c:
+        # Before: 202 into the queue "caf\ufffd" for both (the server decodes with U+FFFD), one queue for two names.
+        for path in ("/v1/queues/caf%E9/jobs", "/v1/queues/caf%EF/jobs", "/v1/queues/caf%E9/jobs:batch"):
+            body = {"jobs": [{"task": "t"}]} if path.endswith("batch") else {"task": "t"}
+            answer = c.post(path, json=body)
+            assert answer.status_code == 400 and "not UTF-8" in answer.json()["error"]["message"], (path, answer.text)
+        answer = c.get("/v1/scaling?max=2&queues=caf%E9")
+        assert answer.status_code == 400 and "query" in answer.json()["error"]["message"], answer.text
+        # UTF-8 percent-encoded is the name, U+FFFD itself included.
+        assert c.post("/v1/queues/caf%C3%A9/jobs", json={"task": "t"}).json()["queue"] == "café"
+        assert c.post("/v1/queues/%EF%BF%BD/jobs", json={"task": "t"}).json()["queue"] == "\ufffd"
+        assert c.get("/v1/dead-letters?queue=caf%C3%A9").status_code == 200
+    with App(served.db) as app:
+        assert sorted(q.queue for q in app.admin.queues()) == ["café", "\ufffd"]

@@ -920,6 +920,13 @@ def create_app(app: App, config: ServiceConfig | None = None) -> ASGIApp:
         try:
             # Single-job sends skip Starlette (see Service.send); everything else is routed by it.
             path: str = scope["path"]
+            undecodable = _parse.undecodable_url(path, scope.get("raw_path") or b"", scope.get("query_string", b""))
+            if undecodable is not None:
+                message = (
+                    f"the {undecodable} of the URL is not UTF-8 once percent-decoded: percent-encode a name's UTF-8"
+                )
+                await _error(400, "bad_request", message)(scope, receive, sending)
+                return
             if (
                 scope["method"] == "POST"
                 and path.startswith("/v1/queues/")

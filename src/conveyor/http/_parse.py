@@ -15,6 +15,7 @@ import re
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
+from urllib.parse import unquote_to_bytes
 from uuid import UUID
 
 from conveyor._errors import ConveyorError
@@ -185,6 +186,24 @@ def header_text(raw: bytes, field: str) -> str:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise BadRequest(f"the {field} header is not UTF-8 (byte {exc.start})", field) from None
+
+
+def undecodable_url(path: str, raw_path: bytes, query: bytes) -> str | None:
+    """ "path" or "query" if that part of a request's URL is not UTF-8 once percent-decoded, else None.
+
+    The server decodes the path with U+FFFD for what is not UTF-8 (``caf%E9`` and ``caf%EF`` were both the queue
+    ``caf\ufffd``), and Starlette the query alike: a name the client did not write, shared with others."""
+    if "\ufffd" in path:
+        try:
+            unquote_to_bytes(raw_path).decode("utf-8")
+        except UnicodeDecodeError:
+            return "path"
+    if b"%" in query:
+        try:
+            unquote_to_bytes(query).decode("utf-8")
+        except UnicodeDecodeError:
+            return "query"
+    return None
 
 
 def _time(value: Any, field: str) -> datetime:
