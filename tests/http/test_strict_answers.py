@@ -8,6 +8,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from tests.conftest import make_dead_letters
 from tests.http.conftest import Server, make_tokens, start, stop
@@ -98,3 +99,32 @@ def test_a_url_that_is_not_utf8_once_percent_decoded_is_400(served: Server) -> N
         assert c.get("/v1/dead-letters?queue=caf%C3%A9").status_code == 200
     with App(served.db) as app:
         assert sorted(q.queue for q in app.admin.queues()) == ["café", "\ufffd"]
+
+
+def test_a_page_of_another_site_cannot_change_anything_without_auth(sqlite_url: str, tmp_path: Path) -> None:
+    # A form on any site can make a browser POST text/plain that reads as JSON ({"queue":"doomed","reason":"x=..."}).
+    # Before, on --insecure-no-auth: 202 for the send, 200 purged 2, 201 for an admin token.
+    make_dead_letters(sqlite_url, 2)
+    running = start(sqlite_url, tmp_path, "--insecure-no-auth")
+    try:
+        with httpx.Client(base_url=running.url, headers={"Content-Type": "text/plain"}) as browser:
+            foreign = {"Origin": "https://evil.example"}
+            for path, body in [
+                ("/v1/queues/x/jobs", b'{"task":"t","payload":{"a":"="}}'),
+                ("/v1/dead-letters:purge", b'{"queue":"doomed","reason":"x="}'),
+                ("/v1/tokens", b'{"name":"evil","role":"admin"}'),
+            ]:
+                answer = browser.post(path, content=body, headers=foreign)
+                assert answer.status_code == 403 and "another site" in answer.json()["error"]["message"], answer.text
+            assert browser.delete("/v1/tokens/nobody", headers={"Origin": "null"}).status_code == 403
+            # A page of the service itself, and a client that is not a browser (no Origin), still may.
+            own = {"Origin": running.url}
+            assert browser.post("/v1/queues/x/jobs", content=b'{"task":"t"}', headers=own).status_code == 202
+            assert browser.post("/v1/queues/x/jobs", content=b'{"task":"t"}').status_code == 202
+            assert browser.get("/v1/queues", headers=foreign).status_code == 200  # a read changes nothing
+    finally:
+        stop(running)
+    with App(sqlite_url) as app:
+        assert len(app.admin.dead_letters(queue="doomed")) == 2
+        assert [q.enqueued for q in app.admin.queues() if q.queue == "x"] == [2]
+        assert "evil" not in {t.name for t in app.admin.tokens()}

@@ -921,6 +921,12 @@ def create_app(app: App, config: ServiceConfig | None = None) -> ASGIApp:
             # Single-job sends skip Starlette (see Service.send); everything else is routed by it.
             path: str = scope["path"]
             undecodable = _parse.undecodable_url(path, scope.get("raw_path") or b"", scope.get("query_string", b""))
+            if not config.auth and scope["method"] not in ("GET", "HEAD") and path.startswith("/v1/"):
+                foreign = _foreign_origin(scope)
+                if foreign is not None:
+                    message = f"a request from a page of another site ({foreign[:100]}) may not change anything here"
+                    await _error(403, "forbidden", message)(scope, receive, sending)
+                    return
             if undecodable is not None:
                 message = (
                     f"the {undecodable} of the URL is not UTF-8 once percent-decoded: percent-encode a name's UTF-8"
@@ -950,6 +956,26 @@ def create_app(app: App, config: ServiceConfig | None = None) -> ASGIApp:
                 task.uncancel()
 
     return asgi
+
+
+def _foreign_origin(scope: Scope) -> str | None:
+    """The ``Origin`` a browser sent with this request if it is not this service's own, else None.
+
+    A page of any site can make a browser POST to this service (a form sends ``text/plain``, which the body reader
+    takes as JSON). With tokens that is harmless, since such a request cannot carry an ``Authorization`` header and
+    a POST never takes the dashboard's cookie, so only ``--insecure-no-auth`` asks (it could send jobs, replay, purge
+    and make tokens): a same-origin page behind a TLS proxy not named by ``--forwarded-allow-ips`` is then refused,
+    as the dashboard's forms, which have the same check, are."""
+    origin: str | None = None
+    host = ""
+    for name, value in scope["headers"]:
+        if name == b"origin":
+            origin = value.decode("latin-1")
+        elif name == b"host":
+            host = value.decode("latin-1")
+    if origin is None or origin == f"{scope['scheme']}://{host}":
+        return None
+    return origin
 
 
 async def _stopped(scope: Scope, receive: Receive, send: Send) -> None:
