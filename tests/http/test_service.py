@@ -229,6 +229,20 @@ def test_an_idempotency_key_header_is_read_as_utf8_like_the_body(server: Server)
         assert [q.enqueued for q in app.admin.queues()] == [1]
 
 
+def test_a_batch_with_an_idempotency_key_header_is_400_not_sent_twice(server: Server) -> None:
+    # Before: the header was ignored, so each retry of the batch (the header's promise) enqueued both jobs again.
+    batch = {"jobs": [{"task": "t", "payload": {"n": 1}}, {"task": "t", "payload": {"n": 2}}]}
+    with server.client("producer") as c:
+        for _ in range(2):
+            refused = c.post("/v1/queues/emails/jobs:batch", json=batch, headers={"Idempotency-Key": "order-9"})
+            assert "its own idempotency_key" in _error(refused, 400, "Idempotency-Key")
+        keyed = {"jobs": [{**job, "idempotency_key": f"order-9/{i}"} for i, job in enumerate(batch["jobs"])]}
+        for _ in range(2):
+            assert c.post("/v1/queues/emails/jobs:batch", json=keyed).status_code == 202
+    with App(server.db) as app:
+        assert [q.enqueued for q in app.admin.queues()] == [2]
+
+
 def test_413_for_a_payload_or_a_body_over_the_limit(server: Server) -> None:
     with server.client("admin") as c:
         big = {"task": "t", "payload": {"blob": "x" * 300_000}}

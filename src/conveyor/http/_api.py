@@ -381,6 +381,12 @@ class Service:
         token = await self.token(request)
         queue = check_name(request.path_params["queue"], "queue")
         _tokens.require(token, "producer", queue)
+        if "idempotency-key" in request.headers:
+            # It was ignored: a client retrying the batch under the header's protection enqueued every job again.
+            raise BadRequest(
+                "the Idempotency-Key header names one job: give each job of a batch its own idempotency_key",
+                "Idempotency-Key",
+            )
         fields = _parse.obj(await self.body(request))
         unknown = [k for k in fields if k != "jobs"]
         if unknown:
