@@ -529,10 +529,10 @@ def pgbench_script(batch: int) -> str:
         "worker_id": "'pgbench'",
     }.items():
         acquire = acquire.replace(f"%({name})s", value)
-    acquire = acquire.replace(
-        "SELECT * FROM leased ORDER BY priority DESC, run_at, id",
-        "SELECT array_agg(id) AS ids, array_agg(receipt) AS receipts, count(*) AS n FROM leased",
-    )
+    # The statement's last SELECT (after the leased CTE) hands the rows out; pgbench needs them as two arrays.
+    head, last, _ = acquire.rpartition("\nSELECT ")
+    assert last and "FROM leased" in _, "jobs_acquire no longer ends with a SELECT from leased"
+    acquire = head + "\nSELECT array_agg(id) AS ids, array_agg(receipt) AS receipts, count(*) AS n FROM leased"
     finish = q["jobs_finish_many"]
     n = "array_length(:ids::uuid[], 1)"
     for name, value in {

@@ -565,11 +565,18 @@ leased AS (
 -- A time no datetime holds (infinity, a year before 1 or after 9999: raw SQL wrote it) is handed out as the first or
 -- last one here, in the statement: the worker's own connections read times with psycopg's C loader (the clamping
 -- loader of _times costs ~0.6 us a time in Python, four times a job), and psycopg refused to read it, after the
--- leases were taken. The session's time zone is UTC (session_setup).
+-- leases were taken. The session's time zone is UTC (session_setup). A CASE, not LEAST/GREATEST: those skip a NULL
+-- (an expires_at of none read as the year 9999).
 SELECT id, queue, task, payload, headers, priority,
-       GREATEST(LEAST(run_at, '9999-12-31 23:59:59.999999+00'), '0001-01-01 00:00:00+00') AS run_at,
-       GREATEST(LEAST(enqueued_at, '9999-12-31 23:59:59.999999+00'), '0001-01-01 00:00:00+00') AS enqueued_at,
-       GREATEST(LEAST(expires_at, '9999-12-31 23:59:59.999999+00'), '0001-01-01 00:00:00+00') AS expires_at,
+       CASE WHEN run_at < '0001-01-01 00:00:00+00' THEN '0001-01-01 00:00:00+00'
+            WHEN run_at > '9999-12-31 23:59:59.999999+00' THEN '9999-12-31 23:59:59.999999+00'
+            ELSE run_at END::timestamptz AS run_at,
+       CASE WHEN enqueued_at < '0001-01-01 00:00:00+00' THEN '0001-01-01 00:00:00+00'
+            WHEN enqueued_at > '9999-12-31 23:59:59.999999+00' THEN '9999-12-31 23:59:59.999999+00'
+            ELSE enqueued_at END::timestamptz AS enqueued_at,
+       CASE WHEN expires_at < '0001-01-01 00:00:00+00' THEN '0001-01-01 00:00:00+00'
+            WHEN expires_at > '9999-12-31 23:59:59.999999+00' THEN '9999-12-31 23:59:59.999999+00'
+            ELSE expires_at END::timestamptz AS expires_at,
        attempts, deliveries, max_attempts, max_deliveries, idempotency_key, ordering_key, receipt,
        lease_expires_at, rescues
 FROM leased ORDER BY priority DESC, leased.run_at, id
