@@ -99,6 +99,17 @@ def driver_connection(url: str, autocommit: bool = False) -> Iterator[Any]:
             yield pg
 
 
+def run_statements(url: str, *statements: str) -> None:
+    """Run statements that return no rows (an operator's hand edit), autocommitted, with the engine's own driver."""
+    with driver_connection(url, autocommit=True) as conn:
+        for statement in statements:
+            if url.startswith("mysql://"):
+                with conn.cursor() as cur:
+                    cur.execute(statement)
+            else:
+                conn.execute(statement)
+
+
 def query_rows(url: str, query: str) -> list[tuple[Any, ...]]:
     """The rows of one statement, read with the engine's own driver."""
     with driver_connection(url, autocommit=True) as conn:

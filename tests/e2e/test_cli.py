@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.conftest import driver_connection, make_dead_letters
+from tests.conftest import make_dead_letters, run_statements
 
 from conveyor import App, ConfigurationError, Reject
 from conveyor.testing import drain
@@ -402,14 +402,10 @@ def test_one_dead_letter_python_cannot_read_stops_no_listing_or_replay_of_the_ot
         ]
     else:
         unreadable = ["'{\"n\": 1'"]
-    with driver_connection(database_url, autocommit=True) as conn:
-        for n, value in enumerate(unreadable, 1):
-            update = f"UPDATE archive SET payload = {value} WHERE id = '{dead[n]}'"
-            if database_url.startswith("mysql://"):
-                with conn.cursor() as cur:
-                    cur.execute(update)
-            else:
-                conn.execute(update)
+    run_statements(
+        database_url,
+        *(f"UPDATE archive SET payload = {value} WHERE id = '{dead[n]}'" for n, value in enumerate(unreadable, 1)),
+    )
 
     # Before: every one of these failed with a traceback (JSONDecodeError, ValueError, RecursionError).
     listed = conveyor(database_url, "dlq", "list", "--queue", "doomed", "--json").json()

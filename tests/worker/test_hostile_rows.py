@@ -9,7 +9,7 @@ from typing import Any
 from uuid import UUID
 
 import pytest
-from tests.conftest import driver_connection
+from tests.conftest import run_statements
 
 from conveyor import App, Worker
 from conveyor._job import JobError
@@ -47,13 +47,7 @@ def run_until(app: App, jobs: list[UUID], timeout: float = 60, **options: Any) -
 
 def set_columns(url: str, job: UUID, assignments: str) -> None:
     """``UPDATE jobs SET <assignments>`` on one job, with the engine's own driver, as an operator would."""
-    with driver_connection(url, autocommit=True) as conn:
-        statement = f"UPDATE jobs SET {assignments} WHERE id = '{job}'"
-        if url.startswith("mysql://"):
-            with conn.cursor() as cur:
-                cur.execute(statement)
-        else:
-            conn.execute(statement)
+    run_statements(url, f"UPDATE jobs SET {assignments} WHERE id = '{job}'")
 
 
 def test_a_time_no_datetime_holds_stops_no_acquire_and_no_view(app: App, database_url: str) -> None:

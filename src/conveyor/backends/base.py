@@ -664,7 +664,36 @@ class SchedulesDeleteParams:
 
 
 @dataclass(frozen=True, slots=True)
-class ScheduleFireParams:
+class _ScheduleRead:
+    """A statement on one schedule as the scheduler read it: a compare-and-set on its next tick and its
+    definition (see :class:`ScheduleFireParams`)."""
+
+    schedule: Schedule
+
+    @property
+    def name(self) -> str:
+        return self.schedule.name
+
+    @property
+    def due_at(self) -> datetime:
+        """The next tick read, which the compare-and-set compares."""
+        return self.schedule.next_run_at
+
+    def read_args(self) -> dict[str, Any]:
+        """The definition compared with the stored one, as the statement's ``read_*`` parameters (the job's
+        own task, queue, payload and priority are other parameters of a fire)."""
+        s = self.schedule
+        return {
+            "read_cron": s.cron,
+            "read_task": s.task,
+            "read_queue": s.queue,
+            "read_payload": s.payload,
+            "read_priority": s.priority,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleFireParams(_ScheduleRead):
     """Fire one tick of ``schedule`` as the scheduler read it: in one transaction, if the schedule is
     not paused, its ``next_run_at`` still equals the one read (the compare-and-set) and its definition
     (cron, task, queue, payload, priority) is still the one read, set ``next_run_at =
@@ -677,20 +706,10 @@ class ScheduleFireParams:
     ``schedule`` is compared as ``schedules_list`` returned it (the payload by the engine's own
     equality of stored payloads)."""
 
-    schedule: Schedule
     next_run_at_after: datetime
     job: NewJob
     now: datetime
     fired_at: datetime | None = None
-
-    @property
-    def name(self) -> str:
-        return self.schedule.name
-
-    @property
-    def due_at(self) -> datetime:
-        """The next tick read, which the compare-and-set compares."""
-        return self.schedule.next_run_at
 
     @property
     def last_run_at(self) -> datetime:
@@ -698,37 +717,15 @@ class ScheduleFireParams:
         return self.due_at if self.fired_at is None else self.fired_at
 
 
-def schedule_read_args(schedule: Schedule) -> dict[str, Any]:
-    """The definition a fire or move compares with the stored one, as its statement's ``read_*``
-    parameters (the job's own task, queue, payload and priority are other parameters of a fire)."""
-    return {
-        "read_cron": schedule.cron,
-        "read_task": schedule.task,
-        "read_queue": schedule.queue,
-        "read_payload": schedule.payload,
-        "read_priority": schedule.priority,
-    }
-
-
 @dataclass(frozen=True, slots=True)
-class ScheduleMoveParams:
+class ScheduleMoveParams(_ScheduleRead):
     """Move a schedule's next tick (back, or on past a tick already fired) without firing: if the
     schedule is not paused and its ``next_run_at`` and definition are still those of ``schedule`` as
     read (the same compare-and-set as a fire), set it to ``next_run_at``. Returns True if this call
     moved it, False if a scheduler fired or moved that tick first (or the schedule was paused,
     redefined or deleted meanwhile)."""
 
-    schedule: Schedule
     next_run_at: datetime
-
-    @property
-    def name(self) -> str:
-        return self.schedule.name
-
-    @property
-    def due_at(self) -> datetime:
-        """The next tick read, which the compare-and-set compares."""
-        return self.schedule.next_run_at
 
 
 @dataclass(frozen=True, slots=True)

@@ -627,7 +627,7 @@ class MysqlBackend:
             "due_at": cv.to_db_time(params.due_at),
             "next_run_at_after": cv.to_db_time(params.next_run_at_after),
             "last_run_at": cv.to_db_time(params.last_run_at),
-            **base.schedule_read_args(params.schedule),
+            **params.read_args(),
         }
 
         def fire(cur: Cursor) -> bool:
@@ -647,7 +647,7 @@ class MysqlBackend:
             "name": params.name,
             "due_at": cv.to_db_time(params.due_at),
             "next_run_at": cv.to_db_time(params.next_run_at),
-            **base.schedule_read_args(params.schedule),
+            **params.read_args(),
         }
         return self._pool.write("schedule_move", lambda cur: cur.execute(self._q["schedule_move"], args) == 1)
 

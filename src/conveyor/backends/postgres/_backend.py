@@ -92,7 +92,6 @@ from conveyor.backends.base import (
     WorkersPruneParams,
     WorkersRemoveParams,
     one_outcome_per_job,
-    schedule_read_args,
 )
 from conveyor.backends.postgres._args import acquire_args, finish_args, promote_args, receipt_of
 from conveyor.backends.postgres._copy import TEXT_MAX, NotCopyable, copyable, write_binary, write_text
@@ -961,7 +960,7 @@ class PostgresBackend:
                 "ordering_key": job.ordering_key,
                 "replay_of": job.replay_of,
                 "now": params.now,
-                **schedule_read_args(params.schedule),
+                **params.read_args(),
             },
         )
         return bool(row and row[0])
@@ -973,7 +972,7 @@ class PostgresBackend:
                 "name": params.name,
                 "due_at": params.due_at,
                 "next_run_at": params.next_run_at,
-                **schedule_read_args(params.schedule),
+                **params.read_args(),
             }
             return conn.execute(self._q["schedule_move"], args, prepare=True).rowcount == 1
 

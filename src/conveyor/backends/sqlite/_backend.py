@@ -493,7 +493,7 @@ class SqliteBackend:
             "due_at": cv.to_db_time(params.due_at),
             "next_run_at_after": cv.to_db_time(params.next_run_at_after),
             "last_run_at": cv.to_db_time(params.last_run_at),
-            **base.schedule_read_args(params.schedule),
+            **params.read_args(),
         }
         with self._pool.write() as conn:
             if conn.execute(self._q["schedule_fire"], args).rowcount != 1:
@@ -507,7 +507,7 @@ class SqliteBackend:
             "name": params.name,
             "due_at": cv.to_db_time(params.due_at),
             "next_run_at": cv.to_db_time(params.next_run_at),
-            **base.schedule_read_args(params.schedule),
+            **params.read_args(),
         }
         with self._pool.write() as conn:
             return conn.execute(self._q["schedule_move"], args).rowcount == 1
