@@ -19,6 +19,7 @@
     ├── BackendError              the database refused or failed a statement
     │   ├── BackendUnavailable    the database cannot be reached (retry later; nothing is lost)
     │   │   └── StatementCancelled the statement was cancelled (a statement_timeout): a batch is halved
+    │   │       └── LockWaitTimeout    it waited past its bound for a row another transaction holds
     │   ├── BackendRefused        the database refuses this role a privilege (a GRANT missing or revoked)
     │   ├── BackendCorrupt        the database's storage is damaged: a worker stops, exit ``EXIT_DAMAGED``
     │   ├── UnstorableText        a character the database's encoding cannot hold (also a PayloadError)
@@ -135,6 +136,13 @@ class StatementCancelled(BackendUnavailable):
     ``pg_cancel_backend``. Retried like an unavailable database, except that a batch (a worker's
     finish, a group commit) is split in halves first: a smaller one may end in time, and the same
     batch retried whole would be cancelled again, forever. One item alone is retried as it is."""
+
+
+class LockWaitTimeout(StatementCancelled):
+    """A statement waited longer than it was allowed to for a row another transaction holds (an
+    idempotency key an application's open transaction has claimed and not committed yet; PostgreSQL's
+    ``lock_timeout``, InnoDB's ``innodb_lock_wait_timeout``): nothing of it was written. Split and
+    retried as a cancelled statement is; it passes once that transaction ends."""
 
 
 class BackendCorrupt(BackendError):

@@ -140,13 +140,17 @@ class Producer:
         queue's depth from the database (at most every 100 ms per queue), so it can block."""
         self.load.check([job], now if now is not None else self.clock.now())
 
-    def insert_prepared(self, jobs: Sequence[NewJob], strict_keys: bool = False) -> list[UUID]:
+    def insert_prepared(
+        self, jobs: Sequence[NewJob], strict_keys: bool = False, lock_wait: float | None = None
+    ) -> list[UUID]:
         """Insert prepared jobs (:meth:`prepare`, :meth:`admit`) in one transaction; return the
         stored id of each, in order (a duplicate idempotency key answers the holder's id). With
-        ``strict_keys``, a key held by another task or payload raises IdempotencyConflict, nothing written."""
+        ``strict_keys``, a key held by another task or payload raises IdempotencyConflict, nothing written.
+        ``lock_wait``: see ``JobsInsertParams`` (LockWaitTimeout past it)."""
         if not jobs:
             return []
-        return self._backend().jobs_insert_many(JobsInsertParams(jobs, self.clock.now(), strict_keys=strict_keys))
+        params = JobsInsertParams(jobs, self.clock.now(), strict_keys=strict_keys, lock_wait=lock_wait)
+        return self._backend().jobs_insert_many(params)
 
     def new_job(self, message: Message, now: datetime, traceparent: str | None = None) -> NewJob:
         """The row of one message (``traceparent``: the send's trace span, for the headers). Raises

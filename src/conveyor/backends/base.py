@@ -393,12 +393,20 @@ class JobsInsertParams:
     With ``strict_keys``, a job whose idempotency key is held by a job of another task or payload
     (``conveyor._idempotency.same_job``; an earlier job of the same batch included) raises
     IdempotencyConflict inside the insert's transaction, so that no job of the batch is written (on
-    ``conn``, the caller must roll back). Without it such a job answers the holder's id."""
+    ``conn``, the caller must roll back). Without it such a job answers the holder's id.
+
+    ``lock_wait`` bounds (seconds) how long the insert waits for a row another transaction holds and
+    has not committed (an idempotency key claimed in an application's open transaction): past it,
+    LockWaitTimeout and nothing written. None: the engine's usual wait. Only jobs that can meet such a
+    row are bounded (a key, a resent id); not with ``conn`` (the caller's session decides there) nor,
+    on PostgreSQL, with ``strict_keys``; MySQL counts whole seconds (0 on MariaDB: no wait, 1 on MySQL);
+    SQLite has one writer at a time and ignores it."""
 
     jobs: Sequence[NewJob]
     now: datetime
     conn: Any = None
     strict_keys: bool = False
+    lock_wait: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

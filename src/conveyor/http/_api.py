@@ -57,7 +57,7 @@ from conveyor._topics import published
 from conveyor.admin import QueueStats, Schedule, Token, WorkerInfo
 from conveyor.http import _parse
 from conveyor.http._dashboard import SESSION_COOKIE, Dashboard, register_convertors
-from conveyor.http._group import GroupCommit
+from conveyor.http._group import GroupCommit, KeyHeld
 from conveyor.http._openapi import document
 from conveyor.http._parse import BadRequest
 from conveyor.worker._config import DEFAULT_CONCURRENCY
@@ -118,6 +118,15 @@ def json_response(data: Any, status: int = 200, headers: Mapping[str, str] | Non
     to encode."""
     body = json.dumps(data, separators=(",", ":"), ensure_ascii=True, allow_nan=False, default=str)
     return Response(body, status, headers=dict(headers or {}), media_type="application/json")
+
+
+def _held(message: Message, exc: KeyHeld) -> KeyHeld:
+    """The answer to a send whose idempotency key (or job id) another transaction holds uncommitted."""
+    what = f"idempotency key {message.idempotency_key!r:.80}" if message.idempotency_key else f"job id {message.id}"
+    return KeyHeld(
+        f"{what} is held by another transaction that has not committed yet (a transactional enqueue still "
+        f"open); nothing was written: retry once it has ended ({exc})"
+    )
 
 
 def _error(status: int, code: str, message: str, field: str | None = None, **headers: str) -> Response:
@@ -331,6 +340,10 @@ class Service:
         except IdempotencyConflict as exc:
             await _error(409, "conflict", str(exc))(scope, receive, send)
             return
+        except KeyHeld as exc:
+            # As Stripe's idempotency_key_in_use and the IETF Idempotency-Key draft: 409, retry later.
+            await _error(409, "key_in_use", str(exc), retry_after=str(UNAVAILABLE_RETRY_AFTER))(scope, receive, send)
+            return
         except ConveyorError as exc:
             await error_response(exc)(scope, receive, send)
             return
@@ -356,7 +369,10 @@ class Service:
             if self.app.queue_options(queue).max_depth is not None:
                 await self.run(self.app.producer.admit, job)
             if self.group is not None:
-                stored = await self.group.submit(job)
+                try:
+                    stored = await self.group.submit(job)
+                except KeyHeld as exc:
+                    raise _held(message, exc) from exc
             else:
                 stored = (await self.run(self.app.producer.insert_prepared, [job]))[0]
         duplicate = stored != message.id
@@ -879,7 +895,9 @@ def create_app(app: App, config: ServiceConfig | None = None) -> ASGIApp:
     async def lifespan(_: Starlette) -> Any:
         if config.group_commit:
             service.group = GroupCommit(
-                app.producer.insert_prepared, max_group=config.max_group, concurrency=config.group_concurrency
+                lambda jobs, lock_wait: app.producer.insert_prepared(jobs, lock_wait=lock_wait),
+                max_group=config.max_group,
+                concurrency=config.group_concurrency,
             )
         alerting = asyncio.create_task(alert_loop.run(), name="alerts") if alert_loop is not None else None
         try:

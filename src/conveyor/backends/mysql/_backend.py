@@ -103,8 +103,12 @@ class MysqlBackend:
             with translated("jobs_insert_many", callers=True), _all_or_nothing(conn) as cur:
                 ids = self._insert(cur, jobs, params.now, params.strict_keys)
         else:
+            # A bounded wait only where a row another transaction holds can be met: a key, a resent id.
+            bounded = params.lock_wait is not None and any(j.idempotency_key is not None or not j.fresh for j in jobs)
             ids = self._pool.write(
-                "jobs_insert_many", lambda cur: self._insert(cur, jobs, params.now, params.strict_keys)
+                "jobs_insert_many",
+                lambda cur: self._insert(cur, jobs, params.now, params.strict_keys),
+                lock_wait=int(params.lock_wait) if bounded and params.lock_wait is not None else None,
             )
         self._promotions.scheduled_many(scheduled_earliest(jobs, params.now))
         return ids

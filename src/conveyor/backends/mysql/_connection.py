@@ -26,6 +26,7 @@ from conveyor._errors import (
     BackendRefused,
     BackendUnavailable,
     ConveyorError,
+    LockWaitTimeout,
     StatementCancelled,
     UnstorableText,
     first_line,
@@ -163,8 +164,12 @@ def translate(exc: BaseException, action: str, callers: bool = False) -> Backend
         # call must change: InnoDB rolled the statement back and the pool the transaction, so nothing of
         # the call was written, and it passes once that transaction ends.
         # A caller's connection waits as long as its own innodb_lock_wait_timeout says, not Conveyor's.
-        waited = "its connection's innodb_lock_wait_timeout" if callers else f"{LOCK_WAIT_TIMEOUT_S} s"
-        return BackendUnavailable(
+        waited = (
+            "its connection's innodb_lock_wait_timeout"
+            if callers
+            else f"its lock wait (at most {LOCK_WAIT_TIMEOUT_S} s)"
+        )
+        return LockWaitTimeout(
             f"MySQL unavailable ({action}): another transaction held a row it needs for more than "
             f"{waited}; nothing was written, retry once it ends ({line})"
         )
@@ -281,12 +286,14 @@ class Pool:
         with suppress(Exception):
             conn.close()
 
-    def write(self, action: str, work: Callable[[Cursor], _T]) -> _T:
+    def write(self, action: str, work: Callable[[Cursor], _T], lock_wait: int | None = None) -> _T:
         """Run ``work`` in one transaction and commit it; a deadlock's victim is run again from the
-        start (its transaction was rolled back whole), so ``work`` must have no effect outside it."""
+        start (its transaction was rolled back whole), so ``work`` must have no effect outside it.
+        ``lock_wait``: the transaction's innodb_lock_wait_timeout (whole seconds; MariaDB takes 0, no
+        wait, MySQL makes it 1) instead of the session's LOCK_WAIT_TIMEOUT_S."""
         for attempt in range(DEADLOCK_RETRIES + 1):
             try:
-                return self._transaction(action, work, read_only=False)
+                return self._transaction(action, work, read_only=False, lock_wait=lock_wait)
             except BackendUnavailable as exc:
                 if _code(exc.__cause__ or exc) != _DEADLOCK or attempt == DEADLOCK_RETRIES:
                     raise
@@ -297,10 +304,14 @@ class Pool:
         """Run ``work`` in a read-only transaction on one snapshot (REPEATABLE READ for this one)."""
         return self._transaction(action, work, read_only=True)
 
-    def _transaction(self, action: str, work: Callable[[Cursor], _T], read_only: bool) -> _T:
+    def _transaction(
+        self, action: str, work: Callable[[Cursor], _T], read_only: bool, lock_wait: int | None = None
+    ) -> _T:
         conn = self._borrow(action)
         try:
             with translated(action), conn.cursor(Cursor) as cur:
+                if lock_wait is not None:
+                    cur.execute("SET SESSION innodb_lock_wait_timeout = %s", (lock_wait,))
                 if read_only:
                     cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
                     cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
@@ -308,8 +319,15 @@ class Pool:
                     cur.execute("START TRANSACTION")
                 result = work(cur)
                 conn.commit()
+                if lock_wait is not None:
+                    cur.execute(f"SET SESSION innodb_lock_wait_timeout = {LOCK_WAIT_TIMEOUT_S}")
         except BaseException as exc:
-            self._after_failure(conn, exc)
+            if lock_wait is not None:
+                # Its session's lock wait is not the pool's: closed rather than given back as it is.
+                with suppress(Exception):
+                    conn.close()
+            else:
+                self._after_failure(conn, exc)
             raise
         self._give_back(conn)
         return result

@@ -28,6 +28,7 @@ from conveyor._errors import (
     BackendRefused,
     BackendUnavailable,
     ConfigurationError,
+    LockWaitTimeout,
     StatementCancelled,
     UnstorableText,
     first_line,
@@ -343,6 +344,12 @@ class PostgresBackend:
             raise BackendRefused(
                 f"PostgreSQL refused a privilege ({action}): {self._line(exc)} (a GRANT missing or revoked)"
             ) from exc
+        except psycopg.errors.LockNotAvailable as exc:
+            # Past a lock_timeout (a bounded insert's, see jobs_insert_many): a row another transaction holds.
+            raise LockWaitTimeout(
+                f"PostgreSQL gave up {action}: another transaction holds a row it needs (lock wait past "
+                f"lock_timeout); nothing was written: {self._line(exc)}"
+            ) from exc
         except psycopg.errors.QueryCanceled as exc:
             # A statement_timeout (or an operator's pg_cancel_backend): retried like a lost server,
             # but not reported as one, and a batch so cancelled is split by its callers.
@@ -503,11 +510,44 @@ class PostgresBackend:
         with self._connection("jobs_insert_many") as pooled:
             if by_copy and self._copy(pooled, jobs, now, pooled=True):
                 return [j.id for j in jobs]
+            # Bounded only where a row another transaction holds can be met (a key, a resent id: a fresh id
+            # conflicts with no one), so the unkeyed groups' statement is the same as before.
+            if (
+                params.lock_wait is not None
+                and not params.strict_keys
+                and len(jobs) <= _INSERT_CHUNK
+                and any(j.idempotency_key is not None or not j.fresh for j in jobs)
+            ):
+                return self._insert_bounded(pooled, jobs, now, params.lock_wait)
             multi = len(jobs) > _INSERT_CHUNK
             # A strict send reads the key holders after its insert: both in one transaction, so that
             # a conflict rolls the insert back.
             with pooled.transaction() if multi or params.strict_keys else nullcontext():
                 return self._insert(pooled.cursor(row_factory=tuple_row), jobs, now, params.strict_keys)
+
+    def _insert_bounded(self, conn: Conn, jobs: Sequence[NewJob], now: datetime, lock_wait: float) -> list[UUID]:
+        """The statement path in a transaction of its own whose waits for a row lock end after
+        ``lock_wait`` seconds (LockWaitTimeout, nothing written): a key or a job id another
+        transaction has written and not committed yet. BEGIN, the SET LOCAL, the insert and the
+        COMMIT go in one pipeline, so the bound costs no round trip over the unbounded insert."""
+        self._promotions.scheduled_many(scheduled_earliest(jobs, now))
+        cur = conn.cursor(row_factory=tuple_row)
+        holders: dict[tuple[str, str], UUID] = {}
+        try:
+            with conn.pipeline():
+                conn.execute(self._q["transaction_open"], prepare=False)
+                conn.execute(
+                    self._q["lock_timeout_set"], {"wait": f"{max(1, round(lock_wait * 1000))}ms"}, prepare=True
+                )
+                keyed = self._execute_chunk(cur, jobs, now)
+                conn.execute(self._q["transaction_commit"], prepare=False)
+        except BaseException:
+            with suppress(psycopg.Error):  # a broken connection: the pool discards it
+                conn.rollback()
+            raise
+        if keyed:
+            self._read_holders(cur, holders)
+        return [holders[(j.queue, j.idempotency_key)] if j.idempotency_key is not None else j.id for j in jobs]
 
     def _copy(self, conn: Conn, jobs: Sequence[NewJob], now: datetime, *, pooled: bool) -> bool:
         """COPY ``jobs`` in a transaction and notify their queues: on a ``pooled`` connection
@@ -585,6 +625,11 @@ class PostgresBackend:
         now: datetime,
         holders: dict[tuple[str, str], UUID],
     ) -> None:
+        if self._execute_chunk(cur, jobs, now):
+            self._read_holders(cur, holders)
+
+    def _execute_chunk(self, cur: psycopg.Cursor[TupleRow], jobs: Sequence[NewJob], now: datetime) -> bool:
+        """Send the insert of ``jobs``; True if it answers the holders of their keys (_read_holders)."""
         keyed = any(j.idempotency_key is not None for j in jobs)
         if not keyed and len(jobs) == 1:
             j = jobs[0]
@@ -595,7 +640,7 @@ class PostgresBackend:
                 "ordering_key": j.ordering_key, "replay_of": j.replay_of,
             }  # fmt: skip
             cur.execute(self._q["jobs_insert_one" if j.fresh else "jobs_insert_one_resent"], one, prepare=True)
-            return
+            return False
         params: dict[str, Any] = {
             "ids": [j.id for j in jobs],
             "queues": [j.queue for j in jobs],
@@ -614,10 +659,14 @@ class PostgresBackend:
         }
         if not keyed:
             cur.execute(self._q["jobs_insert_many_unkeyed"], params, prepare=True)
-            return
+            return False
         params["idempotency_keys"] = [j.idempotency_key for j in jobs]
         params["dedup_untils"] = [j.dedup_until for j in jobs]
         cur.execute(self._q["jobs_insert_many"], params, prepare=True)
+        return True
+
+    @staticmethod
+    def _read_holders(cur: psycopg.Cursor[TupleRow], holders: dict[tuple[str, str], UUID]) -> None:
         for queue, key, job_id in cur.fetchall():
             if queue is not None:
                 holders[(queue, key)] = job_id
