@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 from uuid import UUID
@@ -95,6 +96,9 @@ class GroupCommit(Generic[J]):
         self._waiting: list[tuple[J, asyncio.Future[UUID]]] = []
         self._running = 0
         self._held = 0
+        # The held waits' own threads: on the loop's default executor (min(32, CPUs + 4) threads, 6 on two
+        # cores) they would leave the requests' other calls (token reads, admission, the groups) two.
+        self._held_threads: ThreadPoolExecutor | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self.stats = GroupStats()
 
@@ -161,7 +165,9 @@ class GroupCommit(Generic[J]):
 
     async def _wait_held(self, job: J, future: asyncio.Future[UUID]) -> None:
         try:
-            outcome = await asyncio.to_thread(self._insert_held, job)
+            if self._held_threads is None:
+                self._held_threads = ThreadPoolExecutor(self._max_held, thread_name_prefix="conveyor-held-key")
+            outcome = await asyncio.get_running_loop().run_in_executor(self._held_threads, self._insert_held, job)
         except BaseException as exc:  # the thread could not run (shutdown): no request may hang
             outcome = exc if isinstance(exc, ConveyorError) else BackendUnavailable("shutting down")
             raise
@@ -203,3 +209,6 @@ class GroupCommit(Generic[J]):
         """Wait for the transactions under way (the service is stopping)."""
         while self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._held_threads is not None:
+            self._held_threads.shutdown(wait=False)
+            self._held_threads = None
