@@ -526,21 +526,20 @@ class PostgresBackend:
                 return self._insert(pooled.cursor(row_factory=tuple_row), jobs, now, params.strict_keys)
 
     def _insert_bounded(self, conn: Conn, jobs: Sequence[NewJob], now: datetime, lock_wait: float) -> list[UUID]:
-        """The statement path in a transaction of its own whose waits for a row lock end after
-        ``lock_wait`` seconds (LockWaitTimeout, nothing written): a key or a job id another
-        transaction has written and not committed yet. BEGIN, the SET LOCAL, the insert and the
-        COMMIT go in one pipeline, so the bound costs no round trip over the unbounded insert."""
+        """The statement path with its waits for a row lock ending after ``lock_wait`` seconds
+        (LockWaitTimeout, nothing written): a key or a job id another transaction has written and not
+        committed yet. The setting (``lock_timeout`` for this transaction only) and the insert go in one
+        pipeline, which the server runs as one implicit transaction ended by the pipeline's Sync: one
+        round trip as before, no BEGIN or COMMIT, and a failure rolls back both."""
         self._promotions.scheduled_many(scheduled_earliest(jobs, now))
         cur = conn.cursor(row_factory=tuple_row)
         holders: dict[tuple[str, str], UUID] = {}
         try:
             with conn.pipeline():
-                conn.execute(self._q["transaction_open"], prepare=False)
                 conn.execute(
                     self._q["lock_timeout_set"], {"wait": f"{max(1, round(lock_wait * 1000))}ms"}, prepare=True
                 )
                 keyed = self._execute_chunk(cur, jobs, now)
-                conn.execute(self._q["transaction_commit"], prepare=False)
         except BaseException:
             with suppress(psycopg.Error):  # a broken connection: the pool discards it
                 conn.rollback()

@@ -469,12 +469,12 @@ SELECT 1
 
 -- name: transaction_open
 -- On a pooled (autocommit) connection, the COPY path's transaction of its own: opened explicitly so
--- that its COMMIT can go with the notifications (jobs_notify_queue) as one query. Also a bounded
--- insert's (lock_timeout_set), sent with it, its insert and its COMMIT in one pipeline.
+-- that its COMMIT can go with the notifications (jobs_notify_queue) as one query.
 BEGIN
 
 -- name: lock_timeout_set
--- A bounded insert's lock wait (jobs_insert_many with a lock_wait), for its transaction only.
+-- A bounded insert's lock wait (jobs_insert_many with a lock_wait), for its transaction only: sent in
+-- one pipeline with the insert, the two are one implicit transaction.
 SELECT set_config('lock_timeout', %(wait)s, true)
 
 -- name: transaction_commit
