@@ -29,6 +29,7 @@ def test_exported_members() -> None:
         "Retry",
         "Task",
         "UnknownTaskError",
+        "UnreadableResult",
         "Worker",
     ]
     for name in conveyor.__all__:

@@ -19,6 +19,7 @@ from conveyor._errors import (
     Reject,
     Retry,
     UnknownTaskError,
+    UnreadableResult,
 )
 from conveyor._job import Job, JobError, JobStatus
 from conveyor._message import Message
@@ -48,6 +49,7 @@ __all__ = [
     "Retry",
     "Task",
     "UnknownTaskError",
+    "UnreadableResult",
     "Worker",
 ]
 

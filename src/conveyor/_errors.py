@@ -11,6 +11,7 @@
     ├── NotFoundError             no schedule, subscription or token of that name (also a LookupError)
     │   └── JobNotFoundError      no job with that id
     ├── JobTimeoutError           ``Job.wait`` gave up before the job ended
+    ├── UnreadableResult          a job's stored result is not JSON Python can read (also a ValueError)
     ├── AuthError                 the HTTP service refused a caller
     │   ├── Unauthenticated       no bearer token, or one that is unknown, revoked or expired (HTTP 401)
     │   └── Forbidden             the token's role or queues do not allow the action (HTTP 403)
@@ -71,6 +72,17 @@ class JobNotFoundError(NotFoundError):
 
 class JobTimeoutError(ConveyorError, TimeoutError):
     """``Job.wait`` timed out before the job reached a terminal state."""
+
+
+class UnreadableResult(ConveyorError, ValueError):
+    """A job's stored result is not JSON Python can read (another writer's or a hand edit's: text that is not
+    JSON, an integer of 4,300+ digits, JSON nested past the recursion limit). Raised by reading
+    ``JobStatus.result``, so that it cannot pass for a value the handler returned; ``why`` (also
+    ``JobStatus.unreadable["result"]``) says why and how the stored text begins."""
+
+    def __init__(self, job_id: object, why: str) -> None:
+        super().__init__(f"job {job_id}: {why}")
+        self.why = why
 
 
 class AuthError(ConveyorError):

@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from conveyor._errors import ConfigurationError, JobNotFoundError, JobTimeoutError
+from conveyor._errors import ConfigurationError, JobNotFoundError, JobTimeoutError, UnreadableResult
 from conveyor._limits import check_seconds
 from conveyor.backends.base import TERMINAL_STATES, Backend, JobGetParams, JobRecord, JobState
 
@@ -45,7 +46,9 @@ class JobStatus:
     run_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
-    result: Any
+    #: What the handler returned, as stored; read it as ``result``, which raises UnreadableResult when it could
+    #: not be read (None here then).
+    stored_result: Any
     error: JobError | None
     reason: str | None
     idempotency_key: str | None
@@ -54,6 +57,21 @@ class JobStatus:
     replayed_by: UUID | None
     #: Times the job's lease expired (its worker died or hung while holding it).
     rescues: int = 0
+    #: What of the stored job Python could not read as JSON, by field (``payload``, ``headers``, ``result``), and
+    #: why: a value another writer or a hand edit stored. An unreadable payload or headers reads as the note
+    #: ``{"unreadable": <why>}`` (so that listings show it); an unreadable result raises when read.
+    unreadable: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def result(self) -> Any:
+        """What the handler returned (None when it returned None, kept no result, or has not completed).
+
+        Raises UnreadableResult when the stored result is not JSON Python can read (``unreadable["result"]``
+        says why), so that it cannot pass for a value the handler returned."""
+        why = self.unreadable.get("result")
+        if why is not None:
+            raise UnreadableResult(self.id, why)
+        return self.stored_result
 
     @property
     def done(self) -> bool:
@@ -65,6 +83,10 @@ class JobStatus:
         error = None
         if record.error_type:
             error = JobError(record.error_type, record.error_message or "", record.traceback or "")
+        unreadable: dict[str, str] = {}
+        payload = _stored_json(record.payload, "payload", unreadable)
+        headers = _stored_json(record.headers, "headers", unreadable)
+        result = None if record.result is None else _stored_json(record.result, "result", unreadable)
         return cls(
             id=record.id,
             queue=record.queue,
@@ -74,13 +96,13 @@ class JobStatus:
             deliveries=record.deliveries,
             max_attempts=record.max_attempts,
             priority=record.priority,
-            payload=_stored_json(record.payload, "payload"),
-            headers=_stored_json(record.headers, "headers"),
+            payload=payload,
+            headers=headers,
             enqueued_at=record.enqueued_at,
             run_at=record.run_at,
             started_at=record.started_at,
             finished_at=record.finished_at,
-            result=_stored_json(record.result, "result") if record.result is not None else None,
+            stored_result=None if "result" in unreadable else result,
             error=error,
             reason=record.reason,
             idempotency_key=record.idempotency_key,
@@ -88,14 +110,20 @@ class JobStatus:
             replay_of=record.replay_of,
             replayed_by=record.replayed_by,
             rescues=record.rescues,
+            unreadable=unreadable,
         )
 
     def to_json(self) -> dict[str, Any]:
-        """A JSON-ready dict (ids and times as strings)."""
+        """A JSON-ready dict (ids and times as strings); a result that could not be read as null, with
+        ``unreadable["result"]`` saying why."""
         out: dict[str, Any] = {}
         for name in self.__slots__:
             value = getattr(self, name)
-            if isinstance(value, UUID):
+            if name == "stored_result":
+                name = "result"
+            elif name == "unreadable":
+                value = dict(value)
+            elif isinstance(value, UUID):
                 value = str(value)
             elif isinstance(value, datetime):
                 value = value.isoformat()
@@ -120,17 +148,18 @@ class JobStatus:
         }
 
 
-def _stored_json(text: str, what: str) -> Any:
-    """A stored payload, headers or result as Python values; one that Python cannot read as a note
-    ``{"unreadable": ...}`` saying why and how it begins, so that one row another writer stored (an integer
-    of 4,300+ digits, JSON nested past Python's recursion limit, text that is not JSON) shows as what it
-    is rather than stopping every listing, selection and replay it is part of."""
+def _stored_json(text: str, what: str, unreadable: dict[str, str]) -> Any:
+    """A stored payload, headers or result as Python values. One that Python cannot read (an integer of 4,300+
+    digits, JSON nested past Python's recursion limit, text that is not JSON: another writer's) is put in
+    ``unreadable`` under ``what``, saying why and how it begins, and read as the note ``{"unreadable": ...}``,
+    so that the row shows as what it is rather than stopping every listing, selection and replay it is part of."""
     try:
         return json.loads(text)
     except (ValueError, RecursionError) as exc:  # ValueError: not JSON, or an integer of 4,300+ digits
         begins = text[:UNREADABLE_PREVIEW] + ("..." if len(text) > UNREADABLE_PREVIEW else "")
         why = str(exc)[:200]
-        return {"unreadable": f"the stored {what} is not JSON Python can read ({why}); it begins: {begins}"}
+        unreadable[what] = f"the stored {what} is not JSON Python can read ({why}); it begins: {begins}"
+        return {"unreadable": unreadable[what]}
 
 
 class Job:

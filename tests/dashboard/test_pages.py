@@ -130,7 +130,7 @@ def test_nul_and_lone_surrogates_render_as_text() -> None:
         run_at=now,
         started_at=now,
         finished_at=now,
-        result=None,
+        stored_result=None,
         error=JobError("E\x00rror", "<script>x</script>\x00", "Traceback\x00" + "y" * (MAX_TEXT + 5)),
         reason="permanent_error",
         idempotency_key=None,

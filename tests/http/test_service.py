@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from tests.conftest import make_dead_letters
+from tests.conftest import make_dead_letters, run_statements
 from tests.http.conftest import Server, start, stop
 
 from conveyor import App
@@ -576,3 +576,35 @@ def test_a_damaged_database_is_a_500_without_retry_after_and_the_service_stays_u
         assert "Traceback" not in server.stderr()
     finally:
         stop(server)
+
+
+def test_a_stored_result_python_cannot_read_is_null_and_said_so_not_a_result(server: Server) -> None:
+    # Before: the API answered the note {"unreadable": "..."} as the job's result, which a handler can return too.
+    from conveyor.testing import drain
+
+    with App(server.db) as app:
+
+        @app.task(name="work", queue="results")
+        def work(n: int) -> dict[str, object]:
+            return {"unreadable": "the handler's own word"} if n == 0 else {"n": n}
+
+        real, bad = (str(app.send("work", {"n": n}).id) for n in range(2))
+        assert drain(app, ["results"]).completed == 2
+    if server.db.startswith("postgresql"):
+        not_json = """('{"n": ' || repeat('9', 5000) || '}')::jsonb"""  # past Python's 4,300 digits
+    else:
+        not_json = "'{\"n\": 1'"
+    run_statements(server.db, f"UPDATE archive SET result = {not_json} WHERE id = '{bad}'")
+    with server.client("operator") as ops:
+        job = ops.get(f"/v1/jobs/{real}").json()
+        assert (job["result"], job["unreadable"]) == ({"unreadable": "the handler's own word"}, {})
+        job = ops.get(f"/v1/jobs/{bad}").json()
+        assert job["state"] == "completed" and job["result"] is None
+        assert list(job["unreadable"]) == ["result"]
+        assert job["unreadable"]["result"].startswith("the stored result is not JSON Python can read (")
+    with httpx.Client(base_url=server.url, timeout=30.0) as page:
+        assert page.post("/login", data={"token": server.tokens["operator"], "next": "/"}).status_code == 303
+        shown = page.get(f"/jobs/{bad}")
+        assert shown.status_code == 200 and 'id="result-unreadable"' in shown.text, shown.text[-3000:]
+        assert "the stored result is not JSON Python can read (" in shown.text and 'id="result"' not in shown.text
+        assert '<pre class="code" id="result">' in page.get(f"/jobs/{real}").text

@@ -4,6 +4,7 @@ hostile row gets an outcome an operator can read, or runs, and the rest of its b
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterator
 from typing import Any
 from uuid import UUID
@@ -11,7 +12,7 @@ from uuid import UUID
 import pytest
 from tests.conftest import run_statements
 
-from conveyor import App, Worker
+from conveyor import App, ConveyorError, UnreadableResult, Worker
 from conveyor._job import JobError
 
 
@@ -235,3 +236,39 @@ def test_a_row_whose_attempts_reach_its_max_is_dead_unrun(app: App, database_url
         status = app.admin.job(job)
         assert (status.state, status.reason) == ("dead", "max_attempts_exceeded"), status
         assert status.error == JobError("AttemptsExhausted", message, "")
+
+
+def test_a_stored_result_python_cannot_read_raises_for_a_program_and_shows_in_listings(
+    app: App, database_url: str
+) -> None:
+    # Before: the unreadable result read as the note {"unreadable": "..."}, the very dict the first handler returns,
+    # so a program reading job.wait().result could not tell a result it cannot have from a real one.
+    @app.task(name="work", queue="q")
+    def work(n: int) -> Any:
+        return {"unreadable": "the handler's own word"} if n == 0 else {"n": n}
+
+    jobs = [app.send("work", {"n": n}) for n in range(4)]
+    run(app)
+    if database_url.startswith("postgresql"):
+        not_json = """('{"n": ' || repeat('9', 5000) || '}')::jsonb"""  # past Python's 4,300 digits
+    else:
+        not_json = "'{\"n\": 1'"
+    stored = {jobs[1].id: not_json, jobs[2].id: _deep_json(database_url, 3000)}
+    run_statements(database_url, *(f"UPDATE archive SET result = {v} WHERE id = '{job}'" for job, v in stored.items()))
+
+    real = jobs[0].wait(timeout=5)
+    assert (real.result, real.unreadable) == ({"unreadable": "the handler's own word"}, {})
+    assert real.to_json()["result"] == {"unreadable": "the handler's own word"} and real.to_json()["unreadable"] == {}
+    assert app.job(jobs[3].id).result == {"n": 3}
+    why = "the stored result is not JSON Python can read ("
+    for job in jobs[1:3]:
+        for status in (job.status(), job.wait(timeout=5), asyncio.run(job.wait_async(timeout=5)), app.job(job.id)):
+            assert status.state == "completed" and status.done
+            assert list(status.unreadable) == ["result"] and status.unreadable["result"].startswith(why)
+            with pytest.raises(UnreadableResult, match=f"job {job.id}: the stored result is not JSON") as raised:
+                status.result  # noqa: B018 - reading it is the test
+            assert isinstance(raised.value, ConveyorError) and raised.value.why == status.unreadable["result"]
+        # A listing (``conveyor job ID``, the HTTP API, the dashboard) shows no result and says why.
+        shown = app.admin.job(job.id).to_json()
+        assert shown["result"] is None and shown["unreadable"]["result"].startswith(why)
+        assert json.loads(json.dumps(shown)) == shown

@@ -86,9 +86,11 @@ def stats(ctx: click.Context, as_json: bool) -> None:
 
 
 def print_status(status: JobStatus) -> None:
-    """One job, a field per line, its error and traceback last."""
+    """One job, a field per line (``unreadable`` only when something is), its error and traceback last."""
     data = status.to_json()
     error = data.pop("error")
+    if not data["unreadable"]:
+        del data["unreadable"]
     for key, value in data.items():
         click.echo(f"{key:>16}: {json.dumps(value) if isinstance(value, dict) else printable(value)}")
     if error:

@@ -161,8 +161,19 @@ _SCHEMAS: dict[str, Any] = {
             "deliveries": {"type": "integer"},
             "payload": {"type": "object"},
             "headers": {"type": "object"},
-            "result": {},
+            "result": {
+                "description": "what the handler returned; null when it returned null, kept no result, has not "
+                "completed, or when the stored result could not be read (then `unreadable.result` says why)"
+            },
             "error": {"type": ["object", "null"]},
+            "unreadable": {
+                "type": "object",
+                "properties": {name: {"type": "string"} for name in ("payload", "headers", "result")},
+                "additionalProperties": False,
+                "description": "what of the stored job is not JSON the service can read (another writer's or a "
+                "hand edit's), by field, and why; empty when all of it is. An unreadable payload or headers read "
+                'as {"unreadable": <why>}',
+            },
         },
     },
     "Selection": {
