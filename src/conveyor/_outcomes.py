@@ -14,7 +14,7 @@ from typing import Any
 
 from conveyor._context import JobContext
 from conveyor._errors import PayloadError, Reject, Retry
-from conveyor._limits import MAX_SECONDS, is_utf8
+from conveyor._limits import MAX_NAME_CHARS, MAX_SECONDS, is_utf8
 from conveyor._message import SCHEMA_VERSION, keys_collide
 from conveyor._task import TaskOptions
 from conveyor.backends.base import Delivery, ErrorInfo, Finish, RetryItem
@@ -201,12 +201,25 @@ def error_info(exc: BaseException) -> ErrorInfo:
         text = "".join(tb_module.format_exception(type(exc), exc, exc.__traceback__))
     except BaseException:
         text = f"{type(exc).__qualname__}: {message}"
-    # The type's name is bounded as the message is: a class made at run time may have any name (a 5-million-
-    # character one was stored whole by PostgreSQL, 20 MB, and refused by MySQL's packet limit, its job dead as
-    # outcome_refused instead of max_attempts_exceeded).
-    return ErrorInfo(
-        storable(_bounded(type(exc).__qualname__)), storable(_bounded(message)), storable(text[-MAX_ERROR_CHARS:])
-    )
+    return ErrorInfo(type_name(type(exc).__qualname__), storable(_bounded(message)), storable(text[-MAX_ERROR_CHARS:]))
+
+
+#: The error type an exception class without a name is stored as (its type was "", and its error did not show).
+UNNAMED = "(unnamed exception class)"
+
+
+def type_name(name: str) -> str:
+    """An exception class's name as its error type is stored: storable, never empty, and at most
+    MAX_NAME_CHARS, so that a dead-letter filter (a name, at most as long) names every stored type exactly.
+    A longer one (a class made at run time may have any name: a 5-million-character one was stored whole, 20 MB,
+    and refused by MySQL's packet limit) is cut saying its length; the traceback's last line keeps its end."""
+    if not name:
+        return UNNAMED
+    text = storable(name[:MAX_NAME_CHARS])
+    if len(name) <= MAX_NAME_CHARS and len(text) <= MAX_NAME_CHARS:
+        return text
+    said = f"... (a name of {len(name)} characters)"
+    return text[: MAX_NAME_CHARS - len(said)] + said
 
 
 def _bounded(text: str) -> str:

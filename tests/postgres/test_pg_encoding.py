@@ -73,6 +73,26 @@ def test_a_handler_whose_error_or_result_latin1_cannot_hold_harms_no_other_job(
             assert job.error is not None and "cannot store U+20AC EURO SIGN" in job.error.message
 
 
+def test_an_error_type_latin1_cannot_hold_is_escaped_to_what_a_filter_can_name(
+    postgres_database_in: Callable[[str], str],
+) -> None:
+    # Before: '€' escaped as \u20ac made a 40-character class name a 240-character type, past the 200 characters
+    # of a dead-letter filter: no `dlq list/replay --error-type` could name it.
+    with App(postgres_database_in("LATIN1"), migrate=True) as app:
+
+        @app.task(queue="q", max_attempts=1)
+        def fails() -> None:
+            raise type("€" * 40, (Exception,), {})("prix")
+
+        job = fails.delay()
+        worker = Worker(app, burst=True, poll_interval=0.02)
+        asyncio.run(asyncio.wait_for(worker.run(), timeout=60))
+        error = app.job(job.id).error
+        assert error is not None and error.message == "prix"
+        assert error.type == "\\u20ac" * 28 + "\\u... (a name of 240 characters)"
+        assert [d.id for d in app.admin.dead_letters(queue="q", error_type=error.type)] == [job.id]
+
+
 def test_text_latin1_cannot_hold_in_a_filter_or_a_job_is_a_payload_error_naming_it(
     postgres_database_in: Callable[[str], str],
 ) -> None:

@@ -23,8 +23,8 @@ from hypothesis import strategies as st
 from tests.conftest import driver_connection
 
 from conveyor import App, BackendUnavailable, JobContext, Retry, Worker
+from conveyor._limits import MAX_NAME_CHARS
 from conveyor._message import keys_collide
-from conveyor._outcomes import MAX_ERROR_CHARS
 from conveyor.backends.base import JobsListParams, JobsRescueParams
 from conveyor.worker._stall import StallWatch
 
@@ -259,21 +259,41 @@ def test_a_handlers_base_exception_is_a_failed_attempt(app: App, exc: BaseExcept
     assert [(g.status().state, g.status().deliveries) for g in goods] == [("completed", 1)] * 20
 
 
-def test_an_exception_class_with_a_huge_name_is_stored_cut_like_its_message(app: App) -> None:
+def test_an_exception_class_with_a_huge_name_is_stored_cut_to_what_a_filter_can_name(app: App) -> None:
     # The type's name was stored whole: 20 MB on PostgreSQL and SQLite, and on MySQL a statement past the
     # server's max_allowed_packet, the job dead as outcome_refused, its error replaced (found by a hostile sweep).
-    name = "E" + "\U0001f600" * 5_000_000
+    # Then it was cut at MAX_ERROR_CHARS, past the 200 characters of a filter: a dead letter whose type no
+    # `dlq list/replay --error-type` could name. An unnamed class's error did not show at all (its type was "").
+    names = {
+        "huge": "E" + "\U0001f600" * 5_000_000,
+        "long": "L" * (MAX_NAME_CHARS + 1),
+        "exact": "X" * MAX_NAME_CHARS,
+        "unnamed": "",
+    }
 
     @app.task(queue="q", name="hostile", max_attempts=1)
-    def hostile() -> None:
-        raise type(name, (Exception,), {})("message")
+    def hostile(kind: str) -> None:
+        raise type(names[kind], (Exception,), {})("message")
 
-    bad = app.send("hostile", {})
+    jobs = {kind: app.send("hostile", {"kind": kind}) for kind in names}
     assert run(app).exit_code == 0
-    status = bad.status()
-    assert (status.state, status.reason) == ("dead", "max_attempts_exceeded")
-    assert status.error is not None and status.error.message == "message"
-    assert status.error.type == name[:MAX_ERROR_CHARS] + f"... ({len(name) - MAX_ERROR_CHARS} more characters)"
+    stored: dict[str, str] = {}
+    for kind, job in jobs.items():
+        status = job.status()
+        assert (status.state, status.reason) == ("dead", "max_attempts_exceeded"), (kind, status.error)
+        assert status.error is not None and status.error.message == "message", kind
+        stored[kind] = status.error.type
+        assert 0 < len(stored[kind]) <= MAX_NAME_CHARS, kind
+        # The filter names exactly this dead letter: listed, selected and replayed by its type.
+        assert [d.id for d in app.admin.dead_letters(queue="q", error_type=stored[kind])] == [job.id], kind
+        assert app.admin.select(queue="q", error_type=stored[kind]) == [job.id], kind
+    assert stored["exact"] == names["exact"]
+    assert stored["unnamed"] == "(unnamed exception class)"
+    said = "... (a name of 5000001 characters)"
+    assert stored["huge"] == names["huge"][: MAX_NAME_CHARS - len(said)] + said
+    assert stored["long"] == "L" * (MAX_NAME_CHARS - 30) + "... (a name of 201 characters)"
+    replayed = app.admin.replay(queue="q", error_type=stored["long"], reason="fixed", actor="test")
+    assert [dead for dead, _ in replayed.replayed] == [jobs["long"].id]
 
 
 def test_a_sync_handler_past_its_timeout_frees_its_slot(app: App) -> None:

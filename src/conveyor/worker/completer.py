@@ -24,7 +24,7 @@ from typing import cast
 from uuid import UUID
 
 from conveyor._errors import DATABASE_WIDE, BackendError, StatementCancelled, UnstorableText
-from conveyor._outcomes import OUTCOME_REFUSED, Outcome, storable
+from conveyor._outcomes import OUTCOME_REFUSED, Outcome, storable, type_name
 from conveyor.backends.base import (
     ErrorInfo,
     Finish,
@@ -352,7 +352,9 @@ class Completer(Service):
 
 
 def _escaped(error: ErrorInfo, encoding: str) -> ErrorInfo:
-    """``error`` with each character ``encoding`` cannot hold as its backslash escape (``\\u20ac``)."""
-    return ErrorInfo(
-        *(text.encode(encoding, "backslashreplace").decode(encoding) for text in dataclasses.astuple(error))
+    """``error`` with each character ``encoding`` cannot hold as its backslash escape (``\\u20ac``), its type
+    still at most as long as a filter (escapes lengthen it)."""
+    type_, message, traceback = (
+        text.encode(encoding, "backslashreplace").decode(encoding) for text in dataclasses.astuple(error)
     )
+    return ErrorInfo(type_name(type_), message, traceback)
