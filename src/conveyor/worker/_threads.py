@@ -42,12 +42,17 @@ _pid = os.getpid()
 #: its handler there (the loop's), to put back when a handler changed it.
 _dispositions: dict[signal.Signals, object] = {}
 
+#: A signal's handler as the C module keeps it. ``signal.getsignal`` wraps it in an enum conversion that
+#: costs ~3 us for a Python handler (a ValueError raised and caught); the check after every ``async def``
+#: handler reads three signals, which made it 7-10 % of a worker's CPU per job (issue 13, session 46).
+_handler_of: Callable[[int], object] = getattr(sys.modules.get("_signal"), "getsignal", signal.getsignal)
+
 
 def keep_worker_signals(signals: tuple[signal.Signals, ...]) -> None:
     """Note the worker's signals and their handlers now (call once the loop handles them), or none (``()``)."""
     _dispositions.clear()
     for sig in signals:
-        _dispositions[sig] = signal.getsignal(sig)
+        _dispositions[sig] = _handler_of(sig)
 
 
 def restore_worker_signals() -> list[str]:
@@ -63,7 +68,7 @@ def restore_worker_signals() -> list[str]:
     exception raised wherever the loop was."""
     changed = []
     for sig, handler in _dispositions.items():
-        if signal.getsignal(sig) is not handler:
+        if _handler_of(sig) is not handler:
             with contextlib.suppress(ValueError, OSError, TypeError):
                 signal.signal(sig, handler)  # type: ignore[arg-type]
             if sig.name == "SIGALRM":
