@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -101,13 +102,20 @@ def make_tokens(db: str) -> dict[str, str]:
     return made
 
 
-@pytest.fixture
-def server(database_url: str, tmp_path: Path) -> Iterator[Server]:
-    """`conveyor serve` with auth on the embedded SQLite engine and on PostgreSQL."""
-    tokens = make_tokens(database_url)
-    running = start(database_url, tmp_path, "--max-body-bytes", str(1024 * 1024))
+@contextmanager
+def serving(db: str, tmp: Path, *args: str) -> Iterator[Server]:
+    """`conveyor serve` on ``db`` (options ``args``) with the test tokens in ``tokens``; stopped at the end."""
+    tokens = make_tokens(db)
+    running = start(db, tmp, *args)
     running.tokens = tokens
     try:
         yield running
     finally:
         stop(running)
+
+
+@pytest.fixture
+def server(database_url: str, tmp_path: Path) -> Iterator[Server]:
+    """`conveyor serve` with auth on the embedded SQLite engine and on PostgreSQL."""
+    with serving(database_url, tmp_path, "--max-body-bytes", str(1024 * 1024)) as running:
+        yield running

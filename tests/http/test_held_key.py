@@ -16,7 +16,7 @@ import httpx
 import psycopg
 import pytest
 from tests.conftest import mysql_connect
-from tests.http.conftest import Server, make_tokens, start, stop
+from tests.http.conftest import Server, serving
 
 from conveyor import App
 
@@ -30,13 +30,8 @@ def held_db(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 def held_server(held_db: str, tmp_path: Path) -> Iterator[Server]:
-    tokens = make_tokens(held_db)
-    server = start(held_db, tmp_path)
-    server.tokens = tokens
-    try:
+    with serving(held_db, tmp_path) as server:
         yield server
-    finally:
-        stop(server)
 
 
 def _open(db: str) -> Any:

@@ -15,7 +15,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from tests.conftest import make_dead_letters
-from tests.http.conftest import REPO, Server, make_tokens, start, stop
+from tests.http.conftest import REPO, Server, make_tokens, serving, start, stop
 from tests.observability._receiver import Receiver
 
 from conveyor import App
@@ -32,13 +32,8 @@ def receiver() -> Iterator[Receiver]:
 
 @pytest.fixture
 def watched(database_url: str, tmp_path: Path, receiver: Receiver) -> Iterator[Server]:
-    tokens = make_tokens(database_url)
-    running = start(database_url, tmp_path, "--webhook", receiver.url, "--alert-interval", "0.2")
-    running.tokens = tokens
-    try:
+    with serving(database_url, tmp_path, "--webhook", receiver.url, "--alert-interval", "0.2") as running:
         yield running
-    finally:
-        stop(running)
 
 
 def _samples(text: str) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:

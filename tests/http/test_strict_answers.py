@@ -11,20 +11,15 @@ from pathlib import Path
 import httpx
 import pytest
 from tests.conftest import make_dead_letters
-from tests.http.conftest import Server, make_tokens, start, stop
+from tests.http.conftest import Server, make_tokens, serving, start, stop
 
 from conveyor import App
 
 
 @pytest.fixture
 def served(sqlite_url: str, tmp_path: Path) -> Iterator[Server]:
-    tokens = make_tokens(sqlite_url)
-    running = start(sqlite_url, tmp_path)
-    running.tokens = tokens
-    try:
+    with serving(sqlite_url, tmp_path) as running:
         yield running
-    finally:
-        stop(running)
 
 
 def test_unrouted_paths_and_methods_answer_json(served: Server) -> None:
