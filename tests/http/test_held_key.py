@@ -168,3 +168,62 @@ def test_many_held_keys_never_stall_unrelated_sends(held_server: Server, held_db
         else:
             assert answer.json()["error"]["code"] == "key_in_use"
     assert _count(held_db) == 8 + len(others)
+
+
+def _post_batch(server: Server, body: dict[str, object]) -> tuple[httpx.Response, float]:
+    started = time.monotonic()
+    with server.client("producer") as c:
+        response = c.post("/v1/queues/burst/jobs:batch", json=body)
+    return response, time.monotonic() - started
+
+
+@pytest.mark.parametrize("path", ["batch", "no-group-commit"])
+def test_sends_of_a_held_key_outside_the_group_commit_never_stall_unrelated_sends(
+    held_db: str, tmp_path: Path, path: str
+) -> None:
+    # More sends of the held key than the service has threads for its blocking calls (6 on two cores): before, each
+    # waited for the holder in one of them (PostgreSQL: as long as it stayed open; MariaDB: 30 s), and every other
+    # request of the process (its token read, its admission, the group inserts) queued behind them.
+    tokens = make_tokens(held_db)
+    server = start(held_db, tmp_path, *(["--no-group-commit"] if path == "no-group-commit" else []))
+    server.tokens = tokens
+    holder = _hold(held_db, "K")
+    try:
+        with ThreadPoolExecutor(20) as pool:
+            if path == "batch":
+                keyed = [
+                    pool.submit(
+                        _post_batch,
+                        server,
+                        {
+                            "jobs": [
+                                {"task": "t", "payload": {"n": f"b{i}"}},
+                                *[{"task": "t", "payload": {"n": "held"}, "idempotency_key": "K"}],
+                            ]
+                        },
+                    )
+                    for i in range(8)
+                ]
+            else:
+                keyed = [
+                    pool.submit(_post, server, {"task": "t", "payload": {"n": "held"}, "idempotency_key": "K"})
+                    for _ in range(8)
+                ]
+            time.sleep(0.5)
+            others = _others(server, pool, quick=3 * QUICK)
+            holder.commit()
+            answers = [f.result(timeout=30)[0] for f in keyed]
+    finally:
+        holder.close()
+        stop(server)
+    stored = 0
+    for answer in answers:
+        if answer.status_code == 202:
+            jobs = answer.json()["jobs"] if path == "batch" else [answer.json()]
+            assert jobs[-1]["duplicate"] is True, answer.text
+            stored += len(jobs) - 1
+        else:
+            assert answer.status_code == 409 and answer.json()["error"]["code"] == "key_in_use", answer.text
+            assert int(answer.headers["retry-after"]) >= 1
+    # Nothing of a batch answered 409 was written; the held key's job once.
+    assert _count(held_db) == 1 + len(others) + stored

@@ -398,9 +398,8 @@ class JobsInsertParams:
     ``lock_wait`` bounds (seconds) how long the insert waits for a row another transaction holds and
     has not committed (an idempotency key claimed in an application's open transaction): past it,
     LockWaitTimeout and nothing written. None: the engine's usual wait. Only jobs that can meet such a
-    row are bounded (a key, a resent id); not with ``conn`` (the caller's session decides there) nor,
-    on PostgreSQL, with ``strict_keys``; MySQL counts whole seconds (0 on MariaDB: no wait, 1 on MySQL);
-    SQLite has one writer at a time and ignores it."""
+    row are bounded (a key, a resent id); not with ``conn`` (the caller's session decides there). MySQL
+    counts whole seconds (0 on MariaDB: no wait, 1 on MySQL); SQLite has one writer at a time and ignores it."""
 
     jobs: Sequence[NewJob]
     now: datetime

@@ -40,6 +40,7 @@ from conveyor._errors import (
     ConveyorError,
     Forbidden,
     IdempotencyConflict,
+    LockWaitTimeout,
     NotFoundError,
     PayloadError,
     PayloadTooLarge,
@@ -57,7 +58,8 @@ from conveyor._topics import published
 from conveyor.admin import QueueStats, Schedule, Token, WorkerInfo
 from conveyor.http import _parse
 from conveyor.http._dashboard import SESSION_COOKIE, Dashboard, register_convertors
-from conveyor.http._group import GroupCommit, KeyHeld
+from conveyor.http._group import GroupCommit
+from conveyor.http._held import LOCK_WAIT, HeldWaits, KeyHeld
 from conveyor.http._openapi import document
 from conveyor.http._parse import BadRequest
 from conveyor.worker._config import DEFAULT_CONCURRENCY
@@ -171,6 +173,8 @@ def error_response(exc: Exception, prefix: str = "") -> Response:
     if isinstance(exc, QueueFull):
         seconds = str(max(1, math.ceil(exc.retry_after)))
         return _error(429, "queue_full", message, retry_after=seconds)
+    if isinstance(exc, KeyHeld):  # as Stripe's idempotency_key_in_use and the IETF Idempotency-Key draft
+        return _error(409, "key_in_use", message, retry_after=str(UNAVAILABLE_RETRY_AFTER))
     if isinstance(exc, BackendCorrupt):  # no retry helps: no Retry-After
         return _error(500, "database_damaged", message)
     if isinstance(exc, BackendUnavailable):
@@ -226,6 +230,8 @@ class Service:
         self.app = app
         self.config = config
         self.group: GroupCommit[Any] | None = None
+        #: The inserts waiting on their own for a key another transaction holds (see conveyor.http._held).
+        self.held = HeldWaits()
         #: The /metrics registry, made at the first scrape (prometheus_client is imported then).
         self.registry: Any = None
         self._anonymous = Token(NO_AUTH_ACTOR, NO_AUTH_ACTOR, "admin", None, "", datetime.now(UTC))
@@ -236,6 +242,16 @@ class Service:
     async def run(fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
         """Run a blocking call of the Python API in a worker thread."""
         return await asyncio.to_thread(fn, *args, **kwargs)
+
+    async def insert(self, jobs: list[Any], strict_keys: bool = False) -> list[UUID]:
+        """Insert prepared jobs in one transaction, outside the group commit (a batch, a publish,
+        ``--no-group-commit``): a key another transaction holds is waited for on its own, as in a group
+        (:mod:`conveyor.http._held`), so that it holds up none of the threads the other requests use."""
+        insert = self.app.producer.insert_prepared
+        try:
+            return await self.run(insert, jobs, strict_keys=strict_keys, lock_wait=LOCK_WAIT)
+        except LockWaitTimeout as exc:
+            return await self.held.run(lambda wait: insert(jobs, strict_keys=strict_keys, lock_wait=wait), exc)
 
     async def token(self, request: Request, last_known_if_unavailable: bool = False) -> Token:
         """The caller's token; raises Unauthenticated. Without auth, an anonymous admin.
@@ -374,7 +390,10 @@ class Service:
                 except KeyHeld as exc:
                     raise _held(message, exc) from exc
             else:
-                stored = (await self.run(self.app.producer.insert_prepared, [job]))[0]
+                try:
+                    stored = (await self.insert([job]))[0]
+                except KeyHeld as exc:
+                    raise _held(message, exc) from exc
         duplicate = stored != message.id
         if duplicate:
             await self._check_same(stored, message, job.payload)
@@ -436,7 +455,7 @@ class Service:
                     await self.run(self.app.producer.admit, job)
             # strict_keys: a key held by another payload is refused inside the insert's transaction,
             # so that a 409 leaves no job of the batch stored (a client retrying it would send them twice).
-            stored = await self.run(self.app.producer.insert_prepared, jobs, strict_keys=True)
+            stored = await self.insert(jobs, strict_keys=True)
         return json_response(
             {"jobs": [{"id": str(j), "duplicate": j != m.id} for j, m in zip(stored, messages, strict=True)]},
             202,
@@ -488,7 +507,7 @@ class Service:
             for job in jobs:
                 if self.app.queue_options(job.queue).max_depth is not None:
                     await self.run(self.app.producer.admit, job)
-            stored = await self.run(self.app.producer.insert_prepared, jobs, strict_keys=True)
+            stored = await self.insert(jobs, strict_keys=True)
         return json_response({"jobs": [str(j) for j in stored]}, 202)
 
     # -- operator ----------------------------------------------------------------------------------
@@ -898,6 +917,7 @@ def create_app(app: App, config: ServiceConfig | None = None) -> ASGIApp:
                 lambda jobs, lock_wait: app.producer.insert_prepared(jobs, lock_wait=lock_wait),
                 max_group=config.max_group,
                 concurrency=config.group_concurrency,
+                held=service.held,
             )
         alerting = asyncio.create_task(alert_loop.run(), name="alerts") if alert_loop is not None else None
         try:
@@ -919,6 +939,7 @@ def create_app(app: App, config: ServiceConfig | None = None) -> ASGIApp:
                 # A request gets its 202 only after its commit, so a commit not waited for here
                 # answered nobody: cutting the wait short loses no acknowledged job.
                 await asyncio.wait({asyncio.ensure_future(service.group.drain())}, timeout=left())
+            service.held.close()
             await asyncio.to_thread(app.close)
 
     _register_convertor()

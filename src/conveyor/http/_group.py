@@ -17,18 +17,15 @@ since a smaller one may end in time; a single job so cancelled gets the 503.
 A group waits at most ``lock_wait`` for a row another transaction holds: an idempotency key that an
 application's open transaction has claimed (a transactional enqueue) and not committed. Past it the
 group is split like a cancelled one, so the others commit; the job left alone with the held key then
-waits for that transaction on its own, beside the groups (at most ``max_held`` such waits at once, each
-at most ``held_wait`` seconds), and its request is answered once the holder has ended: the holder's id
-if it committed, its own job if it rolled back. A key still held after that, or with ``max_held`` waits
-already under way, is answered with :class:`KeyHeld`, nothing written. So one producer's open
-transaction delays only the sends of its own key, never the others'.
+waits for that transaction on its own, beside the groups (:mod:`conveyor.http._held`), and its request
+is answered once the holder has ended, or with :class:`KeyHeld`, nothing written. So one producer's
+open transaction delays only the sends of its own key, never the others'.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 from uuid import UUID
@@ -40,22 +37,10 @@ from conveyor._errors import (
     LockWaitTimeout,
     StatementCancelled,
 )
+from conveyor.http._held import LOCK_WAIT, HeldWaits, KeyHeld
 
 #: A prepared job (``App.prepare``); the committer only passes it on.
 J = TypeVar("J")
-
-
-#: Seconds a group's insert waits for a row another transaction holds before the group is split.
-LOCK_WAIT = 0.1
-#: Seconds a job whose key another transaction holds waits for it, on its own, before KeyHeld.
-HELD_WAIT = 5.0
-#: Most such waits at once (each holds a database connection and a thread).
-MAX_HELD = 4
-
-
-class KeyHeld(LockWaitTimeout):
-    """A job's idempotency key (or its id) is held by another transaction that has not committed
-    yet, longer than the service waits: nothing was written; retry once that transaction has ended."""
 
 
 @dataclass(slots=True)
@@ -84,21 +69,15 @@ class GroupCommit(Generic[J]):
         max_group: int = 1000,
         concurrency: int = 1,
         lock_wait: float = LOCK_WAIT,
-        held_wait: float = HELD_WAIT,
-        max_held: int = MAX_HELD,
+        held: HeldWaits | None = None,
     ) -> None:
         self._insert = insert
         self._max_group = max_group
         self._concurrency = concurrency
         self._lock_wait = lock_wait
-        self._held_wait = held_wait
-        self._max_held = max_held
+        self._held = held if held is not None else HeldWaits()
         self._waiting: list[tuple[J, asyncio.Future[UUID]]] = []
         self._running = 0
-        self._held = 0
-        # The held waits' own threads: on the loop's default executor (min(32, CPUs + 4) threads, 6 on two
-        # cores) they would leave the requests' other calls (token reads, admission, the groups) two.
-        self._held_threads: ThreadPoolExecutor | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self.stats = GroupStats()
 
@@ -153,39 +132,27 @@ class GroupCommit(Generic[J]):
 
     def _hold(self, job: J, future: asyncio.Future[UUID], timeout: LockWaitTimeout) -> None:
         """Let ``job``, alone past the group's lock wait, wait for the transaction holding its row on
-        its own (see the module docs); KeyHeld at once if ``max_held`` such waits are under way."""
-        if self._held >= self._max_held:
-            future.set_exception(KeyHeld(f"{timeout}; {self._held} other sends are waiting for held keys"))
+        its own (see the module docs); KeyHeld at once if the held waits are all under way."""
+        if self._held.full():
+            future.set_exception(KeyHeld(f"{timeout}; other sends are waiting for held keys"))
             return
-        self._held += 1
         self.stats.held += 1
-        task = asyncio.get_running_loop().create_task(self._wait_held(job, future))
+        task = asyncio.get_running_loop().create_task(self._wait_held(job, future, timeout))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _wait_held(self, job: J, future: asyncio.Future[UUID]) -> None:
+    async def _wait_held(self, job: J, future: asyncio.Future[UUID], timeout: LockWaitTimeout) -> None:
+        outcome: UUID | BaseException = BackendUnavailable("shutting down")
         try:
-            if self._held_threads is None:
-                self._held_threads = ThreadPoolExecutor(self._max_held, thread_name_prefix="conveyor-held-key")
-            outcome = await asyncio.get_running_loop().run_in_executor(self._held_threads, self._insert_held, job)
-        except BaseException as exc:  # the thread could not run (shutdown): no request may hang
-            outcome = exc if isinstance(exc, ConveyorError) else BackendUnavailable("shutting down")
-            raise
-        finally:
-            self._held -= 1
+            outcome = await self._held.run(lambda wait: self._insert([job], wait)[0], timeout)
+        except ConveyorError as exc:
+            outcome = exc
+        finally:  # the thread could not run (shutdown): no request may hang
             if not future.done():
                 if isinstance(outcome, BaseException):
                     future.set_exception(outcome)
                 else:
                     future.set_result(outcome)
-
-    def _insert_held(self, job: J) -> UUID | ConveyorError:
-        try:
-            return self._insert([job], self._held_wait)[0]
-        except LockWaitTimeout as exc:
-            return KeyHeld(f"still held after {self._held_wait:g}s: {exc}")
-        except ConveyorError as exc:
-            return exc
 
     def _isolating(self, jobs: Sequence[J]) -> list[UUID | ConveyorError]:
         """Insert ``jobs`` in one transaction; if the database refuses it (other than by being
@@ -209,6 +176,4 @@ class GroupCommit(Generic[J]):
         """Wait for the transactions under way (the service is stopping)."""
         while self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self._held_threads is not None:
-            self._held_threads.shutdown(wait=False)
-            self._held_threads = None
+        self._held.close()

@@ -132,6 +132,12 @@ _COPY_MIN = 64
 DROP_RETRY_AFTER = 30.0
 
 
+def _lock_timeout(seconds: float) -> str:
+    """A bounded insert's ``lock_timeout`` (``JobsInsertParams.lock_wait``): whole milliseconds, at least 1
+    (0 is no bound)."""
+    return f"{max(1, round(seconds * 1000))}ms"
+
+
 def _check_url(url: str, secrets: set[str]) -> None:
     """Raise ConfigurationError for a URL libpq cannot parse, or with a port that is not a number,
     at once: the pool would otherwise retry it in the background until every call timed out."""
@@ -512,17 +518,16 @@ class PostgresBackend:
                 return [j.id for j in jobs]
             # Bounded only where a row another transaction holds can be met (a key, a resent id: a fresh id
             # conflicts with no one), so the unkeyed groups' statement is the same as before.
-            if (
-                params.lock_wait is not None
-                and not params.strict_keys
-                and len(jobs) <= _INSERT_CHUNK
-                and any(j.idempotency_key is not None or not j.fresh for j in jobs)
-            ):
-                return self._insert_bounded(pooled, jobs, now, params.lock_wait)
+            wait = params.lock_wait
+            bounded = wait is not None and any(j.idempotency_key is not None or not j.fresh for j in jobs)
             multi = len(jobs) > _INSERT_CHUNK
+            if wait is not None and bounded and not multi and not params.strict_keys:
+                return self._insert_bounded(pooled, jobs, now, wait)
             # A strict send reads the key holders after its insert: both in one transaction, so that
-            # a conflict rolls the insert back.
-            with pooled.transaction() if multi or params.strict_keys else nullcontext():
+            # a conflict rolls the insert back. A bounded one sets its lock wait in it first.
+            with pooled.transaction() if multi or params.strict_keys or bounded else nullcontext():
+                if wait is not None and bounded:
+                    pooled.execute(self._q["lock_timeout_set"], {"wait": _lock_timeout(wait)})
                 return self._insert(pooled.cursor(row_factory=tuple_row), jobs, now, params.strict_keys)
 
     def _insert_bounded(self, conn: Conn, jobs: Sequence[NewJob], now: datetime, lock_wait: float) -> list[UUID]:
@@ -536,9 +541,7 @@ class PostgresBackend:
         holders: dict[tuple[str, str], UUID] = {}
         try:
             with conn.pipeline():
-                conn.execute(
-                    self._q["lock_timeout_set"], {"wait": f"{max(1, round(lock_wait * 1000))}ms"}, prepare=True
-                )
+                conn.execute(self._q["lock_timeout_set"], {"wait": _lock_timeout(lock_wait)}, prepare=True)
                 keyed = self._execute_chunk(cur, jobs, now)
         except BaseException:
             with suppress(psycopg.Error):  # a broken connection: the pool discards it
