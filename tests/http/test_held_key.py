@@ -177,6 +177,12 @@ def _post_batch(server: Server, body: dict[str, object]) -> tuple[httpx.Response
     return response, time.monotonic() - started
 
 
+def _keyed_batch(n: object, payload: object = "held") -> dict[str, object]:
+    return {
+        "jobs": [{"task": "t", "payload": {"n": n}}, {"task": "t", "payload": {"n": payload}, "idempotency_key": "K"}]
+    }
+
+
 @pytest.mark.parametrize("path", ["batch", "no-group-commit"])
 def test_sends_of_a_held_key_outside_the_group_commit_never_stall_unrelated_sends(
     held_db: str, tmp_path: Path, path: str
@@ -191,19 +197,7 @@ def test_sends_of_a_held_key_outside_the_group_commit_never_stall_unrelated_send
     try:
         with ThreadPoolExecutor(20) as pool:
             if path == "batch":
-                keyed = [
-                    pool.submit(
-                        _post_batch,
-                        server,
-                        {
-                            "jobs": [
-                                {"task": "t", "payload": {"n": f"b{i}"}},
-                                *[{"task": "t", "payload": {"n": "held"}, "idempotency_key": "K"}],
-                            ]
-                        },
-                    )
-                    for i in range(8)
-                ]
+                keyed = [pool.submit(_post_batch, server, _keyed_batch(f"b{i}")) for i in range(8)]
             else:
                 keyed = [
                     pool.submit(_post, server, {"task": "t", "payload": {"n": "held"}, "idempotency_key": "K"})
@@ -227,3 +221,45 @@ def test_sends_of_a_held_key_outside_the_group_commit_never_stall_unrelated_send
             assert int(answer.headers["retry-after"]) >= 1
     # Nothing of a batch answered 409 was written; the held key's job once.
     assert _count(held_db) == 1 + len(others) + stored
+
+
+def test_a_stop_while_sends_wait_for_a_held_key_answers_each_and_writes_nothing_twice(
+    held_db: str, tmp_path: Path
+) -> None:
+    tokens = make_tokens(held_db)
+    server = start(held_db, tmp_path)
+    server.tokens = tokens
+    holder = _hold(held_db, "K")
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            single = {"task": "t", "payload": {"n": "held"}, "idempotency_key": "K"}
+            sends = [pool.submit(_post, server, single) for _ in range(3)]
+            sends += [pool.submit(_post_batch, server, _keyed_batch(f"b{i}")) for i in range(3)]
+            time.sleep(0.7)
+            server.proc.terminate()
+            answers = [f.result(timeout=40)[0] for f in sends]
+            server.proc.wait(timeout=40)
+        holder.commit()
+    finally:
+        holder.close()
+        stop(server)
+    # Each answered (the holder stayed open past the waits: 409, nothing of the request written), none hung.
+    for answer in answers:
+        assert answer.status_code == 409 and answer.json()["error"]["code"] == "key_in_use", answer.text
+    assert _count(held_db) == 1
+
+
+def test_a_held_key_committed_with_another_payload_is_a_conflict(held_server: Server, held_db: str) -> None:
+    holder = _hold(held_db, "K")
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            other = {"task": "t", "payload": {"n": "other"}, "idempotency_key": "K"}
+            single = pool.submit(_post, held_server, other)
+            batch = pool.submit(_post_batch, held_server, _keyed_batch("b", "other"))
+            time.sleep(1.0)
+            holder.commit()
+            answers = [single.result(timeout=30)[0], batch.result(timeout=30)[0]]
+    finally:
+        holder.close()
+    assert [a.json()["error"]["code"] for a in answers] == ["conflict", "conflict"], [a.text for a in answers]
+    assert _count(held_db) == 1

@@ -122,9 +122,15 @@ def json_response(data: Any, status: int = 200, headers: Mapping[str, str] | Non
     return Response(body, status, headers=dict(headers or {}), media_type="application/json")
 
 
-def _held(message: Message, exc: KeyHeld) -> KeyHeld:
-    """The answer to a send whose idempotency key (or job id) another transaction holds uncommitted."""
-    what = f"idempotency key {message.idempotency_key!r:.80}" if message.idempotency_key else f"job id {message.id}"
+def _held(message: Message | None, exc: KeyHeld) -> KeyHeld:
+    """The answer to a send whose idempotency key (or job id) another transaction holds uncommitted
+    (``message`` None: one of a batch's or a publish's jobs)."""
+    if message is None:
+        what = "an idempotency key (or job id) of this request's jobs"
+    elif message.idempotency_key:
+        what = f"idempotency key {message.idempotency_key!r:.80}"
+    else:
+        what = f"job id {message.id}"
     return KeyHeld(
         f"{what} is held by another transaction that has not committed yet (a transactional enqueue still "
         f"open); nothing was written: retry once it has ended ({exc})"
@@ -455,7 +461,10 @@ class Service:
                     await self.run(self.app.producer.admit, job)
             # strict_keys: a key held by another payload is refused inside the insert's transaction,
             # so that a 409 leaves no job of the batch stored (a client retrying it would send them twice).
-            stored = await self.insert(jobs, strict_keys=True)
+            try:
+                stored = await self.insert(jobs, strict_keys=True)
+            except KeyHeld as exc:
+                raise _held(None, exc) from exc
         return json_response(
             {"jobs": [{"id": str(j), "duplicate": j != m.id} for j, m in zip(stored, messages, strict=True)]},
             202,
@@ -507,7 +516,10 @@ class Service:
             for job in jobs:
                 if self.app.queue_options(job.queue).max_depth is not None:
                     await self.run(self.app.producer.admit, job)
-            stored = await self.insert(jobs, strict_keys=True)
+            try:
+                stored = await self.insert(jobs, strict_keys=True)
+            except KeyHeld as exc:
+                raise _held(None, exc) from exc
         return json_response({"jobs": [str(j) for j in stored]}, 202)
 
     # -- operator ----------------------------------------------------------------------------------
