@@ -930,6 +930,7 @@ def create_app(app: App, config: ServiceConfig | None = None) -> ASGIApp:
                 max_group=config.max_group,
                 concurrency=config.group_concurrency,
                 held=service.held,
+                key_of=lambda job: (job.queue, job.idempotency_key) if job.idempotency_key is not None else None,
             )
         alerting = asyncio.create_task(alert_loop.run(), name="alerts") if alert_loop is not None else None
         try:

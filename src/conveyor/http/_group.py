@@ -19,13 +19,16 @@ application's open transaction has claimed (a transactional enqueue) and not com
 group is split like a cancelled one, so the others commit; the job left alone with the held key then
 waits for that transaction on its own, beside the groups (:mod:`conveyor.http._held`), and its request
 is answered once the holder has ended, or with :class:`KeyHeld`, nothing written. So one producer's
-open transaction delays only the sends of its own key, never the others'.
+open transaction delays only the sends of its own key, never the others'. A key found held is not waited
+for again by the rest of its group, nor by the groups while a send of it waits on its own: its other sends
+join that wait (or get KeyHeld), so many sends of one held key (clients retrying it) cost the groups one
+lock wait, not one per send.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 from uuid import UUID
@@ -41,6 +44,10 @@ from conveyor.http._held import LOCK_WAIT, HeldWaits, KeyHeld
 
 #: A prepared job (``App.prepare``); the committer only passes it on.
 J = TypeVar("J")
+
+
+#: Why a send is not sent with a group: its key was found held already.
+_ALREADY_HELD = "another send of its key found it held by another transaction that has not committed yet"
 
 
 @dataclass(slots=True)
@@ -60,7 +67,8 @@ class GroupCommit(Generic[J]):
     ``insert(jobs, lock_wait)`` is a blocking call that inserts jobs in one transaction, waiting at most
     ``lock_wait`` seconds for a row lock (``Producer.insert_prepared``); it runs in a worker thread. At most
     ``max_group`` jobs go in one transaction and at most ``concurrency`` transactions run at once, besides
-    at most ``max_held`` single jobs waiting for a held key. Must be used from one event loop."""
+    at most ``max_held`` single jobs waiting for a held key. ``key_of(job)``: what another transaction may hold
+    of it (its queue and idempotency key), None if nothing. Must be used from one event loop."""
 
     def __init__(
         self,
@@ -70,12 +78,16 @@ class GroupCommit(Generic[J]):
         concurrency: int = 1,
         lock_wait: float = LOCK_WAIT,
         held: HeldWaits | None = None,
+        key_of: Callable[[J], Hashable | None] = lambda _: None,
     ) -> None:
         self._insert = insert
         self._max_group = max_group
         self._concurrency = concurrency
         self._lock_wait = lock_wait
         self._held = held if held is not None else HeldWaits()
+        self._key_of = key_of
+        #: The keys some send waits for on its own, and how many sends wait for each.
+        self._held_keys: dict[Hashable, int] = {}
         self._waiting: list[tuple[J, asyncio.Future[UUID]]] = []
         self._running = 0
         self._tasks: set[asyncio.Task[None]] = set()
@@ -86,6 +98,9 @@ class GroupCommit(Generic[J]):
         id for a duplicate idempotency key) once its transaction has committed. Raises what the
         insert raised for this job (BackendUnavailable for the whole group)."""
         future: asyncio.Future[UUID] = asyncio.get_running_loop().create_future()
+        if self._key_of(job) in self._held_keys:  # held: no group waits for it again
+            self._hold(job, future, LockWaitTimeout(_ALREADY_HELD))
+            return await future
         self._waiting.append((job, future))
         if self._running < self._concurrency:
             self._start()
@@ -107,7 +122,7 @@ class GroupCommit(Generic[J]):
     async def _commit(self, group: list[tuple[J, asyncio.Future[UUID]]]) -> None:
         try:
             jobs = [job for job, _ in group]
-            outcomes = await asyncio.to_thread(self._isolating, jobs)
+            outcomes = await asyncio.to_thread(self._isolating, jobs, set(self._held_keys))
             self.stats.jobs += len(group)
             self.stats.groups += 1
             self.stats.largest = max(self.stats.largest, len(group))
@@ -137,6 +152,9 @@ class GroupCommit(Generic[J]):
             future.set_exception(KeyHeld(f"{timeout}; other sends are waiting for held keys"))
             return
         self.stats.held += 1
+        key = self._key_of(job)
+        if key is not None:
+            self._held_keys[key] = self._held_keys.get(key, 0) + 1
         task = asyncio.get_running_loop().create_task(self._wait_held(job, future, timeout))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -148,21 +166,36 @@ class GroupCommit(Generic[J]):
         except ConveyorError as exc:
             outcome = exc
         finally:  # the thread could not run (shutdown): no request may hang
+            key = self._key_of(job)
+            if key is not None:
+                self._held_keys[key] -= 1
+                if not self._held_keys[key]:
+                    del self._held_keys[key]
             if not future.done():
                 if isinstance(outcome, BaseException):
                     future.set_exception(outcome)
                 else:
                     future.set_result(outcome)
 
-    def _isolating(self, jobs: Sequence[J]) -> list[UUID | ConveyorError]:
+    def _isolating(self, jobs: Sequence[J], held: set[Hashable]) -> list[UUID | ConveyorError]:
         """Insert ``jobs`` in one transaction; if the database refuses it (other than by being
         unreachable or damaged), cancels it (too long for its ``statement_timeout``) or it waits
         past ``lock_wait`` for a row lock, insert each half on its own, down to the single job it
-        refuses."""
+        refuses. A job whose key is ``held`` (found held, here or by a send waiting for it) is not
+        sent: LockWaitTimeout at once."""
+        skipped = [(key := self._key_of(job)) is not None and key in held for job in jobs]
+        if any(skipped):
+            rest = iter(self._isolating([j for j, s in zip(jobs, skipped, strict=True) if not s], held))
+            return [LockWaitTimeout(_ALREADY_HELD) if s else next(rest) for s in skipped]
+        if not jobs:
+            return []
         try:
             return list(self._insert(jobs, self._lock_wait))
         except StatementCancelled as exc:
             if len(jobs) == 1:
+                key = self._key_of(jobs[0])
+                if isinstance(exc, LockWaitTimeout) and key is not None:
+                    held.add(key)
                 return [exc]
         except DATABASE_WIDE as exc:  # no one job's fault
             return [exc] * len(jobs)
@@ -170,7 +203,7 @@ class GroupCommit(Generic[J]):
             if len(jobs) == 1:
                 return [exc]
         middle = len(jobs) // 2
-        return self._isolating(jobs[:middle]) + self._isolating(jobs[middle:])
+        return self._isolating(jobs[:middle], held) + self._isolating(jobs[middle:], held)
 
     async def drain(self) -> None:
         """Wait for the transactions under way (the service is stopping)."""
