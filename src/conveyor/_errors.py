@@ -78,11 +78,17 @@ class UnreadableResult(ConveyorError, ValueError):
     """A job's stored result is not JSON Python can read (another writer's or a hand edit's: text that is not
     JSON, an integer of 4,300+ digits, JSON nested past the recursion limit). Raised by reading
     ``JobStatus.result``, so that it cannot pass for a value the handler returned; ``why`` (also
-    ``JobStatus.unreadable["result"]``) says why and how the stored text begins."""
+    ``JobStatus.unreadable["result"]``) says why and how the stored text begins; ``job_id`` names the job."""
 
     def __init__(self, job_id: object, why: str) -> None:
         super().__init__(f"job {job_id}: {why}")
+        self.job_id = job_id
         self.why = why
+
+    def __reduce__(self) -> tuple[type[UnreadableResult], tuple[object, str]]:
+        # Pickled and copied as it was made: from its message alone (Exception's way) it could not be (a process
+        # pool hands a handler's exception back pickled).
+        return (type(self), (self.job_id, self.why))
 
 
 class AuthError(ConveyorError):

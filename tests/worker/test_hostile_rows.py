@@ -4,7 +4,9 @@ hostile row gets an outcome an operator can read, or runs, and the rest of its b
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
+import pickle
 from collections.abc import Iterator
 from typing import Any
 from uuid import UUID
@@ -268,6 +270,9 @@ def test_a_stored_result_python_cannot_read_raises_for_a_program_and_shows_in_li
             with pytest.raises(UnreadableResult, match=f"job {job.id}: the stored result is not JSON") as raised:
                 status.result  # noqa: B018 - reading it is the test
             assert isinstance(raised.value, ConveyorError) and raised.value.why == status.unreadable["result"]
+            # As a process pool hands it back (pickled), and as copy makes it: before, a TypeError (a missing 'why').
+            for again in (pickle.loads(pickle.dumps(raised.value)), copy.deepcopy(raised.value)):
+                assert (type(again), str(again), again.why) == (UnreadableResult, str(raised.value), raised.value.why)
         # A listing (``conveyor job ID``, the HTTP API, the dashboard) shows no result and says why.
         shown = app.admin.job(job.id).to_json()
         assert shown["result"] is None and shown["unreadable"]["result"].startswith(why)
