@@ -43,7 +43,10 @@ def _errors(*codes: int) -> dict[str, Any]:
         401: "No valid bearer token",
         403: "The token's role or queues do not allow this",
         404: "Not found (or not visible to this token)",
-        409: "The idempotency key is held by a job with a different task or payload",
+        409: (
+            "The idempotency key is held by a job with a different task or payload (conflict), or by another "
+            "transaction that has not committed yet (key_in_use: retry after Retry-After seconds)"
+        ),
         413: "The body, a payload or the headers are over their size limit",
         429: "The queue is past its high-water mark: retry after Retry-After seconds",
         500: "The database is damaged (database_damaged): no retry helps until an operator repairs it",
@@ -278,7 +281,7 @@ def document(auth: bool = True) -> dict[str, Any]:
                 "requestBody": body(_ref("Publish")),
                 "responses": {
                     "202": _json({"type": "object", "properties": {"jobs": {"type": "array", "items": _UUID}}}),
-                    **_errors(400, *_AUTH, 413, 503),
+                    **_errors(400, *_AUTH, 409, 413, 503),
                 },
             }
         },
