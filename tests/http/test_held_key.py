@@ -20,7 +20,7 @@ from tests.http.conftest import Server, serving
 
 from conveyor import App
 
-QUICK = 2.0  # seconds an unrelated send may take while the key is held
+QUICK = 4.0  # seconds an unrelated send may take while the key is held (before the fix: 7-30 s, or for ever)
 
 
 @pytest.fixture(params=["postgres", "mysql"])
@@ -190,26 +190,23 @@ def test_sends_of_a_held_key_outside_the_group_commit_never_stall_unrelated_send
     # More sends of the held key than the service has threads for its blocking calls (6 on two cores): before, each
     # waited for the holder in one of them (PostgreSQL: as long as it stayed open; MariaDB: 30 s), and every other
     # request of the process (its token read, its admission, the group inserts) queued behind them.
-    tokens = make_tokens(held_db)
-    server = start(held_db, tmp_path, *(["--no-group-commit"] if path == "no-group-commit" else []))
-    server.tokens = tokens
-    holder = _hold(held_db, "K")
-    try:
-        with ThreadPoolExecutor(20) as pool:
-            if path == "batch":
-                keyed = [pool.submit(_post_batch, server, _keyed_batch(f"b{i}")) for i in range(8)]
-            else:
-                keyed = [
-                    pool.submit(_post, server, {"task": "t", "payload": {"n": "held"}, "idempotency_key": "K"})
-                    for _ in range(8)
-                ]
-            time.sleep(0.5)
-            others = _others(server, pool, quick=3 * QUICK)
-            holder.commit()
-            answers = [f.result(timeout=30)[0] for f in keyed]
-    finally:
-        holder.close()
-        stop(server)
+    with serving(held_db, tmp_path, *(["--no-group-commit"] if path == "no-group-commit" else [])) as server:
+        holder = _hold(held_db, "K")
+        try:
+            with ThreadPoolExecutor(20) as pool:
+                if path == "batch":
+                    keyed = [pool.submit(_post_batch, server, _keyed_batch(f"b{i}")) for i in range(8)]
+                else:
+                    keyed = [
+                        pool.submit(_post, server, {"task": "t", "payload": {"n": "held"}, "idempotency_key": "K"})
+                        for _ in range(8)
+                    ]
+                time.sleep(0.5)
+                others = _others(server, pool, quick=3 * QUICK)
+                holder.commit()
+                answers = [f.result(timeout=30)[0] for f in keyed]
+        finally:
+            holder.close()
     stored = 0
     for answer in answers:
         if answer.status_code == 202:
@@ -226,23 +223,20 @@ def test_sends_of_a_held_key_outside_the_group_commit_never_stall_unrelated_send
 def test_a_stop_while_sends_wait_for_a_held_key_answers_each_and_writes_nothing_twice(
     held_db: str, tmp_path: Path
 ) -> None:
-    tokens = make_tokens(held_db)
-    server = start(held_db, tmp_path)
-    server.tokens = tokens
-    holder = _hold(held_db, "K")
-    try:
-        with ThreadPoolExecutor(8) as pool:
-            single = {"task": "t", "payload": {"n": "held"}, "idempotency_key": "K"}
-            sends = [pool.submit(_post, server, single) for _ in range(3)]
-            sends += [pool.submit(_post_batch, server, _keyed_batch(f"b{i}")) for i in range(3)]
-            time.sleep(0.7)
-            server.proc.terminate()
-            answers = [f.result(timeout=40)[0] for f in sends]
-            server.proc.wait(timeout=40)
-        holder.commit()
-    finally:
-        holder.close()
-        stop(server)
+    with serving(held_db, tmp_path) as server:
+        holder = _hold(held_db, "K")
+        try:
+            with ThreadPoolExecutor(8) as pool:
+                single = {"task": "t", "payload": {"n": "held"}, "idempotency_key": "K"}
+                sends = [pool.submit(_post, server, single) for _ in range(3)]
+                sends += [pool.submit(_post_batch, server, _keyed_batch(f"b{i}")) for i in range(3)]
+                time.sleep(0.7)
+                server.proc.terminate()
+                answers = [f.result(timeout=40)[0] for f in sends]
+                server.proc.wait(timeout=40)
+            holder.commit()
+        finally:
+            holder.close()
     # Each answered (the holder stayed open past the waits: 409, nothing of the request written), none hung.
     for answer in answers:
         assert answer.status_code == 409 and answer.json()["error"]["code"] == "key_in_use", answer.text
