@@ -274,6 +274,9 @@ def test_a_producer_whose_host_clock_is_off_stamps_its_jobs_by_the_databases_tim
 
             caplog.clear()
             with caplog.at_level(logging.WARNING, logger="conveyor"):
+                # The first send waits 0.5 s only for the first read of the database's clock (past that it goes on by
+                # the host's): on a loaded machine opening the pool took longer, and this test failed (session 46).
+                app.clock.measure(wait=30)
                 now_job = t.delay().id
                 later = t.send(None, delay=60).id
                 batch = [j.id for j in t.delay_many([{}, {}])]
