@@ -390,16 +390,10 @@ class Service:
             job = self.app.producer.prepare(message, traceparent=traceparent)
             if self.app.queue_options(queue).max_depth is not None:
                 await self.run(self.app.producer.admit, job)
-            if self.group is not None:
-                try:
-                    stored = await self.group.submit(job)
-                except KeyHeld as exc:
-                    raise _held(message, exc) from exc
-            else:
-                try:
-                    stored = (await self.insert([job]))[0]
-                except KeyHeld as exc:
-                    raise _held(message, exc) from exc
+            try:
+                stored = await self.group.submit(job) if self.group is not None else (await self.insert([job]))[0]
+            except KeyHeld as exc:
+                raise _held(message, exc) from exc
         duplicate = stored != message.id
         if duplicate:
             await self._check_same(stored, message, job.payload)
