@@ -319,18 +319,33 @@ class Pool:
                     cur.execute("START TRANSACTION")
                 result = work(cur)
                 conn.commit()
-                if lock_wait is not None:
-                    cur.execute(f"SET SESSION innodb_lock_wait_timeout = {LOCK_WAIT_TIMEOUT_S}")
         except BaseException as exc:
-            if lock_wait is not None:
-                # Its session's lock wait is not the pool's: closed rather than given back as it is.
+            if lock_wait is None:
+                self._after_failure(conn, exc)
+            elif not _reusable(exc):
                 with suppress(Exception):
                     conn.close()
-            else:
-                self._after_failure(conn, exc)
+            elif self._restore_lock_wait(conn, rollback=True):  # a refused key (409) keeps its connection
+                self._give_back(conn)
             raise
-        self._give_back(conn)
+        # The write committed: a failure to restore the session's lock wait only costs the connection.
+        if lock_wait is None or self._restore_lock_wait(conn, rollback=False):
+            self._give_back(conn)
         return result
+
+    def _restore_lock_wait(self, conn: Connection, rollback: bool) -> bool:
+        """Give ``conn``'s session the pool's lock wait again (after rolling its transaction back); on failure
+        close it (a session whose lock wait is not the pool's is never given back) and say False."""
+        try:
+            if rollback:
+                conn.rollback()
+            with conn.cursor(Cursor) as cur:
+                cur.execute(f"SET SESSION innodb_lock_wait_timeout = {LOCK_WAIT_TIMEOUT_S}")
+        except Exception:
+            with suppress(Exception):
+                conn.close()
+            return False
+        return True
 
     def _after_failure(self, conn: Connection, exc: BaseException) -> None:
         """Roll a failed transaction back and keep its connection, or close it (see :func:`_reusable`)."""
