@@ -34,10 +34,25 @@
 from __future__ import annotations
 
 import unicodedata
+from typing import Any
 
 
 class ConveyorError(Exception):
-    """Base class of every exception Conveyor raises."""
+    """Base class of every exception Conveyor raises.
+
+    Each can be pickled and copied with its message and attributes (a process pool hands a handler's
+    exception back pickled), however its class is made: ``Exception``'s own way calls the class with
+    the message alone, which those taking other arguments refused or misread."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_remade, (type(self), self.args), self.__dict__ or None)
+
+
+def _remade(cls: type[BaseException], args: tuple[Any, ...]) -> BaseException:
+    """An exception of ``cls`` with ``args``, its ``__init__`` not called (its attributes follow as state)."""
+    exc = cls.__new__(cls, *args)
+    exc.args = args
+    return exc
 
 
 class ConfigurationError(ConveyorError, ValueError):
@@ -84,11 +99,6 @@ class UnreadableResult(ConveyorError, ValueError):
         super().__init__(f"job {job_id}: {why}")
         self.job_id = job_id
         self.why = why
-
-    def __reduce__(self) -> tuple[type[UnreadableResult], tuple[object, str]]:
-        # Pickled and copied as it was made: from its message alone (Exception's way) it could not be (a process
-        # pool hands a handler's exception back pickled).
-        return (type(self), (self.job_id, self.why))
 
 
 class AuthError(ConveyorError):
