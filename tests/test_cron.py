@@ -183,3 +183,29 @@ def test_an_expression_past_1000_characters_is_refused_in_one_short_line(express
     # At the limit an expression is still parsed.
     at_limit = "0," * 495 + "0 * * * * "
     assert len(at_limit) == 1000 and Cron.parse(at_limit).minutes == frozenset({0})
+
+
+@pytest.mark.parametrize(
+    ("expression", "message"),
+    [
+        ("*/90 * * * *", "minute step '*/90' is longer than an hour (60 minutes): it would fire once an hour"),
+        ("5/70 * * * *", "minute step '5/70' is longer than an hour (60 minutes)"),
+        ("0 */25 * * *", "hour step '*/25' is longer than a day (24 hours): it would fire once a day"),
+        ("0 0 */45 * *", "day of month step '*/45' is longer than a month (31 days)"),
+        ("0 0 1 */13 *", "month step '*/13' is longer than a year (12 months)"),
+        ("0 0 * * */8", "day of week step '*/8' is longer than a week (7 days)"),
+    ],
+)
+def test_a_step_longer_than_its_fields_cycle_is_refused_saying_why(expression: str, message: str) -> None:
+    # Before: "*/90 * * * *" was taken as cron takes it, minute 0 only: a schedule meant for every 90 minutes
+    # fired hourly, and nothing said so.
+    with pytest.raises(ConfigurationError, match=re.escape(message)):
+        Cron.parse(expression)
+    assert Cron.parse(expression, stored=True).next_after(datetime(2026, 1, 1, tzinfo=UTC)) is not None
+
+
+def test_a_step_of_a_whole_cycle_is_the_cycle() -> None:
+    assert Cron.parse("*/60 * * * *").minutes == frozenset({0})
+    assert Cron.parse("0 */24 * * *").hours == frozenset({0})
+    assert Cron.parse("0 0 * * */7").weekdays == frozenset({0})
+    assert Cron.parse("*/90 * * * *", stored=True).minutes == frozenset({0})

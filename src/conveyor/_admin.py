@@ -416,7 +416,7 @@ class Admin:
         """Fire a paused schedule again, from its next tick after now (missed ticks are not fired)."""
         name = _schedule_name(name)
         schedule = self._schedule(name)
-        following = Cron.parse(schedule.cron).next_after(self.app.clock.now())
+        following = Cron.parse(schedule.cron, stored=True).next_after(self.app.clock.now())
         self._update(name, SchedulesUpdateParams(name, paused=False, next_run_at=following))
         self._audit(actor, "schedule.resume", {"schedule": name})
         return self._schedule(name)

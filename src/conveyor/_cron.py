@@ -30,6 +30,8 @@ _NAMES = {
 }
 _BOUNDS = [(0, 59), (0, 23), (1, 31), (1, 12), (0, 7)]
 _FIELDS = ["minute", "hour", "day of month", "month", "day of week"]
+#: Each field's unit and the cycle it repeats in (for a step longer than the cycle).
+_STEP_UNITS = [("minute", "an hour"), ("hour", "a day"), ("day", "a month"), ("month", "a year"), ("day", "a week")]
 # The longest expression parse takes. Every value of every field listed one by one is under 400
 # characters; a longer one is a mistake, and one of 10 MB held a worker's event loop (its heartbeats
 # with it) for seconds at every fire.
@@ -55,11 +57,14 @@ class Cron:
     weekdays_any: bool
 
     @classmethod
-    def parse(cls, expression: str) -> Cron:
+    def parse(cls, expression: str, *, stored: bool = False) -> Cron:
         """Parse ``m h dom mon dow`` (``*``, ``a-b``, ``*/n``, ``a-b/n``, lists, names) or an ``@alias``.
 
-        Raises ConfigurationError with the offending field for anything else, and for an expression
-        that never fires (a day none of its months has, such as ``0 0 31 2 *``)."""
+        Raises ConfigurationError with the offending field for anything else, for an expression that
+        never fires (a day none of its months has, such as ``0 0 31 2 *``), and for a step longer than its
+        field's cycle (``*/90`` minutes: cron fires it once an hour). ``stored``: an expression read back
+        from the database, which a version before that refusal stored: its long step is taken as cron
+        takes it, so that the schedule goes on firing as it did."""
         if not isinstance(expression, str):
             raise ConfigurationError(f"a cron expression must be a string, got {type(expression).__name__}")
         if len(expression) > MAX_CRON_CHARS:
@@ -83,7 +88,7 @@ class Cron:
                 f"cron expression {_shown(expression)} must have 5 fields (minute hour day month weekday), "
                 f"got {len(parts)}"
             )
-        sets = [_field(parts[i], i, expression) for i in range(5)]
+        sets = [_field(parts[i], i, expression, stored) for i in range(5)]
         weekdays = frozenset(d % 7 for d in sets[4])
         # As in Vixie cron and cronie, a day field that starts with "*" ("*", "*/2") counts as
         # unrestricted: "0 0 */1 * mon" fires on Mondays only, not every day.
@@ -148,13 +153,13 @@ class Cron:
             day -= timedelta(days=1)
 
 
-def _field(text: str, index: int, expression: str) -> frozenset[int]:
+def _field(text: str, index: int, expression: str, stored: bool = False) -> frozenset[int]:
     low, high = _BOUNDS[index]
     values: set[int] = set()
     for item in text.lower().split(","):
         try:
-            values.update(_item(item, index, low, high))
-        except _Wraps as exc:
+            values.update(_item(item, index, low, high, stored))
+        except _Explained as exc:
             raise ConfigurationError(f"cron expression {_shown(expression)}: {_FIELDS[index]} {exc}") from None
         except ValueError:
             raise ConfigurationError(
@@ -164,15 +169,24 @@ def _field(text: str, index: int, expression: str) -> frozenset[int]:
     return frozenset(values)
 
 
-class _Wraps(ValueError):
-    """A range whose start is after its end (``fri-sun``, ``22-2``); the text says what to write."""
+class _Explained(ValueError):
+    """An item refused with a reason: a range whose start is after its end (``fri-sun``, ``22-2``), a step
+    longer than its field's cycle (``*/90`` minutes); the text says what to write."""
 
 
-def _item(item: str, index: int, low: int, high: int) -> range:
+def _item(item: str, index: int, low: int, high: int, stored: bool = False) -> range:
     body, slash, step_text = item.partition("/")
     step = _number(step_text) if slash else 1
     if step < 1:
         raise ValueError(item)
+    cycle = 7 if index == 4 else high - low + 1
+    if step > cycle and not stored:
+        # Cron takes it and fires at the range's first value only, once a cycle: "*/90" minutes ran hourly.
+        unit, period = _STEP_UNITS[index]
+        raise _Explained(
+            f"step {_shown(item)} is longer than {period} ({cycle} {unit}s): it would fire once {period}, not "
+            f"every {step} {unit}s, which cron cannot express; list the values instead"
+        )
     if body == "*":
         first, last = low, high
     elif "-" in body:
@@ -182,7 +196,7 @@ def _item(item: str, index: int, low: int, high: int) -> range:
         first = _value(body, index)
         last = high if step_text else first
     if low <= last < first <= high:
-        raise _Wraps(_wrap_hint(item, index, first, last, low, high))
+        raise _Explained(_wrap_hint(item, index, first, last, low, high))
     if not (low <= first <= last <= high):
         raise ValueError(item)
     return range(first, last + 1, step)

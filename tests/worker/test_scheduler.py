@@ -364,3 +364,19 @@ def test_the_warning_of_undeclared_schedules_names_ten_at_most(app: App, caplog:
         "1000 stored schedule(s) are not declared by this app, and their tasks are not registered in it: "
         f"{named} and 990 more (`conveyor schedules list`); "
     )
+
+
+def test_a_stored_schedule_whose_step_is_now_refused_goes_on_firing_as_before(
+    app: App, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Session 47 refuses "*/90" minutes for new schedules (cron fires it once an hour, not every 90 minutes); one an
+    # earlier version stored must not stop firing on the upgrade: it fires hourly, as it did, and resumes so too.
+    start = datetime(2026, 11, 29, 10, 0, tzinfo=UTC)
+    app.backend.schedules_upsert(SchedulesUpsertParams([Schedule("old", "*/90 * * * *", "t", "q", "{}", start)]))
+    clock = FixedClock(start + timedelta(seconds=1))
+    with caplog.at_level(logging.ERROR, logger="conveyor.worker"):
+        assert asyncio.run(_scheduler(app, clock).run_once()) == 1
+    assert not [r for r in caplog.records if "cannot fire" in r.getMessage()]
+    assert app.backend.schedules_list()[0].next_run_at == start + timedelta(hours=1)
+    app.admin.pause_schedule("old", actor="test")
+    assert app.admin.resume_schedule("old", actor="test").next_run_at.minute == 0

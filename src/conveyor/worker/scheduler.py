@@ -151,7 +151,7 @@ class Scheduler(Service):
             return
         if last is not None and last > now + CLOCK_STEP_LIMIT and self._disbelieved.get(schedule.name) != last:
             last = None
-        cron = Cron.parse(schedule.cron)
+        cron = Cron.parse(schedule.cron, stored=True)
         expected = cron.next_after(now if last is None or last < now else last)
         if stored <= expected:
             self._checked[schedule.name] = (stored, schedule.last_run_at, now)
@@ -170,7 +170,7 @@ class Scheduler(Service):
                 self._disbelieved[schedule.name] = schedule.last_run_at
 
     async def _fire(self, schedule: Schedule, now: datetime) -> int:
-        cron = Cron.parse(schedule.cron)
+        cron = Cron.parse(schedule.cron, stored=True)
         due = schedule.next_run_at
         # After downtime the latest missed tick fires, for all of them; the compare-and-set is still
         # on the stored next tick, so that of several schedulers only one fires.
