@@ -362,11 +362,7 @@ class Service:
         except IdempotencyConflict as exc:
             await _error(409, "conflict", str(exc))(scope, receive, send)
             return
-        except KeyHeld as exc:
-            # As Stripe's idempotency_key_in_use and the IETF Idempotency-Key draft: 409, retry later.
-            await _error(409, "key_in_use", str(exc), retry_after=str(UNAVAILABLE_RETRY_AFTER))(scope, receive, send)
-            return
-        except ConveyorError as exc:
+        except ConveyorError as exc:  # KeyHeld among them: 409 key_in_use with Retry-After
             await error_response(exc)(scope, receive, send)
             return
         await send({"type": "http.response.start", "status": status, "headers": [_JSON_TYPE, *extra]})
