@@ -14,8 +14,10 @@ Two sources, two places (docs/observability.md lists every family):
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +35,9 @@ __all__ = ["DatabaseCollector", "WorkerMetrics", "database_registry", "serve_wor
 
 #: Seconds: handler durations and queue waits from 5 ms to an hour.
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
+#: Seconds a scrape waits for the database before it answers ``conveyor_database_up 0``: with the token read
+#: that /metrics may wait for first (as long again), within Prometheus's default scrape timeout of 10 s.
+SCRAPE_TIMEOUT = 4.0
 #: Jobs per acquire or per flush statement.
 BATCH_BUCKETS = (0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
 
@@ -127,17 +132,35 @@ class DatabaseCollector(Collector):
 
     Every read it makes costs the same whatever the archive holds (live rows, the per-queue counters,
     the index of unreplayed dead letters, the worker and alert tables). A scrape while the database
-    is away yields ``conveyor_database_up 0`` and nothing else rather than failing."""
+    is away yields ``conveyor_database_up 0`` and nothing else rather than failing; so does one whose
+    read has not ended within ``timeout`` seconds (a server that holds its connections open and answers
+    nothing), well inside Prometheus's default scrape timeout of 10 s.
 
-    def __init__(self, admin: Admin) -> None:
+    The reads run one at a time in a thread of the collector's own: a scrape that comes while one is
+    under way waits for that one's result rather than starting another, so a database that answers
+    nothing holds one thread and one connection, however often it is scraped."""
+
+    def __init__(self, admin: Admin, timeout: float = SCRAPE_TIMEOUT) -> None:
         self.admin = admin
+        self.timeout = timeout
+        self._lock = threading.Lock()
+        self._reading: Future[list[Metric]] | None = None
+        self._began = 0.0
+
+    @property
+    def stalled(self) -> bool:
+        """Whether a read of the database is under way and older than ``timeout`` (the database does not
+        answer): a caller that would read the database too (a token) should not wait for it."""
+        with self._lock:
+            reading = self._reading
+            return reading is not None and not reading.done() and time.monotonic() - self._began > self.timeout
 
     def collect(self) -> Iterator[Metric]:
         began = time.perf_counter()
         up = GaugeMetricFamily("conveyor_database_up", "1 when the last scrape could read the database.")
         try:
-            families = list(self._families())
-        except Exception:
+            families = self._read().result(timeout=self.timeout)
+        except Exception:  # every failure (a timeout too) means the same here: the database was not read
             up.add_metric([], 0.0)
             yield up
             return
@@ -147,6 +170,24 @@ class DatabaseCollector(Collector):
         took = GaugeMetricFamily("conveyor_scrape_duration_seconds", "How long reading the database took.")
         took.add_metric([], time.perf_counter() - began)
         yield took
+
+    def _read(self) -> Future[list[Metric]]:
+        """The read under way, or a new one started in a daemon thread (a read stuck on a socket must not
+        keep the process from exiting, as a thread of a ThreadPoolExecutor would)."""
+        with self._lock:
+            if self._reading is not None and not self._reading.done():
+                return self._reading
+            reading: Future[list[Metric]] = Future()
+            self._reading, self._began = reading, time.monotonic()
+
+        def read() -> None:
+            try:
+                reading.set_result(list(self._families()))
+            except BaseException as exc:  # handed to the scrape that waits, which answers up 0
+                reading.set_exception(exc)
+
+        threading.Thread(target=read, name="conveyor-scrape", daemon=True).start()
+        return reading
 
     def _families(self) -> Iterator[Metric]:
         admin = self.admin
@@ -201,8 +242,9 @@ class DatabaseCollector(Collector):
             yield dead
 
 
-def database_registry(admin: Admin) -> CollectorRegistry:
-    """A registry holding a :class:`DatabaseCollector` over ``admin`` (what ``/metrics`` serves)."""
+def database_registry(admin: Admin, collector: DatabaseCollector | None = None) -> CollectorRegistry:
+    """A registry holding ``collector`` (a :class:`DatabaseCollector` over ``admin`` by default): what
+    ``/metrics`` serves."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(DatabaseCollector(admin))
+    registry.register(collector if collector is not None else DatabaseCollector(admin))
     return registry

@@ -4,6 +4,7 @@ is cut), and a revoke made while the database was up still holds."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -48,5 +49,36 @@ def test_metrics_answers_database_up_0_to_a_token_seen_before_while_the_database
                 with server.client("admin") as never_seen:
                     assert never_seen.get("/metrics").status_code == 503  # no verdict known: cannot tell
                 assert ops.get("/v1/queues").status_code == 503  # only /metrics judges by the last verdict
+        finally:
+            stop(server)
+
+
+def test_metrics_answers_database_up_0_within_a_scrape_timeout_while_the_database_does_not_answer(
+    postgres_database: str, tmp_path: Path
+) -> None:
+    """A database that holds its connections open and answers nothing (a server frozen, a network that
+    swallows every byte) is away too: the scrape answers ``conveyor_database_up 0`` before Prometheus's
+    default scrape timeout (10 s), every time, and reads the database again once it answers."""
+    tokens = make_tokens(postgres_database)
+    target = urlsplit(postgres_database)
+    with TcpProxy(target.hostname or "127.0.0.1", target.port or 5432) as proxy:
+        server = start(_through(postgres_database, proxy.port), tmp_path)
+        server.tokens = tokens
+        try:
+            with server.client("operator") as ops, server.client("admin") as never_seen:
+                assert "conveyor_database_up 1.0" in ops.get("/metrics").text
+                proxy.swallowing = True
+                for _ in range(2):  # the first waits for the token read, the second does not
+                    # Before: the first scrape hung (httpx.ReadTimeout here; for as long as the socket stays open).
+                    scrape = ops.get("/metrics", timeout=10.0)
+                    assert scrape.status_code == 200, scrape.text
+                    assert "conveyor_database_up 0.0" in scrape.text
+                assert never_seen.get("/metrics", timeout=10.0).status_code == 503  # no verdict known: cannot tell
+                proxy.swallowing = False
+                proxy.cut()  # the connections that lost their bytes fail; new ones answer
+                deadline = time.monotonic() + 20
+                while "conveyor_database_up 1.0" not in (text := ops.get("/metrics").text):
+                    assert time.monotonic() < deadline, text
+                    time.sleep(0.2)
         finally:
             stop(server)

@@ -9,6 +9,7 @@ the event loop keeps accepting requests; producers' single-job sends go through 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
@@ -238,8 +239,10 @@ class Service:
         self.group: GroupCommit[Any] | None = None
         #: The inserts waiting on their own for a key another transaction holds (see conveyor.http._held).
         self.held = HeldWaits()
-        #: The /metrics registry, made at the first scrape (prometheus_client is imported then).
+        #: The /metrics registry and its DatabaseCollector, made at the first scrape (prometheus_client is
+        #: imported then).
         self.registry: Any = None
+        self.collector: Any = None
         self._anonymous = Token(NO_AUTH_ACTOR, NO_AUTH_ACTOR, "admin", None, "", datetime.now(UTC))
 
     # -- plumbing ----------------------------------------------------------------------------------
@@ -259,21 +262,26 @@ class Service:
         except LockWaitTimeout as exc:
             return await self.held.run(lambda wait: insert(jobs, strict_keys=strict_keys, lock_wait=wait), exc)
 
-    async def token(self, request: Request, last_known_if_unavailable: bool = False) -> Token:
+    async def token(
+        self, request: Request, last_known_if_unavailable: bool = False, within: float | None = None
+    ) -> Token:
         """The caller's token; raises Unauthenticated. Without auth, an anonymous admin.
 
         A GET without an ``Authorization`` header may present the dashboard's session cookie (the
         dashboard's charts poll ``GET /v1/queues`` with it); a request that changes something always
         needs the header, so that a cookie a browser sends on its own can never act (no CSRF).
-        ``last_known_if_unavailable``: see :meth:`Admin.authenticate`."""
+        ``last_known_if_unavailable``: see :meth:`Admin.authenticate`; with it, ``within`` is how many
+        seconds the database may take to answer before the last verdict decides (0: do not ask it)."""
         authorization = request.headers.get("authorization", "")
         if not authorization and request.method == "GET":
             session = request.cookies.get(SESSION_COOKIE)
             if session:
                 authorization = f"Bearer {session}"
-        return await self.token_of(authorization, last_known_if_unavailable)
+        return await self.token_of(authorization, last_known_if_unavailable, within)
 
-    async def token_of(self, authorization: str, last_known_if_unavailable: bool = False) -> Token:
+    async def token_of(
+        self, authorization: str, last_known_if_unavailable: bool = False, within: float | None = None
+    ) -> Token:
         """The token an ``Authorization`` header presents (see :meth:`token`)."""
         if not self.config.auth:
             return self._anonymous
@@ -285,12 +293,25 @@ class Service:
         cached = admin.authenticate_cached(bearer, max_age=self.config.token_cache)
         if cached is not None:
             return cached
-        return await self.run(
-            admin.authenticate,
-            bearer,
-            max_age=self.config.token_cache,
-            last_known_if_unavailable=last_known_if_unavailable,
-        )
+
+        def read() -> Awaitable[Token]:
+            return self.run(
+                admin.authenticate,
+                bearer,
+                max_age=self.config.token_cache,
+                last_known_if_unavailable=last_known_if_unavailable,
+            )
+
+        if not last_known_if_unavailable or within is None:
+            return await read()
+        with contextlib.suppress(TimeoutError):
+            if within > 0:
+                return await asyncio.wait_for(read(), within)
+        # The database did not answer (or its last read is stuck): it is away, and the last verdict decides.
+        last = admin.authenticate_cached(bearer, max_age=math.inf)
+        if last is None:
+            raise BackendUnavailable(f"the database did not answer within {within:g}s")
+        return last
 
     async def body(self, request: Request) -> Any:
         """The request body as strict JSON, at most ``max_body_bytes`` (else PayloadTooLarge)."""
@@ -602,15 +623,20 @@ class Service:
         """GET /metrics: Prometheus text format, read from the database at each scrape (operator).
 
         While the database is away, a token is judged as it was last read (else no scrape could
-        answer ``conveyor_database_up 0``, the alert documented in docs/observability.md)."""
-        token = await self.token(request, last_known_if_unavailable=True)
-        _tokens.require(token, "operator", None)
+        answer ``conveyor_database_up 0``, the alert documented in docs/observability.md). A database
+        that does not answer is away too: the token read is waited for as long as the collector's read
+        (``conveyor.metrics.SCRAPE_TIMEOUT``), and not at all while the collector's last read is stuck, so
+        that a scrape answers within Prometheus's default scrape timeout."""
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-        from conveyor.metrics import database_registry
+        from conveyor.metrics import DatabaseCollector, database_registry
 
         if self.registry is None:
-            self.registry = database_registry(self.app.admin)
+            self.collector = DatabaseCollector(self.app.admin)
+            self.registry = database_registry(self.app.admin, self.collector)
+        within = 0.0 if self.collector.stalled else self.collector.timeout
+        token = await self.token(request, last_known_if_unavailable=True, within=within)
+        _tokens.require(token, "operator", None)
         body = await self.run(generate_latest, self.registry)
         return Response(body, 200, media_type=CONTENT_TYPE_LATEST)
 
