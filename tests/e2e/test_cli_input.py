@@ -114,6 +114,20 @@ def test_worker_queues_that_name_no_queue_or_one_weighted_twice_are_one_line(sql
     assert stats(sqlite_url)[e2e_app.WORK_QUEUE]["pending"] == 1
 
 
+def test_worker_weights_that_are_not_plain_decimal_or_are_huge_are_one_line(sqlite_url: str) -> None:
+    # Before: a Unicode digit ('²' is a digit to str.isdigit, not to int) and a weight past Python's 4,300-digit
+    # limit raised ValueError from int(): a traceback, not the option's error.
+    send(sqlite_url, e2e_app.WORK, {"kind": "ok", "n": 1})
+    for queues, message in [
+        ("e2e:²", "--queues: weight of 'e2e' must be a positive integer, got '²'"),
+        ("e2e:٣", "--queues: weight of 'e2e' must be a positive integer"),
+        ("e2e:" + "9" * 5000, "--queues: weight of 'e2e' must be between 1 and 1,000,000"),
+        ("e2e:00000003000000", "weight of e2e must be between 1 and 1,000,000, got 3,000,000"),
+    ]:
+        assert_one_line_error(conveyor(sqlite_url, "worker", APP_PATH, "--burst", "--queues", queues), message)
+    assert stats(sqlite_url)[e2e_app.WORK_QUEUE]["pending"] == 1
+
+
 def test_an_integer_past_pythons_4300_digits_in_a_json_option_is_one_line(sqlite_url: str) -> None:
     # Valid JSON that json.loads refuses with a ValueError (not a JSONDecodeError): a traceback before.
     assert conveyor(sqlite_url, "migrate").code == 0

@@ -7,6 +7,7 @@ import click
 from conveyor._limits import preview
 from conveyor.cli._common import FiniteFloat, fail, given_database, shared
 from conveyor.worker import WorkerConfig
+from conveyor.worker._config import MAX_WEIGHT
 
 
 @click.command()
@@ -181,9 +182,14 @@ def _lanes(text: str | None) -> tuple[list[str] | None, dict[str, int] | None]:
             fail(f"--queues: queue {preview(name)} is given a weight twice")
         queues.append(name)
         if sep:
-            if not weight.isdigit() or int(weight) < 1:
-                fail(f"--queues: weight of {name!r} must be a positive integer, got {weight!r}")
-            weights[name] = int(weight)
+            # ASCII digits only: str.isdigit takes '²', which int() refuses, and '٣', which int() reads as 3.
+            digits = weight.lstrip("0")
+            if not (weight.isascii() and weight.isdigit()) or not digits:
+                fail(f"--queues: weight of {preview(name)} must be a positive integer, got {preview(weight)}")
+            # A weight past the limit is refused here by its length: int() refuses one of over 4,300 digits.
+            if len(digits) > len(str(MAX_WEIGHT)):
+                fail(f"--queues: weight of {preview(name)} must be between 1 and {MAX_WEIGHT:,}, got {preview(weight)}")
+            weights[name] = int(digits)
     if not queues:
         fail(
             f"--queues {preview(text)} names no queue: leave the option out "

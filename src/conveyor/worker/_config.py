@@ -19,6 +19,8 @@ DEFAULT_GRACEFUL_TIMEOUT = 30.0
 #: The shortest interval a loop may wait between two rounds. Shorter ones, down to 1e-9 s, were taken, and each
 #: loop then queried the database without pause: 90 % of a core idle (10 ms: 6 %).
 MIN_INTERVAL = 0.01
+#: The largest weight of a lane (the smallest is 1).
+MAX_WEIGHT = 1_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +90,7 @@ class WorkerConfig:
             object.__setattr__(self, "worker_id", check_key(self.worker_id, "worker_id", error))
         if self.weights is not None:
             weights = {
-                check_name(q, "queue", error): check_int(w, f"weight of {q}", 1, 1_000_000, error)
+                check_name(q, "queue", error): check_int(w, f"weight of {q}", 1, MAX_WEIGHT, error)
                 for q, w in self.weights.items()
             }
             object.__setattr__(self, "weights", weights or None)
