@@ -330,6 +330,11 @@ BAD_QUEUE_OPTIONS: list[tuple[dict[str, Any], str]] = [
     ({"sla": 30.0}, "sla must be a datetime.timedelta"),
     ({"shedding": {"low": NAN}}, "shedding needs low/normal/high fractions"),
     ({"shedding": {"low": "half"}}, "shedding needs"),
+    # Graduated: a higher class is never refused before a lower one (before, both were taken silently, and the
+    # second shed normal sends at 30 % while low ones went on to the default 50 %).
+    ({"shedding": {"low": 1.0, "normal": 0.8, "high": 0.5}}, r"low 1 above normal 0\.8"),
+    ({"shedding": {"normal": 0.3}}, r"low 0\.5 \(the default\) above normal 0\.3"),
+    ({"shedding": {"high": 0.7}}, r"normal 0\.8 \(the default\) above high 0\.7"),
     ({"on_expire": "drop"}, "on_expire must be"),
     ({"concurrency": 0}, "concurrency must be between 1"),
 ]
@@ -343,6 +348,14 @@ def test_bad_queue_options_raise_configuration_error(options: dict[str, Any], me
     with pytest.raises(ConfigurationError, match="queue is 201 characters long"):
         app.queue(LONG_NAME)
     assert app.queues == {}
+
+
+def test_a_partial_shedding_is_the_default_ladder_with_the_given_classes() -> None:
+    # What the contract prints and what sends meet: every class, the given ones and the defaults.
+    app = App("memory://")
+    options = app.queue("q", max_depth=10, shedding={"low": 0.2})
+    assert dict(options.shedding) == {"low": 0.2, "normal": 0.8, "high": 1.0}
+    assert (options.limit_for(-1), options.limit_for(0), options.limit_for(1)) == (2, 8, 10)
 
 
 def test_bad_app_options_raise_configuration_error() -> None:

@@ -73,6 +73,18 @@ class QueueOptions:
                 or not 0 < fraction <= 1
             ):
                 raise error(f"shedding needs low/normal/high fractions in (0, 1], got {cls}={fraction!r}")
+        # Kept whole, the given classes over the defaults: what sends meet is what the contract prints.
+        given = self.shedding
+        ladder = {**DEFAULT_SHEDDING, **given}
+        object.__setattr__(self, "shedding", ladder)
+        # Graduated: low sends are refused first, high ones last. A ladder upside down (or a class set past a
+        # default one, as normal=0.3 under the default low 0.5) would shed the more urgent sends first.
+        for lower, higher in (("low", "normal"), ("normal", "high")):
+            if ladder[lower] > ladder[higher]:
+                raise error(
+                    f"shedding must refuse lower priorities first: {_rung(lower, ladder, given)} above "
+                    f"{_rung(higher, ladder, given)}"
+                )
         if self.sla is not None:
             check_duration(self.sla, "sla", error)
         check_duration(self.retention, "retention", error)
@@ -88,3 +100,8 @@ class QueueOptions:
             return None
         fraction = self.shedding.get(priority_class(priority), DEFAULT_SHEDDING[priority_class(priority)])
         return max(1, int(self.max_depth * fraction))
+
+
+def _rung(cls: str, ladder: Mapping[str, float], given: Mapping[str, float]) -> str:
+    """One class of a shedding ladder for an error message: ``normal 0.8 (the default)``."""
+    return f"{cls} {ladder[cls]:g}" + ("" if cls in given else " (the default)")
