@@ -66,15 +66,20 @@ def published(
 ) -> list[Message]:
     """The messages one publish sends: one per subscription of ``topic`` (``subscriptions`` reads
     them) whose filter matches ``headers``, each with the ``topic`` header and the ``envelope``'s
-    Message fields. Raises PayloadError for a bad payload, headers or option, subscriber or not:
-    ``check`` validates a message as a send would (``Producer.prepare``). An idempotency key is held
-    per queue, as for a send: a queue subscribed to two topics holds one key for both."""
+    Message fields (not ``queue`` or ``task``: a subscription's). Raises PayloadError for a bad
+    payload, headers or option, subscriber or not: ``check`` validates a message as a send would
+    (``Producer.prepare``). An idempotency key is held per queue, as for a send: a queue subscribed
+    to two topics holds one key for both."""
     topic = check_name(topic, "topic")
     if headers is not None and not isinstance(headers, Mapping):
         raise PayloadError(f"headers must be a JSON object (a dict), got {type(headers).__name__}")
     body = payload if payload is not None else {}
     merged = {**(headers or {}), "topic": topic}
     options = dict(envelope)
+    for named in ("queue", "task"):
+        if named in options:
+            # Refused subscriber or not: taken with none, it broke the publish once a queue was subscribed.
+            raise PayloadError(f"publish takes no {named}=: each subscription names the queue and task of its job")
     try:
         # Publishing is sending: the message is checked whole with no subscriber too.
         check(Message(task=topic, payload=body, headers=merged, **options))

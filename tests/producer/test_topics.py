@@ -93,3 +93,16 @@ def test_a_publish_checks_its_headers_and_options_with_no_subscriber(app: App) -
         with pytest.raises(PayloadError):
             app.publish("nobody-listens", {}, **bad)  # type: ignore[arg-type]
     assert app.publish("nobody-listens", {}, headers={"x": 1}, priority=3) == []
+
+
+def test_a_publish_given_a_queue_or_task_is_refused_with_subscribers_or_none(app: App) -> None:
+    # Each subscription names the queue and task of its copy. Before: queue= was taken with no subscriber ([]),
+    # and the same call raised "Message() got multiple values for keyword argument 'queue'" once an operator
+    # subscribed a queue to the topic: a producer's publish broke in production on a `conveyor topics subscribe`.
+    for subscribed in (False, True):
+        if subscribed:
+            app.subscribe("orders", "billing", "bill")
+        for option in ("queue", "task"):
+            with pytest.raises(PayloadError, match=f"publish takes no {option}=: each subscription names"):
+                app.publish("orders", {}, **{option: "billing"})
+    assert app.admin.queues() == []
