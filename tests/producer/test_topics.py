@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 
 from conveyor import App
-from conveyor._errors import ConfigurationError, PayloadError
+from conveyor._errors import ConfigurationError, PayloadError, QueueFull
 from conveyor.testing import drain
 
 
@@ -106,3 +106,16 @@ def test_a_publish_given_a_queue_or_task_is_refused_with_subscribers_or_none(app
             with pytest.raises(PayloadError, match=f"publish takes no {option}=: each subscription names"):
                 app.publish("orders", {}, **{option: "billing"})
     assert app.admin.queues() == []
+
+
+def test_a_publish_one_of_whose_subscribers_is_full_is_refused_whole(app: App) -> None:
+    # Documented (README, "Fan-out topics"): a publish is one transaction, so a subscriber past its max_depth
+    # refuses it whole, naming its queue; no subscriber gets a copy the others miss.
+    app.queue("audit", max_depth=1, shedding={"low": 1.0, "normal": 1.0, "high": 1.0})
+    app.subscribe("orders", "billing", "bill")
+    app.subscribe("orders", "audit", "record")
+    assert len(app.publish("orders", {"order": 1})) == 2
+    with pytest.raises(QueueFull, match="'audit'") as full:
+        app.publish("orders", {"order": 2})
+    assert full.value.queue == "audit" and full.value.retry_after > 0
+    assert {q.queue: q.pending for q in app.admin.queues()} == {"audit": 1, "billing": 1}
