@@ -523,7 +523,11 @@ class Service:
         queue = next(iter(queues)) if len(queues) == 1 else None
         with send_span(first_task([m.task for m in messages]), queue, len(messages), parent) as traceparent:
             shared = traceparent or new_traceparent()
-            jobs = [self.app.producer.prepare(message, traceparent=shared) for message in messages]
+            # On a thread, not the event loop: a publish encodes its payload once per subscription, so a body
+            # within the size limit costs what a batch of thousands would (1,000 subscriptions of a 200 KB payload
+            # held every other request up for 0.7 s).
+            prepare = self.app.producer.prepare
+            jobs = await self.run(lambda: [prepare(message, traceparent=shared) for message in messages])
             for job in jobs:
                 if self.app.queue_options(job.queue).max_depth is not None:
                     await self.run(self.app.producer.admit, job)
