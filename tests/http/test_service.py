@@ -435,6 +435,19 @@ def test_publish_copies_to_matching_subscriptions(server: Server) -> None:
         assert c.get(f"/v1/jobs/{us.json()['jobs'][0]}").json()["headers"]["sent_by"] == "shop"
 
 
+def test_a_topic_whose_name_holds_a_slash_is_published_to(server: Server) -> None:
+    # Hierarchical names ("orders/eu", as MQTT's) are valid topics for App.publish and the CLI. Before, the
+    # route's {topic} stopped at the first '/', encoded (%2F) or not, and the publish answered 404 "Not Found".
+    with App(server.db) as app:
+        app.subscribe("orders/eu", "billing", "billing.charge")
+    with server.client("producer") as c:
+        for path in ("/v1/topics/orders%2Feu/messages", "/v1/topics/orders/eu/messages"):
+            published = c.post(path, json={"payload": {"order": 1}})
+            assert published.status_code == 202, (path, published.text)
+            assert c.get(f"/v1/jobs/{published.json()['jobs'][0]}").json()["headers"]["topic"] == "orders/eu"
+        assert "topic must not be empty" in _error(c.post("/v1/topics//messages", json={}), 400)
+
+
 def test_a_publish_to_many_subscriptions_does_not_hold_up_other_requests(server: Server) -> None:
     # A publish encodes its payload once per subscription: 1,000 subscriptions of a 200 KB payload are 200 MB,
     # from a body within the size limit. Before, the copies were prepared on the event loop, and /healthz waited

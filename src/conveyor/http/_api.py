@@ -917,7 +917,8 @@ def routes(service: Service) -> list[Route]:
         Route("/v1/queues/{queue}/jobs", _Asgi(s.send), methods=["POST"]),
         r("/v1/queues/{queue}/jobs:batch", s.send_batch, ["POST"]),
         r("/v1/jobs/{id}", s.job, ["GET"]),
-        r("/v1/topics/{topic}/messages", s.publish, ["POST"]),
+        # {topic:path}: a topic may hold a '/' ("orders/eu"), which Starlette has decoded from %2F before routing.
+        r("/v1/topics/{topic:path}/messages", s.publish, ["POST"]),
         r("/v1/dead-letters", s.dead_letters, ["GET"]),
         r("/v1/dead-letters:replay", s.replay, ["POST"]),
         r("/v1/dead-letters:purge", s.purge, ["POST"]),
