@@ -7,6 +7,9 @@ are stamped by wrapping them; the handler stamps its start. Prints the p50 of ea
 the producer's ``delay()`` call (its statement and durable commit), the listener's wake-up after the
 producer's commit returned (negative: the notification arrives before the commit's answer), the
 listener thread's acquire, and the hop from the acquire's return to the handler's first statement.
+Then the server's side of the two claims, each after 20 ms idle on the table the drain left: the
+execution time (``EXPLAIN ANALYZE`` of the prepared statement, its generic plan as the worker's
+connections use it) of Conveyor's acquire of one job and of the pickup floor's one-row claim.
 """
 
 from __future__ import annotations
@@ -121,6 +124,48 @@ def trace(db: str, n: int, drain: int) -> None:
         if rows:
             print(f"  {name:<24} p50 {1000 * statistics.median(r[k] for r in rows):7.3f} ms")
     print(f"  load average {os.getloadavg()[0]:.2f}")
+    server_side(db, task.name)
+
+
+# The pickup floor's table and claim (bench/floors.py), on the same database.
+_FLOOR_TABLE = "CREATE TABLE IF NOT EXISTS pickup_floor (id bigserial PRIMARY KEY, state text NOT NULL DEFAULT "
+_FLOOR_TABLE += "'pending', sent float8 NOT NULL)"
+_FLOOR_CLAIM = """UPDATE pickup_floor SET state = 'processing'
+WHERE id = (SELECT id FROM pickup_floor WHERE state = 'pending' ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED)
+RETURNING sent"""
+
+
+def server_side(db: str, task: str, rounds: int = 20) -> None:
+    """Print the median execution time of Conveyor's acquire of one job and of the floor's claim."""
+    import psycopg
+
+    from conveyor import App
+
+    app = App(db)
+    acquire = app.backend._q["jobs_acquire"]  # type: ignore[attr-defined]
+    for number, name in enumerate(("queue", "limit", "now", "visibility_timeout", "worker_id"), 1):
+        acquire = acquire.replace(f"%({name})s", f"${number}")
+    times: dict[str, list[float]] = {"acquire": [], "floor": []}
+    with psycopg.connect(db, autocommit=True) as conn:
+        conn.execute("SET synchronous_commit = off")  # as the worker's outcome connections
+        conn.execute("SET plan_cache_mode = force_generic_plan")  # what they use after 5 runs
+        conn.execute(f"PREPARE acquire (text, int, timestamptz, float8, text) AS {acquire}")
+        conn.execute(_FLOOR_TABLE)
+        conn.execute(f"PREPARE claim AS {_FLOOR_CLAIM}")
+        for _ in range(rounds):
+            app.send(task, {"sent": 0.0, "i": 0}, queue="bench")
+            conn.execute("INSERT INTO pickup_floor (sent) VALUES (0)")
+            for name, statement in (
+                ("acquire", "EXECUTE acquire('bench', 10, now(), 30, 'w')"),
+                ("floor", "EXECUTE claim"),
+            ):
+                time.sleep(0.02)
+                plan = conn.execute(f"EXPLAIN (ANALYZE, TIMING OFF) {statement}").fetchall()
+                line = next(row[0] for row in plan if row[0].startswith("Execution Time"))
+                times[name].append(float(line.split()[2]))
+    app.close()
+    for name, values in times.items():
+        print(f"  server: {name:<8} execution p50 {statistics.median(values):.3f} ms over {len(values)}")
 
 
 if __name__ == "__main__":
