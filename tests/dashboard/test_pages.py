@@ -273,6 +273,20 @@ def test_schedules_pause_and_resume_with_their_buttons(served: Server, context: 
         assert actions == [("ops", "schedule.resume"), ("ops", "schedule.pause")]
 
 
+def test_a_schedule_whose_name_holds_a_slash_is_paused_from_its_button(served: Server) -> None:
+    # The button's form posts to /schedules/reports%2Fnightly/pause. Before, the route's {name} stopped at the
+    # '/' that uvicorn decodes from %2F, and the button answered 404 "Not Found".
+    with App(served.db) as app:
+        app.admin.add_schedule("reports/nightly", "0 3 * * *", "dash.work", queue="drain", actor="test")
+    with closing(session(served, "operator")) as c:
+        page = c.get("/schedules").text
+        assert 'action="/schedules/reports%2Fnightly/pause"' in page, page
+        done = c.post("/schedules/reports%2Fnightly/pause", data={"csrf": csrf_of(page)})
+        assert done.status_code == 303, done.text
+    with App(served.db) as app:
+        assert [s.paused for s in app.admin.schedules()] == [True]
+
+
 def test_without_auth_the_dashboard_opens_and_still_needs_csrf(postgres_database: str, tmp_path: Path) -> None:
     with App(postgres_database, migrate=True) as app:
         app.admin.migrate()

@@ -8,6 +8,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from urllib.parse import quote
 
 import httpx
 import pytest
@@ -446,6 +447,73 @@ def test_a_topic_whose_name_holds_a_slash_is_published_to(server: Server) -> Non
             assert published.status_code == 202, (path, published.text)
             assert c.get(f"/v1/jobs/{published.json()['jobs'][0]}").json()["headers"]["topic"] == "orders/eu"
         assert "topic must not be empty" in _error(c.post("/v1/topics//messages", json={}), 400)
+
+
+def test_a_queue_whose_name_holds_a_slash_takes_sends_and_batches(server: Server) -> None:
+    # App.send and the CLI take "eu/orders" as a queue. Before, POST /v1/queues/eu%2Forders/jobs answered 404
+    # "Not Found": uvicorn decodes %2F before routing, the single-send fast path took only four '/', and the
+    # routes' {queue} stopped at a '/'. The batch route had the same 404.
+    with server.client("producer") as c:
+        for path in ("/v1/queues/eu%2Forders/jobs", "/v1/queues/eu/orders/jobs", "/v1/queues/a%2F%2Fb%2F/jobs"):
+            sent = c.post(path, json={"task": "t", "payload": {"n": 1}})
+            assert sent.status_code == 202, (path, sent.text)
+            job = c.get(sent.headers["location"]).json()
+            assert sent.json()["queue"] == job["queue"] == ("a//b/" if "a%2F" in path else "eu/orders"), path
+        for path in ("/v1/queues/eu%2Forders/jobs:batch", "/v1/queues/eu/orders/jobs:batch"):
+            batch = c.post(path, json={"jobs": [{"task": "t"}, {"task": "t"}]})
+            assert batch.status_code == 202, (path, batch.text)
+            assert {c.get(f"/v1/jobs/{i}").json()["queue"] for i in _ids(batch)} == {"eu/orders"}
+        # A name that ends in the routes' own words is still read from the right: the last /jobs is the route's.
+        tricky = c.post("/v1/queues/x%2Fjobs:batch/jobs", json={"task": "t"})
+        assert tricky.status_code == 202 and tricky.json()["queue"] == "x/jobs:batch", tricky.text
+        tricky = c.post("/v1/queues/x%2Fjobs/jobs:batch", json={"jobs": [{"task": "t"}]})
+        assert tricky.status_code == 202, tricky.text
+        assert c.get(f"/v1/jobs/{_ids(tricky)[0]}").json()["queue"] == "x/jobs"
+        # Other names percent-encoded are read as before: '%', '?', '#', a space, non-ASCII.
+        for name in ("50%", "why?", "#1", "a b", "caf\u00e9/\u65e5\u672c"):
+            sent = c.post(f"/v1/queues/{quote(name, safe='')}/jobs", json={"task": "t"})
+            assert sent.status_code == 202 and sent.json()["queue"] == name, (name, sent.text)
+        assert "queue must not be empty" in _error(c.post("/v1/queues//jobs", json={"task": "t"}), 400)
+        assert "queue must not be empty" in _error(c.post("/v1/queues//jobs:batch", json={"jobs": [{}]}), 400)
+        wrong = c.get("/v1/queues/eu%2Forders/jobs")
+        assert wrong.status_code == 405 and wrong.headers["allow"] == "POST", wrong.text
+    with App(server.db) as app:
+        assert {q.queue: q.pending for q in app.admin.queues()}["eu/orders"] == 6
+    # A token limited to the queue "emails" may not send to "emails/x", however it is spelled.
+    with server.client("emails") as c:
+        for path in ("/v1/queues/emails%2Fx/jobs", "/v1/queues/emails/x/jobs"):
+            assert c.post(path, json={"task": "t"}).status_code == 403, path
+
+
+def _ids(batch: httpx.Response) -> list[str]:
+    return [job["id"] for job in batch.json()["jobs"]]
+
+
+def test_a_schedule_whose_name_holds_a_slash_is_paused_and_resumed(server: Server) -> None:
+    # Before: POST /v1/schedules/reports%2Fnightly:pause answered 404 "Not Found" ({name} stopped at the '/').
+    with App(server.db) as app:
+        app.admin.add_schedule("reports/nightly", "0 3 * * *", "reports.nightly", queue="reports", actor="test")
+        app.admin.add_schedule("a:pause", "0 3 * * *", "reports.nightly", queue="reports", actor="test")
+    with server.client("operator") as ops:
+        for spelled in ("reports%2Fnightly", "reports/nightly"):
+            paused = ops.post(f"/v1/schedules/{spelled}:pause")
+            assert paused.status_code == 200 and paused.json()["paused"] is True, (spelled, paused.text)
+            resumed = ops.post(f"/v1/schedules/{spelled}:resume")
+            assert resumed.status_code == 200 and resumed.json()["paused"] is False, (spelled, resumed.text)
+        assert ops.post("/v1/schedules/a%3Apause:pause").json()["paused"] is True
+        _error(ops.post("/v1/schedules/reports/other:pause"), 404)
+        assert "must not be empty" in _error(ops.post("/v1/schedules/:pause"), 400)
+
+
+def test_a_token_whose_name_holds_a_slash_is_revoked(server: Server) -> None:
+    # POST /v1/tokens takes "ci/deploy" as a name; before, DELETE /v1/tokens/ci%2Fdeploy answered 404 "Not Found".
+    with server.client("admin") as root:
+        for name, spelled in (("ci/deploy", "ci%2Fdeploy"), ("ci/release", "ci/release")):
+            assert root.post("/v1/tokens", json={"name": name, "role": "producer"}).status_code == 201
+            revoked = root.delete(f"/v1/tokens/{spelled}")
+            assert revoked.status_code == 204, (spelled, revoked.text)
+        assert {t["name"]: t["revoked_at"] is not None for t in root.get("/v1/tokens").json()["tokens"]}["ci/deploy"]
+        _error(root.delete("/v1/tokens/ci/nope"), 404)
 
 
 def test_a_publish_to_many_subscriptions_does_not_hold_up_other_requests(server: Server) -> None:

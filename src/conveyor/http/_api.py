@@ -912,12 +912,14 @@ def routes(service: Service) -> list[Route]:
         # The dashboard's names for the same two reads.
         r("/api/workers", s.workers, ["GET"]),
         r("/api/alerts", s.alerts, ["GET"]),
+        # {queue:path}, {topic:path}, {name:path}: a name may hold a '/' ("orders/eu"), which uvicorn has decoded
+        # from %2F before routing, so "a%2Fb" and "a/b" are one name. The name runs to the route's literal end
+        # ("/jobs", ":pause"; the last one, as the match is anchored) or to the end of the path.
         # Single-job sends are answered before Starlette (create_app); this route is what answers a
         # method they do not take with 405 and ``Allow``, as every other route does (it was a 404).
-        Route("/v1/queues/{queue}/jobs", _Asgi(s.send), methods=["POST"]),
-        r("/v1/queues/{queue}/jobs:batch", s.send_batch, ["POST"]),
+        Route("/v1/queues/{queue:path}/jobs", _Asgi(s.send), methods=["POST"]),
+        r("/v1/queues/{queue:path}/jobs:batch", s.send_batch, ["POST"]),
         r("/v1/jobs/{id}", s.job, ["GET"]),
-        # {topic:path}: a topic may hold a '/' ("orders/eu"), which Starlette has decoded from %2F before routing.
         r("/v1/topics/{topic:path}/messages", s.publish, ["POST"]),
         r("/v1/dead-letters", s.dead_letters, ["GET"]),
         r("/v1/dead-letters:replay", s.replay, ["POST"]),
@@ -925,10 +927,10 @@ def routes(service: Service) -> list[Route]:
         r("/v1/dead-letters/{id}", s.dead_letter, ["GET"]),
         r("/v1/audit", s.audit, ["GET"]),
         r("/v1/schedules", s.schedules, ["GET"]),
-        r("/v1/schedules/{name}:{action:pause_or_resume}", s.schedule_action, ["POST"]),
+        r("/v1/schedules/{name:path}:{action:pause_or_resume}", s.schedule_action, ["POST"]),
         r("/v1/tokens", s.tokens, ["GET"]),
         r("/v1/tokens", s.create_token, ["POST"]),
-        r("/v1/tokens/{name}", s.revoke_token, ["DELETE"]),
+        r("/v1/tokens/{name:path}", s.revoke_token, ["DELETE"]),
     ]
 
 
@@ -1016,7 +1018,6 @@ def create_app(app: App, config: ServiceConfig | None = None) -> ASGIApp:
                 scope["method"] == "POST"
                 and path.startswith("/v1/queues/")
                 and path.endswith("/jobs")
-                and path.count("/") == 4
                 and len(path) > 16
             ):
                 await service.send(scope, receive, sending)

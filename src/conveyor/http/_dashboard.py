@@ -535,7 +535,8 @@ class Dashboard:
             Route("/dead-letters/{id}", p(self.dead_letter), methods=["GET"]),
             Route("/dead-letters/{id}/{action:replay_or_purge}", p(self.dead_letter_action), methods=["POST"]),
             Route("/schedules", p(self.schedules), methods=["GET"]),
-            Route("/schedules/{name}/{action:pause_or_resume}", p(self.schedule_action), methods=["POST"]),
+            # {name:path}: a schedule's name may hold a '/', which uvicorn has decoded from the form's %2F.
+            Route("/schedules/{name:path}/{action:pause_or_resume}", p(self.schedule_action), methods=["POST"]),
             Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
         ]
 

@@ -63,7 +63,15 @@ def _errors(*codes: int) -> dict[str, Any]:
 
 
 _AUTH = (401, 403)
-_QUEUE_PARAM = {"name": "queue", "in": "path", "required": True, "schema": _NAME}
+
+
+def _name_param(name: str) -> dict[str, Any]:
+    """A name in the path: it may hold '/', percent-encoded (%2F) or not, the same name either way."""
+    description = "may hold '/', written %2F or '/' (the same name)"
+    return {"name": name, "in": "path", "required": True, "schema": _NAME, "description": description}
+
+
+_QUEUE_PARAM = _name_param("queue")
 _ID_PARAM = {"name": "id", "in": "path", "required": True, "schema": _UUID}
 _IDEMPOTENCY_HEADER = {
     "name": "Idempotency-Key",
@@ -277,7 +285,7 @@ def document(auth: bool = True) -> dict[str, Any]:
                 "summary": "Publish: one job per matching subscription, in one transaction",
                 "operationId": "publish",
                 **sec,
-                "parameters": [{"name": "topic", "in": "path", "required": True, "schema": _NAME}, _IDEMPOTENCY_HEADER],
+                "parameters": [_name_param("topic"), _IDEMPOTENCY_HEADER],
                 "requestBody": body(_ref("Publish")),
                 "responses": {
                     "202": _json({"type": "object", "properties": {"jobs": {"type": "array", "items": _UUID}}}),
@@ -424,7 +432,7 @@ def document(auth: bool = True) -> dict[str, Any]:
                 "summary": "Stop firing a schedule (operator; audited)",
                 "operationId": "pauseSchedule",
                 **sec,
-                "parameters": [{"name": "name", "in": "path", "required": True, "schema": _NAME}],
+                "parameters": [_name_param("name")],
                 "responses": {"200": _json({"type": "object"}), **_errors(400, *_AUTH, 404, 503)},
             }
         },
@@ -433,7 +441,7 @@ def document(auth: bool = True) -> dict[str, Any]:
                 "summary": "Fire a paused schedule again from its next tick (operator; audited)",
                 "operationId": "resumeSchedule",
                 **sec,
-                "parameters": [{"name": "name", "in": "path", "required": True, "schema": _NAME}],
+                "parameters": [_name_param("name")],
                 "responses": {"200": _json({"type": "object"}), **_errors(400, *_AUTH, 404, 503)},
             }
         },
@@ -457,7 +465,7 @@ def document(auth: bool = True) -> dict[str, Any]:
                 "summary": "Revoke a token for good (admin; audited)",
                 "operationId": "revokeToken",
                 **sec,
-                "parameters": [{"name": "name", "in": "path", "required": True, "schema": _NAME}],
+                "parameters": [_name_param("name")],
                 "responses": {"204": {"description": "Revoked"}, **_errors(400, *_AUTH, 404, 503)},
             }
         },
