@@ -810,6 +810,21 @@ def test_a_worker_given_one_queue_name_as_a_string_is_refused(app: App) -> None:
         Worker(app, ["emails"], weights={"emails": 1, "nope": 2})
 
 
+def test_weights_that_leave_out_a_drained_queue_are_refused_as_the_cli_refuses_them() -> None:
+    # Before: Worker(app, ["a", "b"], weights={"a": 3}) gave b the weight 1 without a word, while
+    # `conveyor worker --queues a:3,b` was refused ("give a weight to every queue or to none").
+    app = App("memory://")
+    app.task(name="ta", queue="a")(lambda: None)
+    app.task(name="tc", queue="c")(lambda: None)
+    with pytest.raises(ConfigurationError, match=r"weights give no weight to b, which this worker drains"):
+        Worker(app, ["a", "b"], weights={"a": 3})
+    # Also when the queues are the ones the app's tasks declare (queues=None).
+    with pytest.raises(ConfigurationError, match=r"weights give no weight to c, which this worker drains"):
+        Worker(app, weights={"a": 3})
+    assert Worker(app, ["a", "b"], weights={"a": 3, "b": 1}).config.weights == {"a": 3, "b": 1}
+    assert Worker(app, ["a", "b"], weights={}).config.weights is None
+
+
 def test_a_periodic_declaration_that_fails_registers_nothing(app: App) -> None:
     def tick() -> None:
         pass

@@ -28,10 +28,10 @@ class WorkerConfig:
     """How one worker process runs. Raises ConfigurationError for a value out of range.
 
     ``queues`` None: every queue a registered task declares (an empty list is refused; a queue named twice
-    counts once). ``weights`` shares slots between lanes
-    (else lanes are drained in strict order). ``prefetch`` None: adaptive, 4 to 16 per slot (see the
-    fetcher); a given number is fixed; 0: none, a job is leased only for a slot that is free (the prefork
-    supervisor's default under autoscaling). ``poll_interval`` None: 1 s with notifications, else 0.25 s.
+    counts once). ``weights`` shares slots between lanes, a weight for every queue drained (else lanes are
+    drained in strict order). ``prefetch`` None: adaptive, 4 to 16 per slot (see the fetcher); a given number
+    is fixed; 0: none, a job is leased only for a slot that is free (the prefork supervisor's default
+    under autoscaling). ``poll_interval`` None: 1 s with notifications, else 0.25 s.
     ``heartbeat_interval`` None: a third of the shortest lease held; given, shorter than ``visibility_timeout``.
     Every interval but ``flush_interval`` (0: flush at once) is at least ``MIN_INTERVAL`` (10 ms). ``burst``:
     stop once the queues hold no live job. ``worker_id`` None: ``host:pid``."""

@@ -75,6 +75,14 @@ class Worker:
                 f"weights name queues this worker does not drain: {', '.join(unknown)} "
                 f"(it drains {', '.join(self.queues)})"
             )
+        unweighted = [q for q in self.queues if config.weights and q not in config.weights]
+        if unweighted:
+            # A lane left out took the weight 1 without a word, where `--queues a:3,b` is refused: a weight
+            # forgotten is as likely as a weight meant to be 1, and the two faces give the same lanes.
+            raise ConfigurationError(
+                f"weights give no weight to {', '.join(unweighted)}, which this worker drains: give a weight to "
+                "every queue it drains, or weights=None to drain them in strict order"
+            )
         _warn_of_leases_between_heartbeats(app, self.queues, config.heartbeat_interval)
         self.worker_id = config.identity
         # The app's clock, unless a test gives one: then kept as given, never set to the database's.
