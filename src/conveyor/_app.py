@@ -403,7 +403,6 @@ class App:
         check_name(queue, "queue", ConfigurationError)
         check_name(name, "task", ConfigurationError)
         parsed = parse_filter(filter)
-        encode_json_object(parsed, "filter")  # what a payload must be: no NUL, valid Unicode, not too deep
         subscription = Subscription(topic, queue, name, json.dumps(parsed, separators=(",", ":"), sort_keys=True))
         self.backend.subscriptions_upsert(SubscriptionsUpsertParams([subscription]))
         return subscription

@@ -9,14 +9,15 @@ from typing import TYPE_CHECKING, Any
 from conveyor._errors import ConfigurationError, PayloadError
 from conveyor._idempotency import same_json
 from conveyor._limits import check_name
-from conveyor._message import Message
+from conveyor._message import Message, encode_json_object
 
 if TYPE_CHECKING:
     from conveyor.backends.base import Subscription
 
 
 def parse_filter(text: str | Mapping[str, Any] | None) -> dict[str, Any]:
-    """Validate a subscription filter: ``{header: value}`` (equality) or ``{header: {"in": [...]}}``."""
+    """Validate a subscription filter: ``{header: value}`` (equality) or ``{header: {"in": [...]}}`` (one
+    value at least). Raises ConfigurationError, also for a value no engine can store."""
     if text is None:
         return {}
     if isinstance(text, str):
@@ -36,8 +37,26 @@ def parse_filter(text: str | Mapping[str, Any] | None) -> dict[str, Any]:
                 raise ConfigurationError(
                     f'filter on {key!r}: a condition object must be {{"in": [values...]}}, got {condition!r}'
                 )
+            if not condition["in"]:
+                # No header value is one of none: the subscription would never receive a message.
+                raise ConfigurationError(
+                    f'filter on {key!r}: {{"in": []}} matches no message: give at least one value to match'
+                )
         elif isinstance(condition, list):
             raise ConfigurationError(f'filter on {key!r}: use {{"in": [...]}} to match one of several values')
+    try:
+        # NaN and infinity first, in words for a filter: encode_json_object's are for a payload.
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ConfigurationError(f"subscription filter is not JSON ({exc})") from None
+    except RecursionError:
+        pass  # encode_json_object names the depth
+    try:
+        # What a payload must be too: no NUL, valid Unicode, not too deep. A filter is the subscriber's
+        # configuration, refused as the rest of a subscription is.
+        encode_json_object(value, "subscription filter")
+    except PayloadError as exc:
+        raise ConfigurationError(str(exc)) from None
     return value
 
 

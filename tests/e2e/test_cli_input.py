@@ -147,6 +147,16 @@ def test_an_integer_past_pythons_4300_digits_in_a_json_option_is_one_line(sqlite
     assert conveyor(sqlite_url, "topics", "list", "--json").json() == []
 
 
+def test_a_topic_filter_that_can_match_nothing_is_one_line_and_writes_nothing(sqlite_url: str) -> None:
+    # Before: --filter '{"region": {"in": []}}' was stored, and the subscription never received a message.
+    assert conveyor(sqlite_url, "migrate").code == 0
+    subscribe = ("topics", "subscribe", "orders", "q", "--task", "t", "--filter")
+    run = conveyor(sqlite_url, *subscribe, '{"region": {"in": []}}')
+    assert_one_line_error(run, """filter on 'region': {"in": []} matches no message""")
+    assert_one_line_error(conveyor(sqlite_url, *subscribe, '{"region": NaN}'), "subscription filter is not JSON")
+    assert conveyor(sqlite_url, "topics", "list", "--json").json() == []
+
+
 def test_bad_cron_expressions_are_one_line_and_write_nothing(sqlite_url: str) -> None:
     """``*/``, ``1_0`` and ``+5`` were taken as every minute, minute 10 and minute 5."""
     assert conveyor(sqlite_url, "migrate").code == 0

@@ -57,6 +57,23 @@ def test_bad_filters_are_refused(app: App) -> None:
         app.subscribe("t", "q", "task", filter={"region": {"like": "e%"}})
 
 
+def test_a_filter_that_can_match_nothing_or_cannot_be_stored_is_a_configuration_error(app: App) -> None:
+    # Before: {"in": []} was taken and the subscription never received a message; a NaN, a NUL or a lone
+    # surrogate in a filter raised PayloadError, worded for a payload ("send plain data, or a reference ...").
+    with pytest.raises(ConfigurationError, match=r"""filter on 'region': \{"in": \[\]\} matches no message"""):
+        app.subscribe("t", "q", "task", filter={"region": {"in": []}})
+    for bad, wording in (
+        ({"x": float("nan")}, "subscription filter is not JSON"),
+        ({"x": {"in": [float("inf")]}}, "subscription filter is not JSON"),
+        ({"x": "a\x00"}, "subscription filter holds a string with a NUL"),
+        ({"x": "\udc80"}, "subscription filter holds a string that is not valid Unicode"),
+    ):
+        with pytest.raises(ConfigurationError, match=wording) as caught:
+            app.subscribe("t", "q", "task", filter=bad)
+        assert "pickle" not in str(caught.value) and "payload" not in str(caught.value)
+    assert app.admin.subscriptions("t") == []
+
+
 def test_filters_compare_json_values_not_python_equality(app: App) -> None:
     app.subscribe("flags", "ones", "one", filter={"x": 1})
     app.subscribe("flags", "offs", "off", filter={"flag": False})
