@@ -8,11 +8,15 @@ from typing import TYPE_CHECKING, Any
 
 from conveyor._errors import ConfigurationError, PayloadError
 from conveyor._idempotency import same_json
-from conveyor._limits import check_name
+from conveyor._limits import check_name, preview
 from conveyor._message import Message, encode_json_object
 
 if TYPE_CHECKING:
     from conveyor.backends.base import Subscription
+
+
+#: The header every copy of a publish carries: the name of the topic it was published to.
+TOPIC = "topic"
 
 
 def parse_filter(text: str | Mapping[str, Any] | None) -> dict[str, Any]:
@@ -86,14 +90,24 @@ def published(
     """The messages one publish sends: one per subscription of ``topic`` (``subscriptions`` reads
     them) whose filter matches ``headers``, each with the ``topic`` header and the ``envelope``'s
     Message fields (not ``queue`` or ``task``: a subscription's). Raises PayloadError for a bad
-    payload, headers or option, subscriber or not: ``check`` validates a message as a send would
-    (``Producer.prepare``). An idempotency key is held per queue, as for a send: a queue subscribed
-    to two topics holds one key for both."""
+    payload, headers (a ``topic`` header naming another topic) or option, subscriber or not: ``check``
+    validates a message as a send would (``Producer.prepare``). An idempotency key is held per queue, as
+    for a send: a queue subscribed to two topics holds one key for both."""
     topic = check_name(topic, "topic")
     if headers is not None and not isinstance(headers, Mapping):
         raise PayloadError(f"headers must be a JSON object (a dict), got {type(headers).__name__}")
+    given = (headers or {}).get(TOPIC, topic)
+    if given != topic:
+        # The header states which topic the copy came from, as ``sent_by`` states which token sent a job: never
+        # the producer's to set. Overwritten, a producer's own "topic" header was lost without a word; the same
+        # name is taken, so that a handler may publish again the headers of a copy it received.
+        shown = preview(given) if isinstance(given, str) else f"a value of type {type(given).__name__}"
+        raise PayloadError(
+            f"headers' {TOPIC} is the name of the topic published to ({preview(topic)}), set by publish: got "
+            f"{shown}; give your header another name"
+        )
     body = payload if payload is not None else {}
-    merged = {**(headers or {}), "topic": topic}
+    merged = {**(headers or {}), TOPIC: topic}
     options = dict(envelope)
     for named in ("queue", "task"):
         if named in options:

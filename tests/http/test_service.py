@@ -434,6 +434,9 @@ def test_publish_copies_to_matching_subscriptions(server: Server) -> None:
         assert len(us.json()["jobs"]) == 1
         _error(c.post("/v1/topics/orders/messages", json={"task": "x"}), 400, "task")
         assert c.get(f"/v1/jobs/{us.json()['jobs'][0]}").json()["headers"]["sent_by"] == "shop"
+        # A topic header naming another topic is the caller's mistake: a 400 naming the header (before: overwritten).
+        other = c.post("/v1/topics/orders/messages", json={"headers": {"topic": "sports"}})
+        assert "headers' topic is the name of the topic published to" in _error(other, 400)
 
 
 def test_a_topic_whose_name_holds_a_slash_is_published_to(server: Server) -> None:

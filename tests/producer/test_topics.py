@@ -125,6 +125,20 @@ def test_a_publish_given_a_queue_or_task_is_refused_with_subscribers_or_none(app
     assert app.admin.queues() == []
 
 
+def test_a_publish_given_a_topic_header_naming_another_topic_is_refused(app: App) -> None:
+    # The topic header says which topic a copy was published to. Before, a producer's own "topic" header was
+    # overwritten with the topic's name without a word; its value was lost.
+    for subscribed in (False, True):
+        if subscribed:
+            app.subscribe("orders", "billing", "bill")
+        with pytest.raises(PayloadError, match=r"headers' topic is the name of the topic published to \('orders'\)"):
+            app.publish("orders", {}, headers={"topic": "sports", "region": "eu"})
+    assert app.admin.queues() == []
+    # The same name states the same fact: a handler may publish again the headers of a copy it received.
+    (job,) = app.publish("orders", {}, headers={"topic": "orders"})
+    assert job.status().headers["topic"] == "orders"
+
+
 def test_a_publish_one_of_whose_subscribers_is_full_is_refused_whole(app: App) -> None:
     # Documented (README, "Fan-out topics"): a publish is one transaction, so a subscriber past its max_depth
     # refuses it whole, naming its queue; no subscriber gets a copy the others miss.
