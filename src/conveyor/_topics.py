@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import reprlib
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -39,15 +40,16 @@ def parse_filter(text: str | Mapping[str, Any] | None) -> dict[str, Any]:
         if isinstance(condition, dict):
             if set(condition) != {"in"} or not isinstance(condition["in"], list):
                 raise ConfigurationError(
-                    f'filter on {key!r}: a condition object must be {{"in": [values...]}}, got {condition!r}'
+                    f'filter on {_shown(key)}: a condition object must be {{"in": [values...]}}, '
+                    f"got {_shown(condition)}"
                 )
             if not condition["in"]:
                 # No header value is one of none: the subscription would never receive a message.
                 raise ConfigurationError(
-                    f'filter on {key!r}: {{"in": []}} matches no message: give at least one value to match'
+                    f'filter on {_shown(key)}: {{"in": []}} matches no message: give at least one value to match'
                 )
         elif isinstance(condition, list):
-            raise ConfigurationError(f'filter on {key!r}: use {{"in": [...]}} to match one of several values')
+            raise ConfigurationError(f'filter on {_shown(key)}: use {{"in": [...]}} to match one of several values')
     try:
         # NaN and infinity first, in words for a filter: encode_json_object's are for a payload.
         json.dumps(value, allow_nan=False)
@@ -62,6 +64,16 @@ def parse_filter(text: str | Mapping[str, Any] | None) -> dict[str, Any]:
     except PayloadError as exc:
         raise ConfigurationError(str(exc)) from None
     return value
+
+
+def _shown(value: object) -> str:
+    """A filter's key or condition in an error message, bounded: a condition nested 5,000 deep overflowed the stack
+    of the full repr (a RecursionError traceback), a 10 MB key made a 10 MB message."""
+    return _REPR.repr(value)
+
+
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = 60
 
 
 def matches(filter_: Mapping[str, Any], headers: Mapping[str, Any]) -> bool:

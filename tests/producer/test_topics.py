@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -150,3 +151,18 @@ def test_a_publish_one_of_whose_subscribers_is_full_is_refused_whole(app: App) -
         app.publish("orders", {"order": 2})
     assert full.value.queue == "audit" and full.value.retry_after > 0
     assert {q.queue: q.pending for q in app.admin.queues()} == {"audit": 1, "billing": 1}
+
+
+def test_a_filter_nested_past_the_stack_or_with_a_huge_key_is_refused_in_a_short_line(app: App) -> None:
+    # Before: the message quoted the whole condition: nested 5,000 deep, its repr overflowed the stack (a
+    # RecursionError traceback); a 10 MB key made a 10 MB message.
+    deep: dict[str, Any] = {}
+    for _ in range(5000):
+        deep = {"a": deep}
+    with pytest.raises(ConfigurationError, match="a condition object must be") as caught:
+        app.subscribe("t", "q", "task", filter={"x": deep})
+    assert len(str(caught.value)) < 300
+    with pytest.raises(ConfigurationError, match="to match one of several values") as caught:
+        app.subscribe("t", "q", "task", filter={"k" * 10_000_000: ["eu"]})
+    assert len(str(caught.value)) < 300
+    assert app.admin.subscriptions("t") == []
