@@ -134,11 +134,12 @@ class Producer:
         # for the database's clock; its inserts (insert_prepared, on a thread) read it.
         return self.new_job(message, now if now is not None else self.clock(), traceparent)
 
-    def admit(self, job: NewJob, now: datetime | None = None) -> None:
-        """The backpressure verdict for one prepared job: raise QueueFull if its queue is past its
-        high-water mark for the job's priority class, else count the job as sent. May read the
-        queue's depth from the database (at most every 100 ms per queue), so it can block."""
-        self.load.check([job], now if now is not None else self.clock.now())
+    def admit(self, jobs: Sequence[NewJob], now: datetime | None = None) -> None:
+        """The backpressure verdict for prepared jobs, as one send of them all: raise QueueFull if a
+        queue of theirs is past its high-water mark for a job's priority class, else count them as
+        sent. May read a queue's depth from the database (at most every 100 ms per queue), so it can
+        block."""
+        self.load.check(jobs, now if now is not None else self.clock.now())
 
     def insert_prepared(
         self, jobs: Sequence[NewJob], strict_keys: bool = False, lock_wait: float | None = None

@@ -98,8 +98,7 @@ class QueueOptions:
         """The live depth past which a send of this priority is refused (None: no limit)."""
         if self.max_depth is None:
             return None
-        fraction = self.shedding.get(priority_class(priority), DEFAULT_SHEDDING[priority_class(priority)])
-        return max(1, int(self.max_depth * fraction))
+        return max(1, int(self.max_depth * self.shedding[priority_class(priority)]))  # the ladder is kept whole
 
 
 def _rung(cls: str, ladder: Mapping[str, float], given: Mapping[str, float]) -> str:

@@ -406,7 +406,7 @@ class Service:
         with send_span(message.task, queue, 1, valid_traceparent(headers.get(b"traceparent"))) as traceparent:
             job = self.app.producer.prepare(message, traceparent=traceparent)
             if self.app.queue_options(queue).max_depth is not None:
-                await self.run(self.app.producer.admit, job)
+                await self.run(self.app.producer.admit, [job])
             try:
                 stored = await self.group.submit(job) if self.group is not None else (await self.insert([job]))[0]
             except KeyHeld as exc:
@@ -468,8 +468,7 @@ class Service:
                 except (PayloadError, ConfigurationError) as exc:
                     return error_response(exc, f"jobs[{i}].")
             if self.app.queue_options(queue).max_depth is not None:
-                for job in jobs:
-                    await self.run(self.app.producer.admit, job)
+                await self.run(self.app.producer.admit, jobs)  # one verdict, as a Python send_many gets
             # strict_keys: a key held by another payload is refused inside the insert's transaction,
             # so that a 409 leaves no job of the batch stored (a client retrying it would send them twice).
             try:
@@ -528,9 +527,8 @@ class Service:
             # held every other request up for 0.7 s).
             prepare = self.app.producer.prepare
             jobs = await self.run(lambda: [prepare(message, traceparent=shared) for message in messages])
-            for job in jobs:
-                if self.app.queue_options(job.queue).max_depth is not None:
-                    await self.run(self.app.producer.admit, job)
+            if any(self.app.queue_options(job.queue).max_depth is not None for job in jobs):
+                await self.run(self.app.producer.admit, jobs)  # one verdict for the copies, as App.publish gets
             try:
                 stored = await self.insert(jobs, strict_keys=True)
             except KeyHeld as exc:

@@ -161,8 +161,8 @@ class Fetcher(Service):
         to round. So the lanes get their weights' proportions also when a round has fewer slots than lanes:
         a worker leasing one job at a time (``prefetch=0``, with every slot busy but one) gave each slot to the
         first lane, and a low lane starved for as long as the high one had jobs."""
-        weights = self.weights or {}
-        weight = {q: weights.get(q, 1) for q in self.queues}
+        assert self.weights is not None  # Worker refuses weights that leave out a queue it drains
+        weight = {q: self.weights[q] for q in self.queues}
         total = sum(weight.values())
         shares = {q: free * w // total for q, w in weight.items()}
         for _ in range(free - sum(shares.values())):
