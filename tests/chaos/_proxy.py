@@ -32,6 +32,8 @@ class TcpProxy:
         #: While True, what either side sends is read and dropped: the sockets stay open and every byte is
         #: lost (a network that swallows everything; a broker blocked by a resource alarm looks the same).
         self.swallowing = False
+        # Connections stranded by strand(): each loses every byte from then on, for good.
+        self._stranded: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
         self._pairs: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="chaos-proxy", daemon=True)
@@ -56,16 +58,22 @@ class TcpProxy:
         self._pairs.add(pair)
         self.connections_total += 1
         try:
-            await asyncio.gather(self._pipe(client_r, server_w), self._pipe(server_r, client_w))
+            await asyncio.gather(self._pipe(client_r, server_w, pair), self._pipe(server_r, client_w, pair))
         finally:
             self._pairs.discard(pair)
+            self._stranded.discard(pair)
             client_w.transport.abort()
             server_w.transport.abort()
 
-    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _pipe(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        pair: tuple[asyncio.StreamWriter, asyncio.StreamWriter],
+    ) -> None:
         try:
             while data := await reader.read(65536):
-                if self.swallowing:
+                if self.swallowing or pair in self._stranded:
                     continue
                 writer.write(data)
                 await writer.drain()
@@ -87,6 +95,17 @@ class TcpProxy:
             server_w.transport.abort()
         self.cuts_total += len(pairs)
         return len(pairs)
+
+    def strand(self) -> int:
+        """From now on every byte of the connections open now is lost, for good, their sockets left open
+        (their server gone without a word: a failover that moved its address to another host); new
+        connections go through. How many were stranded."""
+
+        async def strand() -> int:
+            self._stranded.update(self._pairs)
+            return len(self._pairs)
+
+        return asyncio.run_coroutine_threadsafe(strand(), self._loop).result(timeout=10)
 
     @property
     def open_connections(self) -> int:

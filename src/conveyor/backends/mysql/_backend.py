@@ -15,7 +15,7 @@ import pymysql
 from conveyor._errors import BackendRefused, ConfigurationError, TooLargeForDatabase
 from conveyor._idempotency import refuse_reused_keys
 from conveyor.backends import _convert as cv
-from conveyor.backends import base
+from conveyor.backends import _deadline, base
 from conveyor.backends._promotion import Promotions, earliest_by_queue, scheduled_earliest
 from conveyor.backends._sql import load_migrations, load_queries
 from conveyor.backends.mysql import _connection
@@ -40,9 +40,9 @@ class MysqlBackend:
     engine = "mysql"
     notifies = False
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, statement_deadline: float | None = _deadline.STATEMENT_DEADLINE) -> None:
         self.url = url
-        self._pool = Pool(connect_kwargs(url))
+        self._pool = Pool(connect_kwargs(url), statement_deadline=_deadline.check_seconds(statement_deadline))
         self._q = _QUERIES
         # The next scheduled job each queue's last acquire saw, and those this process wrote since.
         self._promotions = Promotions()
@@ -59,7 +59,12 @@ class MysqlBackend:
 
     def forked(self) -> MysqlBackend:
         """The same database, connections of its own (see :meth:`Backend.forked`)."""
-        return MysqlBackend(self.url)
+        return MysqlBackend(self.url, statement_deadline=self.statement_deadline)
+
+    @property
+    def statement_deadline(self) -> float | None:
+        """How long a call may wait for the server's answers before its connection is cut (None: for ever)."""
+        return self._pool.statement_deadline
 
     def listen(self, queues: Sequence[str]) -> base.Listener:
         """A polling listener: MySQL cannot notify other sessions."""

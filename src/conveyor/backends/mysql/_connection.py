@@ -31,6 +31,7 @@ from conveyor._errors import (
     UnstorableText,
     first_line,
 )
+from conveyor.backends import _deadline
 from conveyor.backends._sql import load_migrations, pending
 from conveyor.backends.mysql._url import ConnectArgs
 
@@ -201,13 +202,22 @@ def translated(action: str, callers: bool = False) -> Iterator[None]:
         raise UnstorableText(f"MySQL ({action})", exc) from None
 
 
-def _answers(conn: Connection) -> bool:
+def _fd(conn: Connection) -> int:
+    """The socket of ``conn`` (-1: none, closed)."""
+    sock = getattr(conn, "_sock", None)
+    return sock.fileno() if sock is not None else -1
+
+
+def _answers(conn: Connection, deadline: float | None) -> bool:
     """Whether the server still answers on ``conn`` (a ping, no reconnect: a new session would lack the
-    session settings)."""
+    session settings), within ``deadline`` seconds."""
+    watch = _deadline.watch(_fd(conn), deadline)
     try:
         conn.ping(reconnect=False)
     except Exception:
         return False
+    finally:
+        _deadline.done(watch)
     return True
 
 
@@ -228,9 +238,12 @@ def _reusable(exc: BaseException) -> bool:
 class Pool:
     """Connections to one database, shared by threads: each transaction borrows one and gives it back."""
 
-    def __init__(self, kwargs: ConnectArgs, max_idle: int = 8) -> None:
+    def __init__(self, kwargs: ConnectArgs, max_idle: int = 8, statement_deadline: float | None = None) -> None:
         self._kwargs = kwargs
         self._max_idle = max_idle
+        #: How long a transaction may wait for the server's answers before its connection is cut (see
+        #: conveyor.backends._deadline; None: for ever).
+        self.statement_deadline = statement_deadline
         # Idle connections with the time each was given back (time.monotonic()).
         self._idle: list[tuple[Connection, float]] = []
         self._lock = threading.Lock()
@@ -244,6 +257,7 @@ class Pool:
         conn: Connection = pymysql.connect(
             **kwargs, charset="utf8mb4", autocommit=False, client_flag=CLIENT.FOUND_ROWS, cursorclass=Cursor
         )
+        watch = _deadline.watch(_fd(conn), self.statement_deadline)
         try:
             with conn.cursor(Cursor) as cur:
                 for statement in _SESSION:
@@ -258,10 +272,21 @@ class Pool:
                     # whole, locking every row (a held row stalled a prune of 1,000). MySQL has no such rewrite.
                     cur.execute("SET SESSION in_predicate_conversion_threshold = 0")
             conn.commit()
-        except BaseException:
+        except BaseException as exc:
+            cut = _deadline.done(watch)
             conn.close()
+            if cut:
+                raise self.no_answer("connect") from exc
             raise
+        _deadline.done(watch)
         return conn
+
+    def no_answer(self, action: str) -> BackendUnavailable:
+        """What a call whose connection the deadline cut raises."""
+        return BackendUnavailable(
+            f"MySQL gave no answer to {action} within {self.statement_deadline:g}s (statement_deadline): its "
+            "connection was cut (a server or network that stopped answering)"
+        )
 
     def _borrow(self, action: str) -> Connection:
         while True:
@@ -271,7 +296,7 @@ class Pool:
                 if not self._idle:
                     break
                 conn, since = self._idle.pop()
-            if time.monotonic() - since <= CHECK_IDLE_AFTER_S or _answers(conn):
+            if time.monotonic() - since <= CHECK_IDLE_AFTER_S or _answers(conn, self.statement_deadline):
                 return conn
             with suppress(Exception):
                 conn.close()
@@ -308,6 +333,7 @@ class Pool:
         self, action: str, work: Callable[[Cursor], _T], read_only: bool, lock_wait: int | None = None
     ) -> _T:
         conn = self._borrow(action)
+        watch = _deadline.watch(_fd(conn), self.statement_deadline)
         try:
             with translated(action), conn.cursor(Cursor) as cur:
                 if lock_wait is not None:
@@ -320,6 +346,10 @@ class Pool:
                 result = work(cur)
                 conn.commit()
         except BaseException as exc:
+            if _deadline.done(watch):
+                with suppress(Exception):
+                    conn.close()
+                raise self.no_answer(action) from exc
             if lock_wait is None:
                 self._after_failure(conn, exc)
             elif not _reusable(exc):
@@ -329,7 +359,9 @@ class Pool:
                 self._give_back(conn)
             raise
         # The write committed: a failure to restore the session's lock wait only costs the connection.
-        if lock_wait is None or self._restore_lock_wait(conn, rollback=False):
+        restored = lock_wait is None or self._restore_lock_wait(conn, rollback=False)
+        _deadline.done(watch)
+        if restored:
             self._give_back(conn)
         return result
 

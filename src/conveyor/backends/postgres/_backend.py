@@ -35,6 +35,7 @@ from conveyor._errors import (
     printable,
 )
 from conveyor._idempotency import refuse_reused_keys
+from conveyor.backends import _deadline
 from conveyor.backends._promotion import Promotions, scheduled_earliest
 from conveyor.backends._redact import hide, redact_url, scrub
 from conveyor.backends._sql import load_migrations, load_queries, pending
@@ -237,6 +238,7 @@ class PostgresBackend:
         max_size: int = 8,
         connect_timeout: float = 5.0,
         durable_acks: bool = False,
+        statement_deadline: float | None = _deadline.STATEMENT_DEADLINE,
     ) -> None:
         if not url.startswith(("postgresql://", "postgres://")):
             raise ConfigurationError(f"not a PostgreSQL URL: {redact_url(url)!r}")
@@ -245,6 +247,8 @@ class PostgresBackend:
         _check_url(url, self._secrets)
         self._url = self.url = url
         self._connect_timeout = connect_timeout
+        #: How long a call may wait for the server's answer before its connection is cut (None: for ever).
+        self.statement_deadline = _deadline.check_seconds(statement_deadline)
         self._sizes = (min_size, max_size)
         self._q = load_queries(_PACKAGE)
         self._last_used: weakref.WeakKeyDictionary[Conn, float] = weakref.WeakKeyDictionary()
@@ -304,14 +308,32 @@ class PostgresBackend:
         return pool
 
     def _configure(self, setup: Sequence[str], conn: Conn) -> None:
-        for statement in setup:
-            conn.execute(statement)
+        with self._watched(conn):
+            for statement in setup:
+                conn.execute(statement)
         self._last_used[conn] = time.monotonic()
 
     def _check(self, conn: Conn) -> None:
         idle = time.monotonic() - self._last_used.get(conn, 0.0)
         if idle > _CHECK_IDLE_AFTER or has_input(conn):
-            ConnectionPool.check_connection(conn)
+            with self._watched(conn):
+                ConnectionPool.check_connection(conn)
+
+    @contextmanager
+    def _watched(self, conn: Conn) -> Iterator[None]:
+        """The pool's own statements on ``conn`` (a new connection's setup, the check of an idle one)
+        under the deadline: a connection that cannot answer them is discarded by the pool."""
+        watch = _deadline.watch(conn.fileno(), self.statement_deadline)
+        try:
+            yield
+        finally:
+            _deadline.done(watch)
+
+    def _no_answer(self, action: str) -> BackendUnavailable:
+        return BackendUnavailable(
+            f"PostgreSQL gave no answer to {action} within {self.statement_deadline:g}s (statement_deadline): "
+            "its connection was cut (a server or network that stopped answering)"
+        )
 
     @contextmanager
     def _errors(self, action: str) -> Iterator[None]:
@@ -379,20 +401,28 @@ class PostgresBackend:
         return scrub(first_line(exc), self._secrets)
 
     @contextmanager
-    def _connection(self, action: str, ack: bool = False) -> Iterator[Conn]:
-        """A pooled connection; ``ack`` picks the outcome pool (see ``durable_acks``)."""
+    def _connection(self, action: str, ack: bool = False, deadline: bool = True) -> Iterator[Conn]:
+        """A pooled connection; ``ack`` picks the outcome pool (see ``durable_acks``). The call is cut
+        past ``statement_deadline`` unless ``deadline`` is False (maintenance that may take long)."""
         pool = self._acks if ack else self._pool
         with self._errors(action), pool.connection() as conn:
+            watch = _deadline.watch(conn.fileno(), self.statement_deadline if deadline else None)
             try:
                 yield conn
+            except psycopg.OperationalError as exc:
+                if _deadline.done(watch):
+                    raise self._no_answer(action) from exc
+                raise
             except psycopg.errors.ReadOnlySqlTransaction:
                 # This session never writes: the pool replaces it (quietly, see _QuietPool), and the
                 # idle ones, which may reach the same server, with it.
+                _deadline.done(watch)  # before its socket closes: the number may be another's next
                 _closed_on_purpose.add(conn)
                 conn.close()
                 pool.replace_all()
                 raise
             finally:
+                _deadline.done(watch)
                 # Stamped here rather than in a pool ``reset`` hook: with one, psycopg_pool hands
                 # every returned connection to its worker thread (a thread wake-up per statement,
                 # and the next caller, not finding it back yet, took a colder connection).
@@ -423,6 +453,7 @@ class PostgresBackend:
             max_size=max_size,
             connect_timeout=self._connect_timeout,
             durable_acks=self._durable_acks,
+            statement_deadline=self.statement_deadline,
         )
 
     def close(self) -> None:
@@ -443,7 +474,7 @@ class PostgresBackend:
         Safe to call from many processes at once: an advisory lock serialises them and the later
         ones find nothing to apply. Returns the names of the migrations applied."""
         applied: list[str] = []
-        with self._connection("migrate") as conn, conn.transaction():
+        with self._connection("migrate", deadline=False) as conn, conn.transaction():
             conn.execute(self._q["migrations_lock"])
             conn.execute(self._q["migrations_table"])
             done = [row[0] for row in conn.execute(self._q["migrations_applied"]).fetchall()]
@@ -890,7 +921,11 @@ class PostgresBackend:
 
         Does not raise if the server is down: the listener connects on a later wait."""
         listener = PostgresListener(
-            self._url, queues, self._q["listen"], connect_timeout=max(2, int(self._connect_timeout))
+            self._url,
+            queues,
+            self._q["listen"],
+            connect_timeout=max(2, int(self._connect_timeout)),
+            statement_deadline=self.statement_deadline,
         )
         self._listeners.add(listener)
         return listener
@@ -911,6 +946,8 @@ class PostgresBackend:
             self._q,
             self._errors,
             self._promotions,
+            self.statement_deadline,
+            self._no_answer,
         )
 
     # ---------------------------------------------------------------------------------------
@@ -1233,7 +1270,7 @@ class PostgresBackend:
         """``VACUUM`` the jobs table (see :meth:`Backend.jobs_vacuum`) for 10 s at most (raises
         BackendUnavailable past that); a role that does not own the table gets PostgreSQL's warning
         and nothing is done."""
-        with self._connection("jobs_vacuum") as conn:
+        with self._connection("jobs_vacuum", deadline=False) as conn:
             conn.execute(self._q["jobs_vacuum_bound"], prepare=False)
             try:
                 conn.execute(self._q["jobs_vacuum"], prepare=False)

@@ -8,9 +8,15 @@ from collections.abc import Sequence
 
 import psycopg
 
+from conveyor.backends import _deadline
+
 # A listener that lost its server retries the connection at most this often, so that a fetcher
 # looping on ``wait`` while PostgreSQL is down neither spins nor raises.
 _RECONNECT_PAUSE = 0.5
+#: After this long with nothing from the server, a wait first asks it one trivial statement, under the
+#: deadline (seconds): a connection whose server stopped answering without closing it (see
+#: conveyor.backends._deadline) delivers no notification again, and the worker was left to its polls.
+CHECK_AFTER = 30.0
 
 
 class PostgresListener:
@@ -21,8 +27,18 @@ class PostgresListener:
     while it was disconnected are lost and the fetcher should look for work. Not thread-safe
     beyond ``close()`` being callable from another thread; use one listener per fetcher."""
 
-    def __init__(self, url: str, queues: Sequence[str], listen_sql: str, connect_timeout: int) -> None:
+    def __init__(
+        self,
+        url: str,
+        queues: Sequence[str],
+        listen_sql: str,
+        connect_timeout: int,
+        statement_deadline: float | None = None,
+    ) -> None:
         self._url = url
+        self._deadline = statement_deadline
+        #: time.monotonic() when the server was last heard from on this connection.
+        self._heard = 0.0
         self._queues = frozenset(queues)
         self._listen_sql = listen_sql
         self._connect_timeout = connect_timeout
@@ -43,9 +59,7 @@ class PostgresListener:
             # with it, its prefetched jobs left to their leases, while the pools waited it out as an
             # unreachable server, as this does now.
             return False
-        try:
-            conn.execute(self._listen_sql)
-        except psycopg.Error:
+        if not self._answered(conn, self._listen_sql):
             conn.close()
             return False
         with self._lock:
@@ -54,6 +68,18 @@ class PostgresListener:
                 return False
             self._conn = conn
         self._ever_connected = True
+        return True
+
+    def _answered(self, conn: psycopg.Connection[tuple[object, ...]], statement: str) -> bool:
+        """Run ``statement`` on ``conn`` under the deadline; whether the server answered (without an error)."""
+        watch = _deadline.watch(conn.fileno(), self._deadline)
+        try:
+            conn.execute(statement)
+        except psycopg.Error:
+            return False
+        finally:
+            _deadline.done(watch)
+        self._heard = time.monotonic()
         return True
 
     def _drop(self) -> None:
@@ -83,9 +109,14 @@ class PostgresListener:
             conn = self._conn
             if conn is None:
                 return False
+        quiet = self._deadline is not None and time.monotonic() - self._heard > CHECK_AFTER
+        if quiet and not self._answered(conn, "SELECT 1"):
+            self._drop()
+            return False
         try:
             woken = False
             for notify in conn.notifies(timeout=max(0.0, deadline - time.monotonic())):
+                self._heard = time.monotonic()
                 if notify.payload in self._queues:
                     woken = True
                     break

@@ -18,6 +18,7 @@ from typing import Any
 import psycopg
 from psycopg.pq import TransactionStatus
 
+from conveyor.backends import _deadline
 from conveyor.backends._promotion import Promotions
 from conveyor.backends.base import Delivery, JobsAcquireParams, JobsFinishParams
 from conveyor.backends.postgres._args import acquire_args, finish_args, promote_args
@@ -43,6 +44,8 @@ class PostgresLoopStatements:
         queries: Mapping[str, str],
         errors: Callable[[str], AbstractContextManager[None]],
         promotions: Promotions,
+        deadline: float | None = None,
+        no_answer: Callable[[str], Exception] | None = None,
     ) -> None:
         self._url = url
         self._promotions = promotions
@@ -50,6 +53,10 @@ class PostgresLoopStatements:
         self._setup = list(setup)
         self._q = queries
         self._errors = errors
+        # A statement with no answer within ``deadline`` seconds has its connection cut (see
+        # conveyor.backends._deadline); ``no_answer(action)`` is what the call raises then.
+        self._deadline = deadline
+        self._no_answer = no_answer
         self._conns: dict[str, _AsyncConn] = {}
         self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
 
@@ -87,9 +94,12 @@ class PostgresLoopStatements:
         async with self._locks[action]:
             conn = await self._connection(action)
             with self._errors(action):
+                watch = _deadline.watch(conn.fileno(), self._deadline)
                 try:
                     yield conn
                 except BaseException as exc:
+                    # Not watched any more before the socket can close: its number may be another's next.
+                    cut = _deadline.done(watch)
                     idle = not conn.closed and conn.info.transaction_status == TransactionStatus.IDLE
                     # An error of the server's, or text the connection's encoding cannot hold (found
                     # before anything was sent), leaves the connection usable; one that is read-only
@@ -97,9 +107,13 @@ class PostgresLoopStatements:
                     usable = isinstance(exc, psycopg.Error | UnicodeEncodeError) and not isinstance(
                         exc, psycopg.errors.ReadOnlySqlTransaction
                     )
-                    if not (idle and usable):
+                    if cut or not (idle and usable):
                         self._drop(action)
+                    if cut and isinstance(exc, psycopg.OperationalError) and self._no_answer is not None:
+                        raise self._no_answer(action) from exc
                     raise
+                finally:
+                    _deadline.done(watch)
 
     async def _connection(self, action: str) -> _AsyncConn:
         conn = self._conns.get(action)
@@ -109,12 +123,18 @@ class PostgresLoopStatements:
         if conn is None:
             with self._errors(action):
                 conn = await psycopg.AsyncConnection.connect(self._url, **self._connect_kwargs)
+                watch = _deadline.watch(conn.fileno(), self._deadline)
                 try:
                     for statement in self._setup:
                         await conn.execute(statement)
-                except BaseException:
+                except BaseException as exc:
+                    cut = _deadline.done(watch)
                     conn.pgconn.finish()
+                    if cut and isinstance(exc, psycopg.OperationalError) and self._no_answer is not None:
+                        raise self._no_answer(action) from exc
                     raise
+                finally:
+                    _deadline.done(watch)
             self._conns[action] = conn
         return conn
 

@@ -1,0 +1,128 @@
+"""A deadline on every database call: a connection whose server gives no answer within it is cut.
+
+A server that stops answering without closing its connections (its host gone in a failover that moved
+the address, a network or a proxy that drops everything, a server frozen) leaves each statement waiting on
+a socket nothing writes to any more. The kernel has nothing to send again, so it waits for its keepalive:
+two hours by default. A worker's loops waited as long, every one of them (its fetcher never leased again,
+its outcomes stayed unwritten after the server came back), and so did an HTTP request or a ``delay()``.
+
+One watch thread per process shuts down the socket of a call past its deadline. The driver then fails the
+call as a lost connection, which callers already handle (:class:`~conveyor.BackendUnavailable`: a worker
+retries it on a new connection; the pool drops the dead one). The call's own code asks :meth:`Watch.fired`
+to say why in its message. A watch is cheap (a lock and a set), so that every call of the drain can have one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import threading
+import time
+
+from conveyor._errors import ConfigurationError
+
+#: The backends' default ``statement_deadline`` (seconds). No call of Conveyor's takes nearly as long on a
+#: server that answers; the maintenance that may (a migration, a vacuum) has none.
+STATEMENT_DEADLINE = 60.0
+
+#: How often the watch thread looks at the calls under way (seconds): a deadline is kept to within this.
+_TICK = 0.25
+
+
+class Watch:
+    """One call under way on the socket ``fd``, to be cut at ``deadline`` (``time.monotonic()``)."""
+
+    __slots__ = ("deadline", "fd", "fired")
+
+    def __init__(self, fd: int, deadline: float) -> None:
+        self.fd = fd
+        self.deadline = deadline
+        #: Set once the watch thread cut the call's connection.
+        self.fired = False
+
+
+class _Watcher:
+    """The process's watch thread and the calls it watches (started on the first watch; after a fork
+    the child starts its own)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._watched: set[Watch] = set()
+        self._wake = threading.Condition(self._lock)
+        self._thread: threading.Thread | None = None
+
+    def watch(self, fd: int, seconds: float) -> Watch:
+        watch = Watch(fd, time.monotonic() + seconds)
+        with self._lock:
+            self._watched.add(watch)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="conveyor-deadlines", daemon=True)
+                self._thread.start()
+            elif len(self._watched) == 1:
+                self._wake.notify()
+        return watch
+
+    def done(self, watch: Watch) -> bool:
+        """Stop watching; whether the call was cut. Under the lock: once this returns, the watch thread
+        cannot cut the connection any more (it may be handed to another call next)."""
+        with self._lock:
+            self._watched.discard(watch)
+        return watch.fired
+
+    def _run(self) -> None:
+        with self._lock:
+            while True:
+                if not self._watched:
+                    self._wake.wait()
+                    continue
+                self._wake.wait(_TICK)
+                now = time.monotonic()
+                for watch in [w for w in self._watched if w.deadline <= now]:
+                    self._watched.discard(watch)
+                    watch.fired = True
+                    cut(watch.fd)
+
+    def _after_fork_in_child(self) -> None:
+        # The thread is not in the child, and the calls it watched are the parent's.
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._watched = set()
+        self._thread = None
+
+
+_watcher = _Watcher()
+os.register_at_fork(after_in_child=_watcher._after_fork_in_child)
+
+
+def watch(fd: int, seconds: float | None) -> Watch | None:
+    """Watch a call on socket ``fd`` for ``seconds`` (None: no deadline, nothing watched)."""
+    return None if seconds is None else _watcher.watch(fd, seconds)
+
+
+def done(watch: Watch | None) -> bool:
+    """The call ``watch`` watched has ended (or is about to raise): stop; True if its deadline cut it."""
+    return False if watch is None else _watcher.done(watch)
+
+
+def cut(fd: int) -> None:
+    """Shut a socket down both ways, on a duplicate of its descriptor: a thread or an event loop waiting
+    on it wakes to an end of file, and its driver fails the call as a lost connection."""
+    try:
+        sock = socket.socket(fileno=os.dup(fd))
+    except OSError:
+        return  # closed meanwhile, or not a socket: nothing waits on it
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+    sock.close()
+
+
+def check_seconds(seconds: float | None, what: str = "statement_deadline") -> float | None:
+    """``seconds`` as a deadline: None, or a finite number of seconds of at least 1."""
+    if seconds is None:
+        return None
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+        raise ConfigurationError(f"{what} must be a number of seconds or None, not {type(seconds).__name__}")
+    if not (seconds >= 1 and seconds < float("inf")):
+        raise ConfigurationError(f"{what} must be at least 1 second and finite (None: no deadline), got {seconds!r}")
+    return float(seconds)
