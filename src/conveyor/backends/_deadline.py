@@ -20,7 +20,7 @@ import socket
 import threading
 import time
 
-from conveyor._errors import ConfigurationError
+from conveyor._errors import BackendUnavailable, ConfigurationError
 
 #: The backends' default ``statement_deadline`` (seconds). No call of Conveyor's takes nearly as long on a
 #: server that answers; the maintenance that may (a migration, a vacuum) has none.
@@ -115,6 +115,14 @@ def cut(fd: int) -> None:
     with contextlib.suppress(OSError):
         sock.shutdown(socket.SHUT_RDWR)
     sock.close()
+
+
+def no_answer(engine: str, action: str, seconds: float | None) -> BackendUnavailable:
+    """What a call whose connection its deadline cut raises."""
+    return BackendUnavailable(
+        f"{engine} gave no answer to {action} within {seconds:g}s (statement_deadline): its connection was cut "
+        "(a server or network that stopped answering, or a lock another transaction held that long)"
+    )
 
 
 def check_seconds(seconds: float | None, what: str = "statement_deadline") -> float | None:

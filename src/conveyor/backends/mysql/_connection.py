@@ -283,10 +283,7 @@ class Pool:
 
     def no_answer(self, action: str) -> BackendUnavailable:
         """What a call whose connection the deadline cut raises."""
-        return BackendUnavailable(
-            f"MySQL gave no answer to {action} within {self.statement_deadline:g}s (statement_deadline): its "
-            "connection was cut (a server or network that stopped answering)"
-        )
+        return _deadline.no_answer("MySQL", action, self.statement_deadline)
 
     def _borrow(self, action: str) -> Connection:
         while True:

@@ -330,10 +330,7 @@ class PostgresBackend:
             _deadline.done(watch)
 
     def _no_answer(self, action: str) -> BackendUnavailable:
-        return BackendUnavailable(
-            f"PostgreSQL gave no answer to {action} within {self.statement_deadline:g}s (statement_deadline): "
-            "its connection was cut (a server or network that stopped answering)"
-        )
+        return _deadline.no_answer("PostgreSQL", action, self.statement_deadline)
 
     @contextmanager
     def _errors(self, action: str) -> Iterator[None]:
