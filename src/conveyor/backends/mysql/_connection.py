@@ -215,10 +215,10 @@ def _answers(conn: Connection, deadline: float | None) -> bool:
     try:
         conn.ping(reconnect=False)
     except Exception:
-        return False
-    finally:
         _deadline.done(watch)
-    return True
+        return False
+    # A ping answered just before its deadline may still have its connection cut before this stops watching.
+    return not _deadline.done(watch)
 
 
 def _reusable(exc: BaseException) -> bool:
@@ -278,7 +278,10 @@ class Pool:
             if cut:
                 raise self.no_answer("connect") from exc
             raise
-        _deadline.done(watch)
+        if _deadline.done(watch):
+            # Answered, but cut before this stopped watching: the connection is dead.
+            conn.close()
+            raise self.no_answer("connect")
         return conn
 
     def no_answer(self, action: str) -> BackendUnavailable:
@@ -357,8 +360,13 @@ class Pool:
             raise
         # The write committed: a failure to restore the session's lock wait only costs the connection.
         restored = lock_wait is None or self._restore_lock_wait(conn, rollback=False)
-        _deadline.done(watch)
-        if restored:
+        if _deadline.done(watch):
+            # The deadline fell between the last answer and here: the call has its result, but its connection
+            # was cut, and given back it would fail the next call (one given back within CHECK_IDLE_AFTER_S is
+            # not pinged).
+            with suppress(Exception):
+                conn.close()
+        elif restored:
             self._give_back(conn)
         return result
 
