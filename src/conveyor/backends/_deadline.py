@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import reprlib
 import socket
 import threading
 import time
@@ -131,6 +132,11 @@ def check_seconds(seconds: float | None, what: str = "statement_deadline") -> fl
         return None
     if isinstance(seconds, bool) or not isinstance(seconds, int | float):
         raise ConfigurationError(f"{what} must be a number of seconds or None, not {type(seconds).__name__}")
-    if not (seconds >= 1 and seconds < float("inf")):
-        raise ConfigurationError(f"{what} must be at least 1 second and finite (None: no deadline), got {seconds!r}")
-    return float(seconds)
+    try:
+        as_float = float(seconds)
+    except OverflowError:  # an int past any float: as good as infinite
+        as_float = float("inf")
+    if not (as_float >= 1 and as_float < float("inf")):
+        shown = reprlib.repr(seconds)  # an int of 400 digits is quoted short
+        raise ConfigurationError(f"{what} must be at least 1 second and finite (None: no deadline), got {shown}")
+    return as_float
