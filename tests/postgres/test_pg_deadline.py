@@ -8,15 +8,19 @@ keepalive on a real network; for ever through the proxy here)."""
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Callable
 from functools import partial
 
+import psycopg
 import pytest
 from tests.chaos._lapse import through_proxy, worker_goes_on_after_a_lapse
 
 from conveyor import App
 from conveyor._errors import BackendUnavailable
 from conveyor.backends.postgres import PostgresBackend, _listener
+from conveyor.worker import Worker
 
 DEADLINE = 2.0
 
@@ -96,3 +100,74 @@ def _woken(listener: _listener.PostgresListener) -> bool:
         if listener.wait(0.5):
             return True
     return False
+
+
+def test_a_statement_cut_at_its_deadline_does_not_go_on_on_the_server(postgres_database: str) -> None:
+    """The server gives up a statement whose connection the deadline cut: one waiting on a lock held longer
+    than the deadline no longer waits on, to run once the lock is let go with no one to read its answer (a
+    worker's acquire so orphaned leased jobs to no one: they ran again only once their leases ran out)."""
+    with App(postgres_database, migrate=True) as setup:
+        setup.backend  # noqa: B018 (opening it migrates)
+    backend = PostgresBackend(postgres_database, statement_deadline=1)
+    try:
+        with psycopg.connect(postgres_database) as locker:
+            locker.execute("LOCK TABLE jobs IN ACCESS EXCLUSIVE MODE")
+            cut = pytest.raises(BackendUnavailable, match="no answer to count within 1s")
+            with cut, backend._connection("count") as c:
+                c.execute("SELECT count(*) FROM jobs")
+            waiting = None
+            until = time.monotonic() + 5
+            while waiting != 0 and time.monotonic() < until:
+                time.sleep(0.2)
+                # Before: the cut statement waited on the lock for as long as it was held.
+                (waiting,) = locker.execute(
+                    "SELECT count(*) FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+                ).fetchone() or (None,)
+            assert waiting == 0
+    finally:
+        backend.close()
+
+
+def test_a_worker_whose_statements_waited_on_a_lock_past_the_deadline_goes_on_at_once(postgres_database: str) -> None:
+    """The jobs table locked for longer than the deadline (a DDL, a VACUUM FULL) while a worker drains a
+    queue: its statements are cut and retried, and once the lock is let go the rest run at once. Before, each
+    cut acquire went on on the server, leased jobs to no one once the lock went, and they waited for their
+    leases to run out (30 s)."""
+    with App(postgres_database, migrate=True) as setup:
+        setup.backend  # noqa: B018 (opening it migrates)
+    done: list[int] = []
+    app = App(postgres_database, backend=PostgresBackend(postgres_database, statement_deadline=1))
+
+    @app.task(queue="q", name="t")
+    def t(i: int) -> None:
+        time.sleep(0.1)
+        done.append(i)
+
+    worker = Worker(app, queues=["q"], concurrency=2, poll_interval=0.2, heartbeat_interval=0.5)
+    runner = threading.Thread(target=worker.run_sync, kwargs={"install_signals": False}, daemon=True)
+    runner.start()
+    try:
+        with App(postgres_database) as producer, psycopg.connect(postgres_database) as locker:
+            send = producer.task(queue="q", name="t")(lambda i: None)
+            for i in range(40):
+                send.delay(i=i)
+            _until(lambda: len(done) >= 3)
+            locker.execute("LOCK TABLE jobs IN ACCESS EXCLUSIVE MODE")
+            time.sleep(4)  # the worker's acquires, finishes and heartbeats wait on the lock, and are cut
+            locker.rollback()
+            started = time.monotonic()
+            _until(lambda: len(set(done)) >= 40, timeout=90)
+            assert time.monotonic() - started < 15
+    finally:
+        worker.stop()
+        runner.join(timeout=30)
+        app.close()
+    assert sorted(set(done)) == list(range(40))
+
+
+def _until(condition: Callable[[], bool], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)

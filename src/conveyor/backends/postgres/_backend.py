@@ -289,8 +289,12 @@ class PostgresBackend:
 
     def _setup(self, synchronous_commit: bool) -> list[str]:
         """The statements every new connection runs first; outcome connections commit asynchronously
-        unless ``durable_acks``."""
-        return [self._q["session_setup"], *([] if synchronous_commit else [self._q["session_async_commit"]])]
+        unless ``durable_acks``; under a deadline, the server gives up what a cut connection asked."""
+        return [
+            self._q["session_setup"],
+            *([] if synchronous_commit else [self._q["session_async_commit"]]),
+            *([] if self.statement_deadline is None else [self._q["session_client_check"]]),
+        ]
 
     def _new_pool(self, name: str, min_size: int, max_size: int, synchronous_commit: bool) -> _Pool:
         pool = _Pool(

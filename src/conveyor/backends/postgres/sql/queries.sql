@@ -287,6 +287,13 @@ WHERE queue = %(queue)s AND key = ANY(%(keys)s::text[]) AND (expires_at IS NULL 
 -- rather than as a startup option, which PgBouncer refuses and which replaced the URL's own options.
 SET synchronous_commit = off
 
+-- name: session_client_check
+-- Under a statement_deadline: the server gives up a statement whose client is gone within a second (a
+-- connection the deadline cut), a lock wait too, rather than running it to its end with no one to read the
+-- answer (an acquire so run leased jobs to no one). PostgreSQL 14 or later on a system that can tell
+-- (Linux, macOS, the BSDs); elsewhere the setting is refused and the session goes without it.
+DO $$BEGIN PERFORM set_config('client_connection_check_interval', '1s', false); EXCEPTION WHEN OTHERS THEN NULL; END$$
+
 -- name: listen
 -- One channel for every queue: a queue name is free text and may not fit an identifier, so it
 -- travels as the notification's payload and the listener filters on it (read as UTF-8, as in
