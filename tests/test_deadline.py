@@ -50,3 +50,22 @@ def test_a_deadline_that_is_not_a_sensible_number_of_seconds_is_refused(seconds:
 def test_a_deadline_is_taken_as_float_seconds() -> None:
     assert _deadline.check_seconds(None) is None
     assert _deadline.check_seconds(2) == 2.0
+
+
+def test_a_socket_that_took_a_closed_ones_number_is_not_cut() -> None:
+    """A driver closes its socket on a lost connection before its call stops watching it (libpq, PyMySQL), and
+    another thread's new connection may take the same number meanwhile: the deadline is not that one's."""
+    ours, peer = socket.socketpair()
+    watch = _deadline.watch(ours.fileno(), 1.0)
+    ours.close()
+    peer.close()
+    other, other_peer = socket.socketpair()  # the lowest free numbers: ours and its peer's
+    with other, other_peer:
+        assert watch.fd in (other.fileno(), other_peer.fileno())
+        time.sleep(1.6)  # past the deadline the closed socket had
+        _deadline.done(watch)
+        other_peer.sendall(b"still here")
+        # Before: an end of file (and a broken pipe the other way), the other connection cut.
+        assert other.recv(10) == b"still here"
+        other.sendall(b"and here")
+        assert other_peer.recv(10) == b"and here"

@@ -34,11 +34,14 @@ _TICK = 0.25
 class Watch:
     """One call under way on the socket ``fd``, to be cut at ``deadline`` (``time.monotonic()``)."""
 
-    __slots__ = ("deadline", "fd", "fired")
+    __slots__ = ("deadline", "fd", "fired", "socket_id")
 
     def __init__(self, fd: int, deadline: float) -> None:
         self.fd = fd
         self.deadline = deadline
+        # Which socket ``fd`` is now: a driver closes its socket on a lost connection before the call stops
+        # watching it, and another connection may take the number meanwhile; that one is not cut.
+        self.socket_id = _socket_id(fd)
         #: Set once the watch thread cut the call's connection.
         self.fired = False
 
@@ -82,7 +85,7 @@ class _Watcher:
                 for watch in [w for w in self._watched if w.deadline <= now]:
                     self._watched.discard(watch)
                     watch.fired = True
-                    cut(watch.fd)
+                    cut(watch.fd, watch.socket_id)
 
     def _after_fork_in_child(self) -> None:
         # The thread is not in the child, and the calls it watched are the parent's.
@@ -106,13 +109,28 @@ def done(watch: Watch | None) -> bool:
     return False if watch is None else _watcher.done(watch)
 
 
-def cut(fd: int) -> None:
+def _socket_id(fd: int) -> tuple[int, int] | None:
+    """What tells the socket open as ``fd`` from one opened later under the same number (None: none open)."""
+    try:
+        stat = os.fstat(fd)
+    except (OSError, ValueError):
+        return None
+    return stat.st_dev, stat.st_ino
+
+
+def cut(fd: int, socket_id: tuple[int, int] | None) -> None:
     """Shut a socket down both ways, on a duplicate of its descriptor: a thread or an event loop waiting
-    on it wakes to an end of file, and its driver fails the call as a lost connection."""
+    on it wakes to an end of file, and its driver fails the call as a lost connection; only if ``fd`` is
+    still the socket ``socket_id`` (None: none was open when the call began, nothing to cut)."""
+    if socket_id is None:
+        return
     try:
         sock = socket.socket(fileno=os.dup(fd))
     except OSError:
         return  # closed meanwhile, or not a socket: nothing waits on it
+    if _socket_id(sock.fileno()) != socket_id:
+        sock.close()
+        return  # closed meanwhile, and the number is another connection's now
     with contextlib.suppress(OSError):
         sock.shutdown(socket.SHUT_RDWR)
     sock.close()
