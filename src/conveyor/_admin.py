@@ -248,11 +248,12 @@ class Admin:
             raise JobNotFoundError(f"job {status.id} is {status.state}, not a dead letter")
         return status
 
-    def audit(self, limit: int = 100) -> list[AuditEntry]:
-        """Operator actions, newest first. Raises ConfigurationError for a limit that is not an int
-        from 1 to 100000."""
+    def audit(self, limit: int = 100, *, job: UUID | str | None = None) -> list[AuditEntry]:
+        """Operator actions, newest first; with ``job``, only those that name that job (its replay, its
+        purge), however many others came after them. Raises ConfigurationError for a limit that is not
+        an int from 1 to 100000, or a ``job`` that is not a job id."""
         limit = check_int(limit, "limit", 1, 100_000, ConfigurationError)
-        return self.app.backend.audit_list(AuditListParams(limit))
+        return self.app.backend.audit_list(AuditListParams(limit, None if job is None else _uuid(job)))
 
     def ready(self) -> list[str]:
         """The migrations this database still lacks (empty: ready). Raises BackendUnavailable if

@@ -8,6 +8,7 @@ from _factory import acquire, at, complete, dead, get, ids, insert, live_ids, ma
 
 from conveyor._ids import uuid7
 from conveyor.backends.base import (
+    AuditInsertParams,
     AuditListParams,
     Backend,
     DeadListParams,
@@ -219,3 +220,18 @@ def test_audit_list_is_newest_first_and_limited(backend: Backend) -> None:
     assert [e.actor for e in entries] == ["second", "first"]
     assert [e.actor for e in backend.audit_list(AuditListParams(limit=1))] == ["second"]
     assert entries[0].at == at(2) and entries[1].at == at(1)
+
+
+def test_audit_list_of_one_job_finds_its_actions_however_many_came_after(backend: Backend) -> None:
+    dead_ids = make_dead(backend, 3)
+    _replay(backend, dead_ids[0], dead_ids[1], now_s=1, actor="first")
+    backend.dead_purge_many(DeadPurgeParams(ids=[dead_ids[1]], actor="second", reason="r", now=at(2)))
+    for n in range(1_100):  # more than the last 1,000 actions the dashboard's job page read
+        backend.audit_insert(AuditInsertParams("ops", "schedule_pause", "", at(3 + n), (), "{}"))
+
+    assert [e.actor for e in backend.audit_list(AuditListParams(limit=1000, job_id=dead_ids[1]))] == ["second", "first"]
+    assert [e.actor for e in backend.audit_list(AuditListParams(limit=1, job_id=dead_ids[1]))] == ["second"]
+    assert [e.actor for e in backend.audit_list(AuditListParams(job_id=dead_ids[0]))] == ["first"]
+    assert backend.audit_list(AuditListParams(job_id=dead_ids[2])) == []
+    assert backend.audit_list(AuditListParams(job_id=uuid7())) == []
+    assert len(backend.audit_list(AuditListParams(limit=2000))) == 1_102  # no job: every action

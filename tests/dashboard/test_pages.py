@@ -424,3 +424,23 @@ def test_behind_a_tls_proxy_the_session_cookie_is_secure_once_the_proxy_is_belie
                 assert direct.status_code == 303 and "secure" not in direct.headers["set-cookie"].lower()
         finally:
             stop(server)
+
+
+def test_a_jobs_page_shows_its_replay_however_many_actions_came_after(served: Server) -> None:
+    # Before: the page read the last 1,000 actions of all and kept those naming the job, so an older dead
+    # letter's replay was missing from its history once 1,000 other actions had been audited.
+    from tests.conftest import make_dead_letters
+
+    from conveyor.backends.base import AuditInsertParams
+
+    (dead_id,) = make_dead_letters(served.db)
+    with App(served.db) as app:
+        app.admin.replay([dead_id], reason="the fix is out", actor="carol")
+        now = datetime.now(UTC)
+        for n in range(1_001):
+            app.backend.audit_insert(AuditInsertParams("ops", "schedule.pause", "", now + timedelta(seconds=n), ()))
+    with closing(session(served, "operator")) as c:
+        page = c.get(f"/jobs/{dead_id}")
+        assert page.status_code == 200, page.text[:500]
+        assert "by carol: the fix is out" in page.text
+        assert "schedule.pause" not in page.text

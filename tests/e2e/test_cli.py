@@ -378,6 +378,9 @@ def test_dlq_list_show_replay_purge_and_audit(database_url: str) -> None:
         ("replay", "fixed the parser", [dead[0]]),
     ]
     assert audit[1]["actor"] == "ops@example"
+    of_one = conveyor(database_url, "audit", "--job", dead[1], "--json").json()
+    assert [(a["action"], a["job_ids"]) for a in of_one] == [("purge", [dead[1]])]
+    assert_one_line_error(conveyor(database_url, "audit", "--job", "xyz"), "xyz")
     assert audit[0]["actor"].endswith("@cli") or audit[0]["actor"] == "cli"
     assert all(a["at"] for a in audit)
     table = conveyor(database_url, "audit")

@@ -349,6 +349,10 @@ def test_dead_letters_page_replay_and_purge_are_audited_with_the_token_name(serv
         assert by_action["replay"]["actor"] == "ops" and by_action["replay"]["reason"] == "fixed the bug"
         assert sorted(by_action["replay"]["job_ids"]) == sorted(dead[:2])
         assert by_action["purge"]["actor"] == "root" and len(by_action["purge"]["job_ids"]) == 3
+        # One job's actions: a replayed dead letter's replay (the purge took the others), a purged one's purge.
+        assert [e["action"] for e in root.get("/v1/audit", params={"job": dead[0]}).json()["audit"]] == ["replay"]
+        assert [e["action"] for e in root.get("/v1/audit", params={"job": dead[2]}).json()["audit"]] == ["purge"]
+        _error(root.get("/v1/audit", params={"job": "not-an-id"}), 400, "job")
 
 
 def test_schedules_pause_and_resume_audited(server: Server) -> None:

@@ -155,6 +155,11 @@ def job_record(row: Row) -> JobRecord:
     )
 
 
+def quoted_id(job_id: UUID | None) -> str | None:
+    """A job id as it stands in ``audit.job_ids`` (a JSON array of UUID text), quotes included (None: None)."""
+    return None if job_id is None else f'"{job_id}"'
+
+
 def audit_entry(row: Row) -> AuditEntry:
     """An ``audit`` row as an AuditEntry (``job_ids`` is stored as a JSON array of UUID text)."""
     job_ids: list[Any] = json.loads(row["job_ids"])

@@ -566,6 +566,8 @@ class DeadPurgeParams:
 @dataclass(frozen=True, slots=True)
 class AuditListParams:
     limit: int = 100
+    #: Only the actions that name this job (its replay, its purge); None: every action.
+    job_id: UUID | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -181,11 +181,12 @@ def dlq_purge(
 
 @click.command()
 @click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 100_000))
+@click.option("--job", "job", default=None, metavar="ID", help="Only the actions naming this job.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
-def audit(ctx: click.Context, limit: int, as_json: bool) -> None:
+def audit(ctx: click.Context, limit: int, job: str | None, as_json: bool) -> None:
     """Operator actions (replays, purges, schedule and topic changes), newest first."""
-    entries = app_of(ctx).admin.audit(limit)
+    entries = app_of(ctx).admin.audit(limit, job=job)
     if as_json:
         dump([e.to_json() for e in entries])
         return

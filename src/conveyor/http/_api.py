@@ -761,11 +761,12 @@ class Service:
         return json_response({"purged": result.purged, "selected": result.selected + hidden})
 
     async def audit(self, request: Request) -> Response:
-        """GET /v1/audit: operator actions, newest first."""
+        """GET /v1/audit: operator actions, newest first (``?job=ID``: those naming that job)."""
         token = await self.token(request)
         _tokens.require(token, "operator", None)
         limit = _parse.int_param(request.query_params, "limit", 100, 1, 10_000)
-        entries = await self.run(self.app.admin.audit, limit)
+        job = _parse.str_param(request.query_params, "job")
+        entries = await self.run(self.app.admin.audit, limit, job=None if job is None else _parse.uuid_of(job, "job"))
         return json_response({"audit": [e.to_json() for e in entries]})
 
     async def schedules(self, request: Request) -> Response:

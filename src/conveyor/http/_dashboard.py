@@ -371,8 +371,9 @@ class Dashboard:
             raise NotFoundError(f"no job {job_id}")
         audit = []
         if self._can(token, "operator", None):
-            entries = await self.service.run(self.app.admin.audit, 1000)
-            audit = [e for e in entries if job_id in e.job_ids]
+            # The actions naming this job, however many others came after (read as the last 1,000 of all, an
+            # older job's replay or purge was missing from its history).
+            audit = await self.service.run(self.app.admin.audit, 1000, job=job_id)
         holder = None
         if status.state == "processing" and self._can(token, "operator", status.queue):
             workers = await self.service.run(self.app.admin.workers)

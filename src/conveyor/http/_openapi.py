@@ -414,7 +414,13 @@ def document(auth: bool = True) -> dict[str, Any]:
                 "operationId": "audit",
                 **sec,
                 "parameters": [
-                    {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 10000}}
+                    {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 10000}},
+                    {
+                        "name": "job",
+                        "in": "query",
+                        "description": "Only the actions naming this job (its replay, its purge)",
+                        "schema": {"type": "string", "format": "uuid"},
+                    },
                 ],
                 "responses": {"200": _json({"type": "object"}), **_errors(400, *_AUTH, 503)},
             }

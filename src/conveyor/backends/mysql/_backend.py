@@ -540,7 +540,8 @@ class MysqlBackend:
 
     def audit_list(self, params: base.AuditListParams) -> list[base.AuditEntry]:
         """Operator actions, newest first."""
-        return [cv.audit_entry(row) for row in self._select("audit_list", "audit_list", {"limit": params.limit})]
+        args = {"limit": params.limit, "job_id": cv.quoted_id(params.job_id)}
+        return [cv.audit_entry(row) for row in self._select("audit_list", "audit_list", args)]
 
     def _audit(
         self,

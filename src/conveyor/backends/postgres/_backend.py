@@ -899,7 +899,7 @@ class PostgresBackend:
 
     def audit_list(self, params: AuditListParams) -> list[AuditEntry]:
         """Operator actions, newest first."""
-        rows = self._fetchall("audit_list", {"limit": params.limit})
+        rows = self._fetchall("audit_list", {"limit": params.limit, "job_id": params.job_id})
         return [
             AuditEntry(
                 id=row[0],

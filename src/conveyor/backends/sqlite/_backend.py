@@ -401,7 +401,9 @@ class SqliteBackend:
     def audit_list(self, params: base.AuditListParams) -> list[base.AuditEntry]:
         """Operator actions, newest first."""
         with self._pool.read() as conn:
-            rows = conn.execute(self._q["audit_list"], {"limit": params.limit}).fetchall()
+            rows = conn.execute(
+                self._q["audit_list"], {"limit": params.limit, "job_id": cv.quoted_id(params.job_id)}
+            ).fetchall()
         return [cv.audit_entry(row) for row in rows]
 
     def _audit(

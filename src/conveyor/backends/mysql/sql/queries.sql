@@ -423,8 +423,10 @@ INSERT INTO audit (at, actor, action, reason, job_ids, details)
 VALUES (%(now)s, %(actor)s, %(action)s, %(reason)s, %(job_ids)s, %(details)s)
 
 -- name: audit_list
+-- job_ids is a JSON array of ids as str(UUID) writes them: a job's quoted id is found in it as it is.
 SELECT id, at, actor, action, reason, job_ids, details
 FROM audit
+WHERE %(job_id)s IS NULL OR INSTR(job_ids, %(job_id)s) > 0
 ORDER BY id DESC
 LIMIT %(limit)s
 

@@ -1012,6 +1012,7 @@ VALUES (%(now)s, %(actor)s, %(action)s, %(reason)s, %(job_ids)s::uuid[], %(detai
 -- name: audit_list
 SELECT id, at, actor, action, reason, job_ids, details::text
 FROM audit
+WHERE %(job_id)s::uuid IS NULL OR %(job_id)s::uuid = ANY (job_ids)
 ORDER BY id DESC
 LIMIT %(limit)s
 

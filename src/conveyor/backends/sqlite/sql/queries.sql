@@ -415,8 +415,10 @@ INSERT INTO audit (at, actor, action, reason, job_ids, details)
 VALUES (:now, :actor, :action, :reason, :job_ids, :details)
 
 -- name: audit_list
+-- job_ids is a JSON array of ids as str(UUID) writes them: a job's quoted id is found in it as it is.
 SELECT id, at, actor, action, reason, job_ids, details
 FROM audit
+WHERE :job_id IS NULL OR instr(job_ids, :job_id) > 0
 ORDER BY id DESC
 LIMIT :limit
 
