@@ -426,14 +426,12 @@ def test_behind_a_tls_proxy_the_session_cookie_is_secure_once_the_proxy_is_belie
             stop(server)
 
 
-def test_a_jobs_page_shows_its_replay_however_many_actions_came_after(served: Server) -> None:
+def test_a_jobs_page_shows_its_replay_however_many_actions_came_after(served: Server, tmp_path: Path) -> None:
     # Before: the page read the last 1,000 actions of all and kept those naming the job, so an older dead
     # letter's replay was missing from its history once 1,000 other actions had been audited.
-    from tests.conftest import make_dead_letters
-
     from conveyor.backends.base import AuditInsertParams
 
-    (dead_id,) = make_dead_letters(served.db)
+    dead_id = dead_letters(served, tmp_path)["message"]
     with App(served.db) as app:
         app.admin.replay([dead_id], reason="the fix is out", actor="carol")
         now = datetime.now(UTC)
