@@ -69,3 +69,18 @@ def test_a_socket_that_took_a_closed_ones_number_is_not_cut() -> None:
         assert other.recv(10) == b"still here"
         other.sendall(b"and here")
         assert other_peer.recv(10) == b"and here"
+
+
+def test_a_call_made_while_the_watch_thread_sleeps_is_cut_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The thread sleeps once no call was under way for _SLEEP_AFTER, and is woken by the next call only.
+    monkeypatch.setattr(_deadline, "_SLEEP_AFTER", 0.3)
+    ours, peer = socket.socketpair()
+    with ours, peer:
+        _deadline.done(_deadline.watch(ours.fileno(), 1.0))  # the thread runs
+        time.sleep(1.0)
+        assert _deadline._watcher._asleep
+        watch = _deadline.watch(ours.fileno(), 1.0)
+        started = time.monotonic()
+        assert ours.recv(10) == b""
+        assert 0.9 <= time.monotonic() - started < 5
+        assert _deadline.done(watch) is True
