@@ -160,10 +160,11 @@ def check_seconds(
     except (OverflowError, ValueError):
         seconds = math.inf
     if not math.isfinite(seconds):
-        _raise(error, f"{what} must be a finite number of seconds, got {value}")
+        _raise(error, f"{what} must be a finite number of seconds, got {_seconds_text(value)}")
     if seconds < minimum or (strict and seconds == minimum) or seconds > MAX_SECONDS:
         bound = ">" if strict else ">="
-        _raise(error, f"{what} must be {bound} {minimum:g} and at most {MAX_SECONDS:.0f} s (100 years), got {value}")
+        shown = _seconds_text(value)
+        _raise(error, f"{what} must be {bound} {minimum:g} and at most {MAX_SECONDS:.0f} s (100 years), got {shown}")
     return seconds
 
 
@@ -186,6 +187,16 @@ def check_worker_options(
         check_int(prefetch, "prefetch", 0, 1_000_000, ConfigurationError)
     check_seconds(visibility_timeout, "visibility_timeout", ConfigurationError, minimum=MIN_VISIBILITY_TIMEOUT)
     check_seconds(graceful_timeout, "graceful_timeout", ConfigurationError)
+
+
+def _seconds_text(value: object) -> str:
+    """A number of seconds as a message quotes it: as ``str`` writes it, cut at 40 characters (an int of
+    thousands of digits, which ``str`` refuses past 4,300, by its size)."""
+    try:
+        text = str(value)
+    except ValueError:
+        return f"an integer of {value.bit_length():,} bits" if isinstance(value, int) else type(value).__name__
+    return text if len(text) <= 40 else text[:40] + "..."
 
 
 def _short(value: object) -> str:

@@ -8,7 +8,7 @@ its outcomes stayed unwritten after the server came back), and so did an HTTP re
 
 One watch thread per process shuts down the socket of a call past its deadline. The driver then fails the
 call as a lost connection, which callers already handle (:class:`~conveyor.BackendUnavailable`: a worker
-retries it on a new connection; the pool drops the dead one). The call's own code asks :meth:`Watch.fired`
+retries it on a new connection; the pool drops the dead one). The call's own code reads its watch's ``fired``
 to say why in its message. A watch is cheap (a lock and a set), so that every call of the drain can have one.
 """
 
@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import reprlib
 import socket
 import threading
 import time
+from collections.abc import Iterator
 
+from conveyor import _limits
 from conveyor._errors import BackendUnavailable, ConfigurationError
 
 #: The backends' default ``statement_deadline`` (seconds). No call of Conveyor's takes nearly as long on a
@@ -121,6 +122,17 @@ def done(watch: Watch | None) -> bool:
     return False if watch is None else _watcher.done(watch)
 
 
+@contextlib.contextmanager
+def watching(fd: int, seconds: float | None) -> Iterator[Watch | None]:
+    """:func:`watch` for the block, :func:`done` at its end (call ``done`` earlier where the socket may close
+    inside the block: its number may be another connection's next)."""
+    w = watch(fd, seconds)
+    try:
+        yield w
+    finally:
+        done(w)
+
+
 def _socket_id(fd: int) -> tuple[int, int] | None:
     """What tells the socket open as ``fd`` from one opened later under the same number (None: none open)."""
     try:
@@ -156,17 +168,8 @@ def no_answer(engine: str, action: str, seconds: float | None) -> BackendUnavail
     )
 
 
-def check_seconds(seconds: float | None, what: str = "statement_deadline") -> float | None:
-    """``seconds`` as a deadline: None, or a finite number of seconds of at least 1."""
+def check_seconds(seconds: float | None) -> float | None:
+    """``seconds`` as a deadline: None, or a finite number of seconds of at least 1 (ConfigurationError)."""
     if seconds is None:
         return None
-    if isinstance(seconds, bool) or not isinstance(seconds, int | float):
-        raise ConfigurationError(f"{what} must be a number of seconds or None, not {type(seconds).__name__}")
-    try:
-        as_float = float(seconds)
-    except OverflowError:  # an int past any float: as good as infinite
-        as_float = float("inf")
-    if not (as_float >= 1 and as_float < float("inf")):
-        shown = reprlib.repr(seconds)  # an int of 400 digits is quoted short
-        raise ConfigurationError(f"{what} must be at least 1 second and finite (None: no deadline), got {shown}")
-    return as_float
+    return _limits.check_seconds(seconds, "statement_deadline", ConfigurationError, minimum=1.0)

@@ -312,7 +312,8 @@ class PostgresBackend:
         return pool
 
     def _configure(self, setup: Sequence[str], conn: Conn) -> None:
-        with self._watched(conn):
+        # The pool's own statements under the deadline too: a connection that cannot answer them is discarded.
+        with _deadline.watching(conn.fileno(), self.statement_deadline):
             for statement in setup:
                 conn.execute(statement)
         self._last_used[conn] = time.monotonic()
@@ -320,18 +321,8 @@ class PostgresBackend:
     def _check(self, conn: Conn) -> None:
         idle = time.monotonic() - self._last_used.get(conn, 0.0)
         if idle > _CHECK_IDLE_AFTER or has_input(conn):
-            with self._watched(conn):
+            with _deadline.watching(conn.fileno(), self.statement_deadline):
                 ConnectionPool.check_connection(conn)
-
-    @contextmanager
-    def _watched(self, conn: Conn) -> Iterator[None]:
-        """The pool's own statements on ``conn`` (a new connection's setup, the check of an idle one)
-        under the deadline: a connection that cannot answer them is discarded by the pool."""
-        watch = _deadline.watch(conn.fileno(), self.statement_deadline)
-        try:
-            yield
-        finally:
-            _deadline.done(watch)
 
     def _no_answer(self, action: str) -> BackendUnavailable:
         return _deadline.no_answer("PostgreSQL", action, self.statement_deadline)
@@ -948,7 +939,6 @@ class PostgresBackend:
             self._errors,
             self._promotions,
             self.statement_deadline,
-            self._no_answer,
         )
 
     # ---------------------------------------------------------------------------------------

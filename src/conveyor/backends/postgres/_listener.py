@@ -72,13 +72,11 @@ class PostgresListener:
 
     def _answered(self, conn: psycopg.Connection[tuple[object, ...]], statement: str) -> bool:
         """Run ``statement`` on ``conn`` under the deadline; whether the server answered (without an error)."""
-        watch = _deadline.watch(conn.fileno(), self._deadline)
-        try:
-            conn.execute(statement)
-        except psycopg.Error:
-            return False
-        finally:
-            _deadline.done(watch)
+        with _deadline.watching(conn.fileno(), self._deadline):
+            try:
+                conn.execute(statement)
+            except psycopg.Error:
+                return False
         self._heard = time.monotonic()
         return True
 

@@ -44,8 +44,7 @@ class PostgresLoopStatements:
         queries: Mapping[str, str],
         errors: Callable[[str], AbstractContextManager[None]],
         promotions: Promotions,
-        deadline: float | None = None,
-        no_answer: Callable[[str], Exception] | None = None,
+        deadline: float | None,
     ) -> None:
         self._url = url
         self._promotions = promotions
@@ -54,9 +53,8 @@ class PostgresLoopStatements:
         self._q = queries
         self._errors = errors
         # A statement with no answer within ``deadline`` seconds has its connection cut (see
-        # conveyor.backends._deadline); ``no_answer(action)`` is what the call raises then.
+        # conveyor.backends._deadline).
         self._deadline = deadline
-        self._no_answer = no_answer
         self._conns: dict[str, _AsyncConn] = {}
         self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
 
@@ -109,8 +107,8 @@ class PostgresLoopStatements:
                     )
                     if cut or not (idle and usable):
                         self._drop(action)
-                    if cut and isinstance(exc, psycopg.OperationalError) and self._no_answer is not None:
-                        raise self._no_answer(action) from exc
+                    if cut and isinstance(exc, psycopg.OperationalError):
+                        raise _deadline.no_answer("PostgreSQL", action, self._deadline) from exc
                     raise
                 finally:
                     _deadline.done(watch)
@@ -130,8 +128,8 @@ class PostgresLoopStatements:
                 except BaseException as exc:
                     cut = _deadline.done(watch)
                     conn.pgconn.finish()
-                    if cut and isinstance(exc, psycopg.OperationalError) and self._no_answer is not None:
-                        raise self._no_answer(action) from exc
+                    if cut and isinstance(exc, psycopg.OperationalError):
+                        raise _deadline.no_answer("PostgreSQL", action, self._deadline) from exc
                     raise
                 finally:
                     _deadline.done(watch)
